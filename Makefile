@@ -1,0 +1,26 @@
+# Two commands do all set-up on a fresh machine (Python 3.11 + gcc): `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.deps-installed
+
+.PHONY: build demo test dist bench clean
+
+$(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+
+# Compiles every cbusbar extension in place (editable install; no pure-Python fallback).
+build: $(STAMP)
+	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+
+demo: build
+	$(BIN)/busbar serve --demo
+
+test: build
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf build dist *.egg-info $(VENV)
+	find cbusbar -name '*.so' -delete -o -name '*.c' -delete

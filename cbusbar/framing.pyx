@@ -1,0 +1,259 @@
+# cython: language_level=3
+"""Byte-level framing shared by every codec: the SSE reader and writer, and the JSON scanner that
+finds and splices top-level fields (the same-protocol model rewrite) without a full JSON round trip.
+Sans-IO: bytes in, bytes out."""
+
+from cpython.bytearray cimport PyByteArray_AS_STRING
+
+# Deepest JSON nesting accepted. Real chat bodies nest < 20 deep (a tool schema inside a tool inside
+# the request); 128 leaves room for deep schemas while bounding the scanner's recursion.
+cdef int MAX_DEPTH = 128
+
+# One SSE event may not grow past this (an upstream that never sends a blank line must not make
+# busbar buffer without bound). 16 MiB mirrors the eventstream frame cap.
+cdef Py_ssize_t MAX_SSE_EVENT = 16 * 1024 * 1024
+
+
+class FramingError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------------------------------
+# SSE
+
+
+cdef class SSEParser:
+    """Incremental text/event-stream reader. feed() returns a list of (event, data) pairs, event as
+    bytes or None, data as bytes (multi-line data joined with \\n). Accepts LF, CRLF and CR line
+    endings (Gemini's SSE may use CRLF), ignores comments and `id:`/`retry:` fields."""
+    cdef bytearray buf
+    cdef object event
+    cdef list data
+    cdef Py_ssize_t pending
+
+    def __cinit__(self):
+        self.buf = bytearray()
+        self.event = None
+        self.data = []
+        self.pending = 0
+
+    cpdef list feed(self, bytes chunk):
+        cdef list out = []
+        cdef Py_ssize_t start = 0, i, n, end, colon
+        cdef const unsigned char* view
+        cdef bytes line
+        cdef unsigned char c
+        self.buf += chunk
+        n = len(self.buf)
+        view = <const unsigned char*>PyByteArray_AS_STRING(self.buf)
+        i = 0
+        while i < n:
+            c = view[i]
+            if c != 10 and c != 13:
+                i += 1
+                continue
+            end = i
+            if c == 13:
+                if i + 1 >= n:
+                    break  # a CR at the very end may be half of a CRLF: wait for more bytes
+                if view[i + 1] == 10:
+                    i += 1
+            i += 1
+            line = bytes(self.buf[start:end])
+            start = i
+            if not line:
+                if self.data or self.event is not None:
+                    out.append((self.event, b"\n".join(self.data)))
+                self.event = None
+                self.data = []
+                self.pending = 0
+                continue
+            if line[0] == 58:  # ':' comment
+                continue
+            colon = line.find(b":")
+            if colon < 0:
+                field = line
+                value = b""
+            else:
+                field = line[:colon]
+                value = line[colon + 1:]
+                if value[:1] == b" ":
+                    value = value[1:]
+            if field == b"data":
+                self.data.append(value)
+                self.pending += len(value)
+                if self.pending > MAX_SSE_EVENT:
+                    raise FramingError("SSE event exceeds the maximum size")
+            elif field == b"event":
+                self.event = value
+        if start:
+            del self.buf[:start]
+        if len(self.buf) > MAX_SSE_EVENT:
+            raise FramingError("SSE line exceeds the maximum size")
+        return out
+
+    cpdef list close(self):
+        """End of stream: a final event without its blank line still counts."""
+        cdef list out = []
+        if self.buf:
+            out = self.feed(b"\n")
+        if self.data or self.event is not None:
+            out.append((self.event, b"\n".join(self.data)))
+            self.event = None
+            self.data = []
+        return out
+
+
+cpdef bytes sse_event(bytes event, bytes data):
+    """One SSE frame: `event: X\\ndata: Y\\n\\n` (event omitted when None)."""
+    if event is None:
+        return b"data: " + data + b"\n\n"
+    return b"event: " + event + b"\ndata: " + data + b"\n\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# JSON scanner
+
+
+cdef inline Py_ssize_t _ws(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    while i < n and (p[i] == 32 or p[i] == 10 or p[i] == 13 or p[i] == 9):
+        i += 1
+    return i
+
+
+cdef Py_ssize_t _string(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, bint* escaped) noexcept nogil:
+    """p[i] is the opening quote; returns the index after the closing quote, or -1."""
+    cdef unsigned char c
+    i += 1
+    while i < n:
+        c = p[i]
+        if c == 34:
+            return i + 1
+        if c == 92:
+            escaped[0] = True
+            i += 2
+            continue
+        if c < 32:
+            return -1
+        i += 1
+    return -1
+
+
+cdef Py_ssize_t _value(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int depth) noexcept nogil:
+    """Skips one JSON value starting at p[i] (no leading whitespace); returns the index after it,
+    or -1 when the bytes are not JSON."""
+    cdef unsigned char c
+    cdef bint esc = False
+    cdef Py_ssize_t j
+    if i >= n:
+        return -1
+    c = p[i]
+    if c == 34:
+        return _string(p, i, n, &esc)
+    if c == 123 or c == 91:
+        if depth >= MAX_DEPTH:
+            return -1
+        i = _ws(p, i + 1, n)
+        if i < n and p[i] == (125 if c == 123 else 93):
+            return i + 1
+        while True:
+            if c == 123:
+                if i >= n or p[i] != 34:
+                    return -1
+                i = _string(p, i, n, &esc)
+                if i < 0:
+                    return -1
+                i = _ws(p, i, n)
+                if i >= n or p[i] != 58:
+                    return -1
+                i = _ws(p, i + 1, n)
+            i = _value(p, i, n, depth + 1)
+            if i < 0:
+                return -1
+            i = _ws(p, i, n)
+            if i >= n:
+                return -1
+            if p[i] == 44:
+                i = _ws(p, i + 1, n)
+                continue
+            if p[i] == (125 if c == 123 else 93):
+                return i + 1
+            return -1
+    if c == 116:  # true
+        return i + 4 if i + 4 <= n and p[i+1] == 114 and p[i+2] == 117 and p[i+3] == 101 else -1
+    if c == 102:  # false
+        return i + 5 if i + 5 <= n and p[i+1] == 97 and p[i+2] == 108 and p[i+3] == 115 and p[i+4] == 101 else -1
+    if c == 110:  # null
+        return i + 4 if i + 4 <= n and p[i+1] == 117 and p[i+2] == 108 and p[i+3] == 108 else -1
+    if c == 45 or (48 <= c <= 57):
+        j = i + 1
+        while j < n and (48 <= p[j] <= 57 or p[j] == 46 or p[j] == 101 or p[j] == 69
+                         or p[j] == 43 or p[j] == 45):
+            j += 1
+        return j
+    return -1
+
+
+cpdef dict scan_top(bytes body, tuple keys):
+    """Validates that `body` is one JSON object and returns {key: (start, end)} — the byte span of
+    the value — for each of `keys` (bytes) present at the top level. Raises FramingError when the
+    body is not a JSON object. A key spelled with escapes is not matched (the caller falls back)."""
+    cdef const unsigned char* p = body
+    cdef Py_ssize_t n = len(body)
+    cdef Py_ssize_t i, ks, ke, vs
+    cdef bint esc
+    cdef dict found = {}
+    i = _ws(p, 0, n)
+    if i >= n or p[i] != 123:
+        raise FramingError("not a JSON object")
+    i = _ws(p, i + 1, n)
+    if i < n and p[i] == 125:
+        if _ws(p, i + 1, n) != n:
+            raise FramingError("trailing bytes")
+        return found
+    while True:
+        if i >= n or p[i] != 34:
+            raise FramingError("bad key")
+        esc = False
+        ks = i + 1
+        i = _string(p, i, n, &esc)
+        if i < 0:
+            raise FramingError("bad key")
+        ke = i - 1
+        i = _ws(p, i, n)
+        if i >= n or p[i] != 58:
+            raise FramingError("missing colon")
+        i = _ws(p, i + 1, n)
+        vs = i
+        i = _value(p, i, n, 1)
+        if i < 0:
+            raise FramingError("bad value")
+        if not esc:
+            key = body[ks:ke]
+            if key in keys:
+                found[key] = (vs, i)
+        i = _ws(p, i, n)
+        if i >= n:
+            raise FramingError("unterminated object")
+        if p[i] == 44:
+            i = _ws(p, i + 1, n)
+            continue
+        if p[i] == 125:
+            if _ws(p, i + 1, n) != n:
+                raise FramingError("trailing bytes")
+            return found
+        raise FramingError("bad separator")
+
+
+cpdef bint is_json(bytes body):
+    """True when `body` is exactly one JSON value (any type)."""
+    cdef const unsigned char* p = body
+    cdef Py_ssize_t n = len(body)
+    cdef Py_ssize_t i = _ws(p, 0, n)
+    i = _value(p, i, n, 0)
+    return i >= 0 and _ws(p, i, n) == n
+
+
+cpdef bytes splice(bytes body, Py_ssize_t start, Py_ssize_t end, bytes replacement):
+    """body with body[start:end] replaced."""
+    return body[:start] + replacement + body[end:]
