@@ -45,6 +45,8 @@ def test_golden(ingress, egress, path):
     elif case.startswith("stream_"):
         dec = dst.StreamDecoder()
         enc = src.StreamEncoder(FIXED_ID, FIXED_MODEL)
+        if hasattr(enc, "created"):
+            enc.created = 1700000000
         out = bytearray()
         for i in range(0, len(data), 7):
             out += enc.encode(dec.feed(data[i:i + 7]))
