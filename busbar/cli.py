@@ -1,0 +1,111 @@
+"""busbar's command line: serve, validate, mock, --version."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from busbar import __version__
+
+EXAMPLES = """\
+busbar is listening on http://{addr} (demo config: the built-in mock answers, no API key needed)
+
+  # OpenAI Chat Completions, routed to the pool 'default' (OpenAI + Anthropic lanes):
+  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model":"default","messages":[{{"role":"user","content":"Hello"}}]}}'
+
+  # Anthropic Messages into an OpenAI lane (translated both ways), streamed:
+  curl -sN http://{addr}/v1/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
+    -d '{{"model":"gpt-4o-mini","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"Hi"}}]}}'
+
+  # The official OpenAI SDK against a Gemini lane:
+  python -c "import openai; c=openai.OpenAI(base_url='http://{addr}/v1', api_key='demo'); print(c.chat.completions.create(model='gemini-2.5-flash', messages=[{{'role':'user','content':'Hi'}}]).choices[0].message.content)"
+"""
+
+
+def _split_listen(value: str):
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    return host, int(port)
+
+
+def cmd_serve(args) -> int:
+    from busbar import config as cfgmod
+    from busbar.server.gateway import serve
+
+    if args.demo:
+        from busbar.demo import demo_yaml, free_port
+        mock_port = free_port()
+        cfg = cfgmod.load(text=demo_yaml(args.listen or "127.0.0.1:8080", mock_port))
+
+        async def start_mock(loop):
+            from busbar import mock
+            await mock.start("127.0.0.1", mock_port)
+
+        def ready(gw):
+            host, port = cfg.listen_host, cfg.listen_port
+            print(EXAMPLES.format(addr="%s:%d" % (host, port)), flush=True)
+
+        return serve(cfg, args.workers or 1, on_ready=ready, extra=start_mock)
+    cfg = cfgmod.load(args.config)
+    if args.listen:
+        import dataclasses
+        host, port = _split_listen(args.listen)
+        cfg = dataclasses.replace(cfg, listen_host=host, listen_port=port)
+
+    def ready(gw):
+        print("busbar %s listening on %s:%d (%d provider(s), %d model(s), %d pool(s))" % (
+            __version__, cfg.listen_host, cfg.listen_port, len(cfg.providers), len(cfg.models),
+            len(cfg.pools)), flush=True)
+
+    return serve(cfg, args.workers, on_ready=ready)
+
+
+def cmd_validate(args) -> int:
+    from busbar import config as cfgmod
+    return cfgmod.validate_main(args.config)
+
+
+def cmd_mock(args) -> int:
+    from busbar import mock
+    mock.main(args.host, args.port, require_auth=args.require_auth)
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="busbar", description="An LLM gateway.")
+    p.add_argument("--version", "-V", action="version", version="busbar " + __version__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run the gateway")
+    s.add_argument("--config", help="config file (default: $BUSBAR_CONFIG, else ./config.yaml)")
+    s.add_argument("--listen", help="listen address HOST:PORT (overrides the config)")
+    s.add_argument("--workers", type=int, help="worker processes (default: cores)")
+    s.add_argument("--demo", action="store_true",
+                   help="serve the embedded demo config on the built-in mock provider")
+    s.set_defaults(func=cmd_serve)
+    v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid")
+    v.add_argument("--config")
+    v.set_defaults(func=cmd_validate)
+    m = sub.add_parser("mock", help="run the built-in mock provider alone")
+    m.add_argument("--port", type=int, default=8089)
+    m.add_argument("--host", default="127.0.0.1")
+    m.add_argument("--require-auth", action="store_true")
+    m.set_defaults(func=cmd_mock)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=os.environ.get("BUSBAR_LOG", "INFO").upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except Exception as e:  # config errors and the like: one clear message, no traceback
+        from busbar.config import ConfigError
+        if isinstance(e, ConfigError):
+            for line in e.problems:
+                print("error: " + line if not line.startswith(("error:", "warning:")) else line,
+                      file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Ingress dispatch: (method, path, headers) → what the request is. Never sniffs the body (SPEC §1.1).
+
+The order of the header checks matters and is the reference's: a SigV4 Authorization header means
+Bedrock, an anthropic-version/beta header means Anthropic, x-goog-api-key means Gemini, a bare
+x-api-key means Anthropic; then the path decides.
+"""
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+# Route kinds
+HEALTH = 1
+MODELS = 2          # GET /v1/models, /v1beta/models
+CHAT = 3            # a protocol call
+NOT_FOUND = 4       # a path no protocol owns (answered in the dialect inferred from the path)
+METHOD = 5          # a protocol path with the wrong method → 405
+UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (embeddings, …) → 404
+
+
+class Route:
+    __slots__ = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body")
+
+    def __init__(self, kind, protocol, name=None, stream=False, name_in_body=True):
+        self.kind = kind
+        self.protocol = protocol
+        self.name = name
+        self.stream = stream
+        self.name_in_body = name_in_body
+        self.gemini_version = None
+        self.json_array = False
+
+
+def header_protocol(headers: dict) -> str | None:
+    auth = headers.get(b"authorization")
+    if auth is not None and auth.startswith(b"AWS4-HMAC-SHA256"):
+        return "bedrock"
+    if b"anthropic-version" in headers or b"anthropic-beta" in headers:
+        return "anthropic"
+    if b"x-goog-api-key" in headers:
+        return "gemini"
+    if b"x-api-key" in headers:
+        return "anthropic"
+    return None
+
+
+def _gemini(path: str, query: str, method: bytes) -> Route:
+    # /v1/models/{model}:{action} or /v1beta/models/{model}:{action}; split on the last ':'.
+    version, _, rest = path[1:].partition("/models/")
+    model, sep, action = rest.rpartition(":")
+    if not sep or not model:
+        return Route(NOT_FOUND, "gemini")
+    if method != b"POST":
+        return Route(METHOD, "gemini")
+    model = unquote(model)
+    if action == "generateContent":
+        r = Route(CHAT, "gemini", model, False, name_in_body=False)
+    elif action == "streamGenerateContent":
+        r = Route(CHAT, "gemini", model, True, name_in_body=False)
+        r.json_array = "alt=sse" not in query
+    else:
+        r = Route(UNSUPPORTED, "gemini", model)
+    r.gemini_version = version
+    return r
+
+
+def _bedrock(path: str, method: bytes) -> Route:
+    # /model/{modelId}/converse[-stream]; the id arrives percent-encoded (':' → %3A, '/' → %2F).
+    body = path[len("/model/"):]
+    model_enc, _, op = body.rpartition("/")
+    if not model_enc:
+        return Route(NOT_FOUND, "bedrock")
+    if method != b"POST":
+        return Route(METHOD, "bedrock")
+    model = unquote(model_enc)
+    if op == "converse":
+        return Route(CHAT, "bedrock", model, False, name_in_body=False)
+    if op == "converse-stream":
+        return Route(CHAT, "bedrock", model, True, name_in_body=False)
+    return Route(UNSUPPORTED, "bedrock", model)
+
+
+def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
+    if path == "/healthz":
+        return Route(HEALTH, None)
+    if path in ("/v1/models", "/v1beta/models"):
+        if method != b"GET":
+            return Route(METHOD, "openai")
+        proto = "gemini" if path == "/v1beta/models" or b"x-goog-api-key" in headers else (
+            "anthropic" if b"anthropic-version" in headers else "openai")
+        return Route(MODELS, proto)
+
+    by_header = header_protocol(headers)
+    if path.startswith("/model/"):
+        r = _bedrock(path, method)
+        if by_header in (None, "bedrock"):
+            return r
+    if (path.startswith("/v1/models/") or path.startswith("/v1beta/models/")) and (
+            by_header in (None, "gemini")):
+        return _gemini(path, query, method)
+
+    if path.endswith("/v1/chat/completions"):
+        proto, kind = "openai", CHAT
+    elif path.endswith("/v1/responses"):
+        proto, kind = "responses", CHAT
+    elif path.endswith("/v2/chat"):
+        proto, kind = "cohere", CHAT
+    elif path.endswith("/v1/messages"):
+        proto, kind = "anthropic", CHAT
+    elif path.endswith(("/v1/embeddings", "/v1/moderations")) or path.startswith(
+            ("/v1/images/", "/v1/audio/")):
+        proto, kind = "openai", UNSUPPORTED
+    elif path.endswith(("/v1/chat", "/v2/embed", "/v2/rerank")):
+        proto, kind = "cohere", UNSUPPORTED
+    elif path.endswith("/v1/messages/count_tokens"):
+        proto, kind = "anthropic", UNSUPPORTED
+    else:
+        return Route(NOT_FOUND, by_header or ("gemini" if path.startswith("/v1beta/") else "openai"))
+    if by_header is not None and by_header != proto:
+        # An Anthropic/Gemini/SigV4 header on another protocol's path routes to the header's
+        # protocol, which has no such path: 404 in that dialect (SPEC §1.1).
+        return Route(NOT_FOUND, by_header)
+    if kind == UNSUPPORTED:
+        return Route(UNSUPPORTED, proto)
+    if method != b"POST":
+        return Route(METHOD, proto)
+    if proto == "anthropic":
+        prefix = path[:-len("/v1/messages")]
+        if prefix:
+            # /{name}/v1/messages: the name in the URL decides routing, the body's model is ignored.
+            name = unquote(prefix[1:])
+            if not name or "/" in name:
+                return Route(NOT_FOUND, "anthropic")
+            return Route(CHAT, "anthropic", name, False, name_in_body=False)
+    elif len(path) != len({"openai": "/v1/chat/completions", "responses": "/v1/responses",
+                           "cohere": "/v2/chat"}[proto]):
+        return Route(NOT_FOUND, proto)
+    return Route(CHAT, proto)

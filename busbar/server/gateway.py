@@ -1,0 +1,191 @@
+"""The gateway process: listeners, workers, signals, and the per-process state exchanges share.
+
+`serve()` binds the listen address with SO_REUSEPORT in each of N worker processes (default: one per
+core), so the kernel spreads connections across them. SIGTERM/SIGINT stop accepting, let in-flight
+requests finish (bounded by limits.drain_timeout_secs), then exit 0.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import sys
+
+from busbar.engine.egress import BETA_HEADERS, Egress
+from busbar.engine.exchange import CODECS, Exchange
+from busbar.routing import Router
+from busbar.server.http import HttpConnection, status_line
+from busbar.upstream.pool import UpstreamPool
+
+log = logging.getLogger("busbar")
+
+
+class Gateway:
+    """Per-process state: the routing table, the upstream pool, the open connections."""
+
+    def __init__(self, config, loop):
+        self.loop = loop
+        self.config = config
+        self.limits = config.limits
+        self.router = Router(config)
+        self.egress = {name: Egress(p) for name, p in config.providers.items()}
+        self.pool = UpstreamPool(loop, connect_timeout=self.limits.upstream_connect_timeout_secs,
+                                 max_idle_per_host=self.limits.upstream_pool_max_idle_per_host,
+                                 idle_timeout=self.limits.upstream_pool_idle_timeout_secs)
+        self.server_timing = bool(config.server_timing)
+        self.max_inbound = self.limits.max_inbound_concurrent
+        self.max_hops = 3
+        self.beta_headers = BETA_HEADERS
+        self.connections = set()
+        self.inflight = 0
+        self.draining = False
+        self.translations = {}
+        self.servers = []
+        self._debug = log.isEnabledFor(logging.DEBUG)
+
+    def new_exchange(self, conn, req):
+        return Exchange(self, conn, req)
+
+    def count_translation(self, src, dst):
+        k = (src, dst)
+        self.translations[k] = self.translations.get(k, 0) + 1
+
+    def log_debug(self, msg, *args):
+        if self._debug:
+            log.debug(msg, *args)
+
+    def error_body(self, proto, status, kind, message, request_id):
+        """(body, extra header bytes) of a native error envelope."""
+        codec = CODECS[proto]
+        body = codec.write_error(status, kind, message, request_id)
+        if proto == "anthropic":
+            return body, b"request-id: " + request_id.encode() + b"\r\n"
+        if proto == "bedrock":
+            from busbar.engine.exchange import _uuid
+            return body, b"x-amzn-RequestId: %b\r\nx-amzn-ErrorType: %b\r\n" % (
+                _uuid().encode(), codec.error_type(kind).encode())
+        return body, b""
+
+    def write_error_response(self, conn, proto, status, kind, message, keep_alive, t0):
+        """An error written straight from the HTTP layer (malformed request, limits)."""
+        from busbar.engine.exchange import _req_id
+        body, extra = self.error_body(proto, status, kind, message, _req_id())
+        timing = b""
+        if self.server_timing:
+            import time
+            timing = b"Server-Timing: busbar;dur=%.3f\r\n" % ((time.perf_counter_ns() - t0) / 1e6)
+        conn.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\n%b%bConnection: close\r\n\r\n%b" % (
+            status_line(status), len(body), extra, timing, body))
+        conn.closed = True
+        conn.transport.close()
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self, sock):
+        server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
+                                               backlog=4096)
+        self.servers.append(server)
+        return server
+
+    async def drain(self):
+        """Stop accepting; finish in-flight requests; close idle keep-alive connections."""
+        self.draining = True
+        for s in self.servers:
+            s.close()
+        for c in list(self.connections):
+            if c.exchange is None and not c.queue:
+                c.closed = True
+                c.transport.close()
+        deadline = self.loop.time() + self.limits.drain_timeout_secs
+        while self.inflight > 0 and self.loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        for c in list(self.connections):
+            c.transport.close()
+        self.pool.close()
+
+
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock
+
+
+def _install_uvloop():
+    import uvloop
+    return uvloop.new_event_loop()
+
+
+def run_worker(config, sock, on_ready=None, extra=None, children=()):
+    """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
+    process forwards the signal to its `children` (the other workers)."""
+    loop = _install_uvloop()
+    asyncio.set_event_loop(loop)
+    gw = Gateway(config, loop)
+    stop = asyncio.Event()
+
+    def _signal(signum):
+        for pid in children:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+        stop.set()
+
+    loop.add_signal_handler(signal.SIGTERM, _signal, signal.SIGTERM)
+    loop.add_signal_handler(signal.SIGINT, _signal, signal.SIGINT)
+
+    async def main():
+        await gw.start(sock)
+        if extra is not None:
+            await extra(loop)
+        if on_ready is not None:
+            on_ready(gw)
+        await stop.wait()
+        await gw.drain()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return 0
+
+
+def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
+    """Binds and serves with N worker processes sharing the port through SO_REUSEPORT."""
+    n = workers or config.workers or os.cpu_count() or 1
+    host, port = config.listen_host, config.listen_port
+    if n <= 1:
+        sock = bind(host, port, reuse_port=False)
+        return run_worker(config, sock, on_ready, extra)
+    # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
+    first = bind(host, port, reuse_port=True)
+    port = first.getsockname()[1]
+    children = []
+    for i in range(n - 1):
+        pid = os.fork()
+        if pid == 0:
+            first.close()
+            code = 1
+            try:
+                code = run_worker(config, bind(host, port, reuse_port=True), None, None)
+            finally:
+                os._exit(code)
+        children.append(pid)
+
+    code = run_worker(config, first, on_ready, extra, children)
+    for pid in children:
+        try:
+            _, status = os.waitpid(pid, 0)
+            if os.waitstatus_to_exitcode(status) != 0:
+                code = 1
+        except ChildProcessError:
+            pass
+    sys.stdout.flush()
+    return code

@@ -1,0 +1,262 @@
+"""Ingress HTTP/1.1: an asyncio.Protocol driving httptools.HttpRequestParser directly, no framework.
+
+Keep-alive; pipelined requests are queued and answered strictly in order (one exchange at a time per
+connection); chunked request bodies; `Expect: 100-continue`. Every limit comes from config `limits:`
+and each misbehaving client only ever costs its own connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httptools
+
+from busbar.server import dispatch as _dispatch
+
+_perf_ns = time.perf_counter_ns
+
+REASONS = {
+    100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
+    413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
+    500: b"Internal Server Error", 502: b"Bad Gateway", 503: b"Service Unavailable",
+    504: b"Gateway Timeout", 529: b"Site Overloaded",
+}
+
+# Pipelined requests beyond this many waiting on one connection pause reading from it, so a client
+# that floods one socket cannot make busbar buffer without bound.
+MAX_PIPELINED = 16
+
+
+class _Abort(Exception):
+    """Raised from a parser callback to stop parsing: (status, message)."""
+
+
+class Request:
+    __slots__ = ("method", "path", "query", "headers", "body", "t0", "keep_alive")
+
+    def __init__(self, method, path, query, headers, body, t0, keep_alive):
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.body = body
+        self.t0 = t0
+        self.keep_alive = keep_alive
+
+
+class HttpConnection(asyncio.Protocol):
+    """One client connection (used as an asyncio.Protocol)."""
+
+    def __init__(self, gateway):
+        self.gw = gateway
+        self.limits = gateway.limits
+        self.transport = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.queue = []
+        self.exchange = None
+        self.closed = False
+        self.paused = False
+        self.t_recv = 0
+        self._url = []
+        self._headers = {}
+        self._hbytes = 0
+        self._hcount = 0
+        self._body = []
+        self._blen = 0
+        self._t0 = 0
+        self._in_message = False
+        self._timer = None
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport):
+        self.transport = transport
+        self.gw.connections.add(self)
+        self._arm(self.limits.header_read_timeout_secs)
+
+    def connection_lost(self, exc):
+        self.closed = True
+        self.gw.connections.discard(self)
+        self._disarm()
+        ex = self.exchange
+        if ex is not None:
+            self.exchange = None
+            ex.client_gone()
+        self.queue.clear()
+
+    def pause_writing(self):
+        ex = self.exchange
+        if ex is not None:
+            ex.pause_upstream()
+
+    def resume_writing(self):
+        ex = self.exchange
+        if ex is not None:
+            ex.resume_upstream()
+
+    def eof_received(self):
+        # A half-closed client still gets the answers to requests it already sent.
+        return self.exchange is not None or bool(self.queue)
+
+    def data_received(self, data):
+        self.t_recv = _perf_ns()
+        try:
+            self.parser.feed_data(data)
+        except _Abort as a:
+            status, message = a.args
+            self._reject(status, message)
+        except httptools.HttpParserCallbackError as e:
+            cause = e.__context__
+            if isinstance(cause, _Abort):
+                self._reject(*cause.args)
+            else:
+                self._reject(400, "Malformed HTTP request.")
+        except httptools.HttpParserUpgrade:
+            self._reject(400, "Protocol upgrades are not supported.")
+        except httptools.HttpParserError:
+            self._reject(400, "Malformed HTTP request.")
+
+    # ---------------------------------------------------------------- parser callbacks
+    def on_message_begin(self):
+        self._in_message = True
+        self._url = []
+        self._headers = {}
+        self._hbytes = 0
+        self._hcount = 0
+        self._body = []
+        self._blen = 0
+        self._t0 = self.t_recv
+        if self._timer is None:
+            self._arm(self.limits.header_read_timeout_secs)
+
+    def on_url(self, url):
+        self._url.append(url)
+        self._hbytes += len(url)
+        if self._hbytes > self.limits.header_max_bytes:
+            raise _Abort(431, "Request header fields too large.")
+
+    def on_header(self, name, value):
+        self._hbytes += len(name) + len(value)
+        self._hcount += 1
+        if self._hbytes > self.limits.header_max_bytes or self._hcount > self.limits.header_count_max:
+            raise _Abort(431, "Request header fields too large.")
+        self._headers[name.lower()] = value
+
+    def on_headers_complete(self):
+        self._disarm()
+        cl = self._headers.get(b"content-length")
+        if cl is not None:
+            try:
+                n = int(cl)
+            except ValueError:
+                raise _Abort(400, "Malformed Content-Length.")
+            if n > self.limits.request_body_max_bytes:
+                raise _Abort(413, "request body exceeds the maximum allowed size")
+        if self._headers.get(b"expect", b"").lower() == b"100-continue":
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+
+    def on_body(self, body):
+        self._blen += len(body)
+        if self._blen > self.limits.request_body_max_bytes:
+            raise _Abort(413, "request body exceeds the maximum allowed size")
+        self._body.append(body)
+
+    def on_message_complete(self):
+        self._in_message = False
+        url = b"".join(self._url) if len(self._url) != 1 else self._url[0]
+        raw, _, query = url.partition(b"?")
+        try:
+            path = raw.decode("ascii")
+            q = query.decode("ascii")
+        except UnicodeDecodeError:
+            raise _Abort(400, "Malformed request target.")
+        body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        req = Request(self.parser.get_method(), path, q, self._headers, body, self._t0,
+                      self.parser.should_keep_alive())
+        if self.exchange is None and not self.queue:
+            self._start(req)
+        else:
+            self.queue.append(req)
+            if len(self.queue) >= MAX_PIPELINED and not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+
+    # ---------------------------------------------------------------- exchanges
+    def _start(self, req):
+        self._disarm()
+        self.exchange = self.gw.new_exchange(self, req)
+        self.exchange.start()
+
+    def exchange_done(self, keep_alive: bool):
+        """The current exchange wrote its last byte."""
+        self.exchange = None
+        if self.closed:
+            return
+        if not keep_alive:
+            self.closed = True
+            self.transport.close()
+            return
+        if self.queue:
+            req = self.queue.pop(0)
+            if req is None:  # a pipelined request that was rejected: nothing after it is trusted
+                self.closed = True
+                self.transport.close()
+                return
+            if self.paused and len(self.queue) < MAX_PIPELINED // 2:
+                self.paused = False
+                self.transport.resume_reading()
+            self._start(req)
+        elif self.gw.draining:
+            self.closed = True
+            self.transport.close()
+        else:
+            self._arm(self.limits.idle_timeout_secs)
+
+    # ---------------------------------------------------------------- writing
+    def write(self, data):
+        if not self.closed:
+            self.transport.write(data)
+
+    def _reject(self, status, message):
+        """A request that cannot be parsed or exceeds a limit: answer in the dialect the path and
+        headers imply, then close (the byte stream cannot be trusted past this point)."""
+        if self.closed:
+            return
+        path = b"".join(self._url).partition(b"?")[0].decode("latin-1") if self._url else "/"
+        try:
+            route = _dispatch.dispatch(b"POST", path, "", self._headers)
+            proto = route.protocol or "openai"
+        except Exception:
+            proto = "openai"
+        kind = {413: "request_too_large", 408: "timeout"}.get(status, "invalid_request")
+        if self.exchange is not None:
+            # The current exchange keeps its answer; the broken pipelined request just ends the
+            # connection once that answer is out.
+            self.queue.append(None)
+            return
+        self.gw.write_error_response(self, proto, status, kind, message, keep_alive=False,
+                                     t0=self._t0 or self.t_recv)
+
+    # ---------------------------------------------------------------- timers
+    def _arm(self, secs):
+        self._disarm()
+        self._timer = self.gw.loop.call_later(secs, self._timeout)
+
+    def _disarm(self):
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _timeout(self):
+        self._timer = None
+        if self.closed or self.exchange is not None:
+            return
+        if self._in_message:
+            self._reject(408, "Timed out reading the request.")
+        else:
+            self.closed = True
+            self.transport.close()
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))

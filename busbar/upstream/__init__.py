@@ -1,0 +1,1 @@
+"""Upstream I/O: the keep-alive client pool and egress signing."""
