@@ -1,0 +1,50 @@
+# The OpenAI Chat Completions codec's stateful halves. The module functions (read_request,
+# write_request, read_response, write_response, read_usage, write_error, read_error,
+# write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in openai.pyx.
+
+from cbusbar.ir cimport Usage
+
+
+cdef class StreamDecoder:
+    """Upstream `data:` chunks -> IR events. OpenAI's stream is flat, so block boundaries are
+    synthesised: one block is open at a time, and a change of delta kind closes it."""
+    cdef object parser              # framing.SSEParser
+    cdef bint started               # MESSAGE_START emitted
+    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef bint have_finish           # a finish_reason arrived
+    cdef bint saw_tool              # a tool call was streamed (finish "stop" then means tool use)
+    cdef bint saw_refusal           # delta.refusal text was streamed
+    cdef int stop_reason            # IR stop reason of the remembered finish_reason
+    cdef int next_index             # IR index of the next block to open
+    cdef int open_index             # IR index of the open block, -1 when none
+    cdef int open_kind              # B_TEXT / B_THINKING / B_TOOL_USE of the open block, 0 when none
+    cdef dict tools                 # OpenAI tool-call key (its `index`, else its id) -> IR block index
+    cdef object last_tool           # key of the most recent tool call (fragments without index/id)
+    cdef Usage usage                # the usage chunk's totals, None until one arrives
+
+    cpdef list feed(self, bytes chunk)
+    cpdef list close(self)
+    cdef void _frame(self, bytes data, list out) except *
+    cdef void _choice(self, dict choice, list out) except *
+    cdef void _tool_call(self, dict call, list out) except *
+    cdef int _open(self, int kind, list out) except -1
+    cdef void _close_block(self, list out) except *
+    cdef void _finish(self, list out) except *
+
+
+cdef class StreamEncoder:
+    """IR events -> `data: {chat.completion.chunk}` frames for an OpenAI client, ending in
+    `data: [DONE]`."""
+    cdef public long long created   # unix seconds on every chunk (default: construction time)
+    cdef public bint include_usage  # the client asked for stream_options.include_usage
+    cdef readonly str id
+    cdef readonly str model
+    cdef bint started               # the role chunk went out
+    cdef bint finished              # [DONE] or an error frame went out
+    cdef int tool_count             # OpenAI tool-call indexes handed out so far
+    cdef dict tool_of_block         # IR block index -> OpenAI tool-call index
+    cdef Usage usage                # the latest MESSAGE_DELTA totals
+
+    cpdef bytes encode(self, list events)
+    cpdef bytes error(self, str kind, str message)
+    cdef bytes _chunk(self, dict delta, object finish_reason, object logprobs)

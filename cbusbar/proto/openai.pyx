@@ -1,0 +1,1532 @@
+# cython: language_level=3
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): the codec contract of docs/codecs.md.
+
+Client bodies and upstream answers are read into the IR (cbusbar/ir.pxd) and written back out.
+OpenAI's stream is flat (one `delta` per chunk, tool calls keyed by their `index`, no block
+boundaries), so StreamDecoder synthesises the block events the IR promises and StreamEncoder
+flattens them again.
+
+req.extra holds two kinds of keys: top-level OpenAI fields with no IR home (`logit_bias`,
+`stream_options`, `store`, ...), written back verbatim on a same-protocol hop, and `_`-prefixed
+notes this codec keeps for itself (no OpenAI field starts with `_`): which spelling of the token
+limit the client used, per-tool `strict`, non-function tools, an `allowed_tools` choice."""
+
+import os
+import time
+
+import orjson
+
+from cbusbar.ir cimport (
+    Usage, Block, Message, Tool, Request, Response, Event,
+    ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
+    ev_message_stop, ev_error, text_block,
+    B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
+    SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
+    TC_UNSET, TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
+    RF_UNSET, RF_TEXT, RF_JSON_OBJECT, RF_JSON_SCHEMA,
+    SR_UNSET, SR_END_TURN, SR_STOP_SEQUENCE, SR_MAX_TOKENS, SR_TOOL_USE, SR_SAFETY, SR_REFUSAL,
+    SR_OTHER,
+    EV_MESSAGE_START, EV_BLOCK_START, EV_BLOCK_DELTA, EV_BLOCK_STOP, EV_MESSAGE_DELTA,
+    EV_MESSAGE_STOP, EV_ERROR,
+    D_TEXT, D_INPUT_JSON, D_THINKING,
+)
+from cbusbar.ir import CodecError, kind_of_status
+from cbusbar.framing import SSEParser, FramingError, scan_top
+
+NAME = "openai"
+CONTENT_TYPE = b"application/json"
+STREAM_CONTENT_TYPE = b"text/event-stream"
+
+# OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
+cdef Py_ssize_t MAX_STOP = 4
+
+# OpenAI's own wording for an unparseable body (SPEC 1.1).
+cdef str PARSE_ERROR = "We could not parse the JSON body of your request."
+cdef str UPSTREAM_NOT_JSON = "The upstream returned a body that is not a JSON object."
+cdef str UPSTREAM_BAD_FRAME = "The upstream sent a stream frame that is not a JSON object."
+
+# Top-level request fields read into the IR; every other field goes to req.extra verbatim.
+cdef frozenset READ_FIELDS = frozenset((
+    "model", "messages", "stream", "tools", "functions", "tool_choice", "function_call",
+    "parallel_tool_calls", "response_format", "max_tokens", "max_completion_tokens",
+    "temperature", "top_p", "frequency_penalty", "presence_penalty", "seed", "n", "stop", "user",
+    "reasoning_effort", "logprobs", "top_logprobs",
+))
+
+# Content part kinds a role may carry (OpenAI accepts text only for system/developer/tool, text and
+# refusal for assistant; busbar also takes images in tool results, which other protocols allow).
+cdef int P_TEXT = 1
+cdef int P_REFUSAL = 2
+cdef int P_MEDIA = 4
+
+# Canonical error kind -> OpenAI error `type`. OpenAI itself answers every 5xx with
+# `server_error`; the openai SDK picks its exception class from the HTTP status, not the type.
+cdef dict ERROR_TYPE = {
+    "invalid_request": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "invalid_request_error",
+    "rate_limit": "rate_limit_error",
+    "quota": "insufficient_quota",
+    "api_error": "server_error",
+    "overloaded": "server_error",
+    "timeout": "server_error",
+}
+
+# SPEC 1.7: `code` is set only for these two kinds.
+cdef dict ERROR_CODE = {"authentication": "invalid_api_key", "quota": "insufficient_quota"}
+
+# An upstream error's `code` or `type` -> canonical kind (codes first: they are more specific).
+# Covers OpenAI's own values and the common OpenAI-compatible servers' spellings.
+cdef dict KIND_OF_ERROR = {
+    "invalid_api_key": "authentication",
+    "insufficient_quota": "quota",
+    "rate_limit_exceeded": "rate_limit",
+    "model_not_found": "not_found",
+    "context_length_exceeded": "invalid_request",
+    "invalid_request_error": "invalid_request",
+    "authentication_error": "authentication",
+    "permission_error": "permission",
+    "not_found_error": "not_found",
+    "rate_limit_error": "rate_limit",
+    "requests": "rate_limit",
+    "tokens": "rate_limit",
+    "server_error": "api_error",
+    "api_error": "api_error",
+    "overloaded_error": "overloaded",
+    "timeout_error": "timeout",
+}
+
+cdef str ID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+cdef str _random_id(str prefix, int length):
+    cdef bytes raw = os.urandom(length)
+    cdef list out = [prefix]
+    cdef unsigned char c
+    for c in raw:
+        out.append(ID_ALPHABET[c % 62])
+    return "".join(out)
+
+
+cpdef str mint_id():
+    """A native response id: `chatcmpl-` and 29 base62 characters, as OpenAI's own."""
+    return _random_id("chatcmpl-", 29)
+
+
+cpdef str upstream_path(str model, bint stream):
+    # Provider base URLs exclude the /v1, so the path carries it (SPEC 1.2).
+    return "/v1/chat/completions"
+
+
+cdef str _a(object v):
+    """How OpenAI names a JSON value's type in its error messages."""
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "a boolean"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, int):
+        return "an integer"
+    if isinstance(v, float):
+        return "a decimal"
+    if isinstance(v, list):
+        return "an array"
+    if isinstance(v, dict):
+        return "an object"
+    return "a value"
+
+
+cdef object _bad_type(str path, str expected, object v):
+    return CodecError("Invalid type for '%s': expected %s, but got %s instead." % (path, expected, _a(v)))
+
+
+cdef object _missing(str path):
+    return CodecError("Missing required parameter: '%s'." % path)
+
+
+cdef object _bad_value(object v, str supported):
+    return CodecError("Invalid value: '%s'. Supported values are: %s." % (v, supported))
+
+
+cdef inline bint _is_int(object v):
+    return isinstance(v, int) and not (v is True or v is False)
+
+
+cdef inline bint _is_number(object v):
+    return (isinstance(v, int) or isinstance(v, float)) and not (v is True or v is False)
+
+
+cdef object _opt_number(dict obj, str key):
+    cdef object v = obj.get(key)
+    if v is None or _is_number(v):
+        return v
+    raise _bad_type(key, "a decimal", v)
+
+
+cdef object _opt_int(dict obj, str key):
+    cdef object v = obj.get(key)
+    if v is None or _is_int(v):
+        return v
+    raise _bad_type(key, "an integer", v)
+
+
+cdef object _opt_bool(dict obj, str key):
+    cdef object v = obj.get(key)
+    if v is None or v is True or v is False:
+        return v
+    raise _bad_type(key, "a boolean", v)
+
+
+cdef str _opt_str(dict obj, str key, str path):
+    cdef object v = obj.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise _bad_type(path, "a string", v)
+
+
+cdef str _req_str(dict obj, str key, str path):
+    cdef object v = obj.get(key)
+    if v is None:
+        raise _missing(path)
+    if not isinstance(v, str):
+        raise _bad_type(path, "a string", v)
+    return v
+
+
+cdef dict _opt_dict(dict obj, str key, str path):
+    cdef object v = obj.get(key)
+    if v is None or isinstance(v, dict):
+        return v
+    raise _bad_type(path, "an object", v)
+
+
+cdef inline str _s(object v):
+    """A string field of an upstream body, or None when absent or not a string."""
+    return v if isinstance(v, str) else None
+
+
+cdef inline long long _n(object v):
+    """A token count of an upstream body: 0 when absent or not an integer."""
+    if _is_int(v) and v >= 0:
+        return v
+    return 0
+
+
+cdef inline Block _block(int kind):
+    cdef Block b = Block.__new__(Block)
+    b.kind = kind
+    return b
+
+
+cdef inline Message _message(int role, list content):
+    cdef Message m = Message.__new__(Message)
+    m.role = role
+    m.content = content
+    return m
+
+
+cdef Usage _unknown_usage():
+    cdef Usage u = Usage()
+    u.input_known = False
+    return u
+
+
+cdef object _parse_arguments(object raw):
+    """A tool call's `arguments` string -> the IR input: a parsed object, {} for an empty string
+    (OpenAI-compatible servers send "" for argument-less tools), else the raw string kept as is."""
+    cdef object parsed
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return {}
+    if not raw.strip():
+        return {}
+    try:
+        parsed = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw
+    return parsed if isinstance(parsed, dict) else raw
+
+
+cdef str _arguments_of(object value):
+    if value is None:
+        return "{}"
+    if isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+# ---------------------------------------------------------------------------------------------
+# read_request
+
+
+cdef Block _image(str url):
+    """An image_url: a `data:<type>;base64,<payload>` URI is split into media type + base64; any
+    other URL stays a URL (busbar never fetches it)."""
+    cdef Block b = _block(B_IMAGE)
+    cdef Py_ssize_t comma
+    cdef str header
+    if url.startswith("data:"):
+        comma = url.find(",")
+        if comma > 0:
+            header = url[5:comma]
+            if header.endswith(";base64"):
+                b.src_kind = SRC_BASE64
+                b.media_type = header[:len(header) - 7] or None
+                b.data = url[comma + 1:]
+                return b
+    b.src_kind = SRC_URL
+    b.data = url
+    return b
+
+
+cdef Block _file(dict f, str path):
+    """A `file` part: an uploaded file id stays a vendor reference; inline data is a data URI (or
+    bare base64, which OpenAI only accepts for PDFs)."""
+    cdef Block b = _block(B_DOCUMENT)
+    cdef str file_id = _opt_str(f, "file_id", path + ".file_id")
+    cdef str data = _opt_str(f, "file_data", path + ".file_data")
+    cdef Block parsed
+    b.name = _opt_str(f, "filename", path + ".filename")
+    if data is not None:
+        parsed = _image(data)
+        b.src_kind = SRC_BASE64
+        if parsed.src_kind == SRC_BASE64:
+            b.media_type = parsed.media_type
+            b.data = parsed.data
+        else:
+            b.media_type = "application/pdf"
+            b.data = data
+    elif file_id is not None:
+        b.src_kind = SRC_VENDOR
+        b.data = file_id
+    else:
+        raise _missing(path + ".file_id")
+    return b
+
+
+cdef Block _audio(dict a, str path):
+    """`input_audio` {data, format} has no IR block of its own: it is carried as a base64 document
+    with an audio media type, which Gemini and Bedrock writers can forward as inline media."""
+    cdef Block b = _block(B_DOCUMENT)
+    cdef str fmt = _req_str(a, "format", path + ".format")
+    b.src_kind = SRC_BASE64
+    b.media_type = "audio/mpeg" if fmt == "mp3" else "audio/" + fmt
+    b.data = _req_str(a, "data", path + ".data")
+    return b
+
+
+cdef list _parts(object content, str path, int allowed):
+    """A message `content` (a string or an array of parts) -> IR blocks."""
+    cdef list out = []
+    cdef Py_ssize_t i = 0
+    cdef str ppath, kind
+    cdef dict part, inner
+    cdef object v
+    cdef Block b
+    if isinstance(content, str):
+        out.append(text_block(content))
+        return out
+    if not isinstance(content, list):
+        raise _bad_type(path, "one of a string or array of objects", content)
+    for v in content:
+        ppath = "%s[%d]" % (path, i)
+        i += 1
+        if not isinstance(v, dict):
+            raise _bad_type(ppath, "an object", v)
+        part = v
+        kind = _req_str(part, "type", ppath + ".type")
+        if kind == "text":
+            b = text_block(_req_str(part, "text", ppath + ".text"))
+        elif kind == "refusal" and allowed & P_REFUSAL:
+            b = text_block(_req_str(part, "refusal", ppath + ".refusal"))
+        elif kind == "image_url" and allowed & P_MEDIA:
+            v = part.get("image_url")
+            if isinstance(v, str):  # a common client shortcut the OpenAI-compatible servers take
+                b = _image(v)
+            else:
+                inner = _opt_dict(part, "image_url", ppath + ".image_url")
+                if inner is None:
+                    raise _missing(ppath + ".image_url")
+                b = _image(_req_str(inner, "url", ppath + ".image_url.url"))
+        elif kind == "input_audio" and allowed & P_MEDIA:
+            inner = _opt_dict(part, "input_audio", ppath + ".input_audio")
+            if inner is None:
+                raise _missing(ppath + ".input_audio")
+            b = _audio(inner, ppath + ".input_audio")
+        elif kind == "file" and allowed & P_MEDIA:
+            inner = _opt_dict(part, "file", ppath + ".file")
+            if inner is None:
+                raise _missing(ppath + ".file")
+            b = _file(inner, ppath + ".file")
+        elif allowed & P_MEDIA:
+            raise _bad_value(kind, "'text', 'image_url', 'input_audio', and 'file'")
+        elif allowed & P_REFUSAL:
+            raise _bad_value(kind, "'text' and 'refusal'")
+        else:
+            raise _bad_value(kind, "'text'")
+        if part.get("prompt_cache_breakpoint") is not None:
+            # OpenAI's explicit cache breakpoint marks the same spot Anthropic's cache_control does.
+            b.cache_control = {"type": "ephemeral"}
+        out.append(b)
+    return out
+
+
+cdef Block _tool_use(str id, str name, object input):
+    cdef Block b = _block(B_TOOL_USE)
+    b.id = id
+    b.name = name
+    b.input = input
+    return b
+
+
+cdef list _assistant(dict m, str path, dict legacy):
+    cdef list out = []
+    cdef object v, call
+    cdef object reasoning = m.get("reasoning_content")
+    cdef dict c, fn
+    cdef str cpath, kind, id
+    cdef Py_ssize_t i = 0
+    cdef Block b
+    if not isinstance(reasoning, str):
+        reasoning = m.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        b = _block(B_THINKING)
+        b.text = reasoning
+        out.append(b)
+    v = m.get("content")
+    if v is not None:
+        for b in _parts(v, path + ".content", P_TEXT | P_REFUSAL):
+            if b.text:  # `content: ""` beside tool_calls is not a turn of text
+                out.append(b)
+    v = _opt_str(m, "refusal", path + ".refusal")
+    if v:
+        out.append(text_block(v))
+    v = m.get("tool_calls")
+    if v is not None:
+        if not isinstance(v, list):
+            raise _bad_type(path + ".tool_calls", "an array", v)
+        for call in v:
+            cpath = "%s.tool_calls[%d]" % (path, i)
+            i += 1
+            if not isinstance(call, dict):
+                raise _bad_type(cpath, "an object", call)
+            c = call
+            id = _req_str(c, "id", cpath + ".id")
+            kind = _opt_str(c, "type", cpath + ".type") or "function"
+            if kind == "function":
+                fn = _opt_dict(c, "function", cpath + ".function")
+                if fn is None:
+                    raise _missing(cpath + ".function")
+                out.append(_tool_use(id, _req_str(fn, "name", cpath + ".function.name"),
+                                     _parse_arguments(fn.get("arguments"))))
+            elif kind == "custom":
+                fn = _opt_dict(c, "custom", cpath + ".custom")
+                if fn is None:
+                    raise _missing(cpath + ".custom")
+                out.append(_tool_use(id, _req_str(fn, "name", cpath + ".custom.name"),
+                                     _opt_str(fn, "input", cpath + ".custom.input") or ""))
+            else:
+                raise _bad_value(kind, "'function' and 'custom'")
+    fn = _opt_dict(m, "function_call", path + ".function_call")
+    if fn is not None:
+        # The deprecated single function call has no id; mint one a later `role: function`
+        # message of the same name answers (see _read_messages).
+        kind = _req_str(fn, "name", path + ".function_call.name")
+        id = "call_%s_%d" % (kind, len(legacy))
+        legacy.setdefault(kind, []).append(id)
+        out.append(_tool_use(id, kind, _parse_arguments(fn.get("arguments"))))
+    return out
+
+
+cdef Block _tool_result(dict m, str path, dict legacy):
+    cdef Block b = _block(B_TOOL_RESULT)
+    cdef str name
+    cdef list pending
+    cdef object content = m.get("content")
+    if m.get("role") == "tool":
+        b.id = _req_str(m, "tool_call_id", path + ".tool_call_id")
+    else:  # deprecated `role: function` answers the oldest open function_call of its name
+        name = _req_str(m, "name", path + ".name")
+        pending = legacy.get(name)
+        if pending:
+            b.id = pending.pop(0)
+        else:
+            b.id = "call_%s" % name
+    if content is None:
+        b.content = []
+    else:
+        b.content = _parts(content, path + ".content", P_TEXT | P_MEDIA)
+    return b
+
+
+cdef void _read_messages(Request req, object messages) except *:
+    cdef Message tool_turn = None   # the USER message gathering consecutive tool results
+    cdef dict legacy = {}           # function name -> minted ids of unanswered function_calls
+    cdef dict m
+    cdef object v, role
+    cdef str path
+    cdef Py_ssize_t i = 0
+    if messages is None:
+        raise _missing("messages")
+    if not isinstance(messages, list):
+        raise _bad_type("messages", "an array", messages)
+    if not messages:
+        raise CodecError("Invalid 'messages': empty array. Expected an array with minimum length 1, "
+                         "but got an empty array instead.")
+    for v in messages:
+        path = "messages[%d]" % i
+        i += 1
+        if not isinstance(v, dict):
+            raise _bad_type(path, "an object", v)
+        m = v
+        role = m.get("role")
+        if role == "tool" or role == "function":
+            if tool_turn is None:
+                tool_turn = _message(ROLE_USER, [])
+                req.messages.append(tool_turn)
+            tool_turn.content.append(_tool_result(m, path, legacy))
+            continue
+        tool_turn = None
+        if role == "system" or role == "developer":
+            # Chat has no place for a mid-conversation instruction other than here; every system
+            # and developer message joins the one system prompt, in order.
+            v = m.get("content")
+            if v is None:
+                raise _missing(path + ".content")
+            req.system.extend(_parts(v, path + ".content", P_TEXT))
+        elif role == "user":
+            v = m.get("content")
+            if v is None:
+                raise _missing(path + ".content")
+            req.messages.append(_message(ROLE_USER, _parts(v, path + ".content", P_TEXT | P_MEDIA)))
+        elif role == "assistant":
+            req.messages.append(_message(ROLE_ASSISTANT, _assistant(m, path, legacy)))
+        elif role is None:
+            raise _missing(path + ".role")
+        else:
+            raise _bad_value(role, "'system', 'assistant', 'user', 'function', 'tool', and 'developer'")
+
+
+cdef Tool _function_tool(dict fn, str path, dict strict):
+    cdef Tool t = Tool.__new__(Tool)
+    cdef object params = fn.get("parameters")
+    cdef object s
+    t.name = _req_str(fn, "name", path + ".name")
+    t.description = _opt_str(fn, "description", path + ".description")
+    if params is not None and not isinstance(params, dict):
+        raise _bad_type(path + ".parameters", "an object", params)
+    t.schema = params
+    s = fn.get("strict")
+    if s is True or s is False:
+        strict[t.name] = s
+    return t
+
+
+cdef void _read_tools(Request req, dict obj) except *:
+    cdef object v, tool
+    cdef dict t, fn
+    cdef dict strict = {}
+    cdef list raw = []
+    cdef str path, kind
+    cdef Py_ssize_t i = 0
+    v = obj.get("tools")
+    if v is not None:
+        if not isinstance(v, list):
+            raise _bad_type("tools", "an array", v)
+        for tool in v:
+            path = "tools[%d]" % i
+            i += 1
+            if not isinstance(tool, dict):
+                raise _bad_type(path, "an object", tool)
+            t = tool
+            kind = _req_str(t, "type", path + ".type")
+            if kind == "function":
+                fn = _opt_dict(t, "function", path + ".function")
+                if fn is None:
+                    raise _missing(path + ".function")
+                req.tools.append(_function_tool(fn, path + ".function", strict))
+            else:
+                # custom (grammar) tools and future kinds have no IR form: same-protocol only.
+                raw.append(t)
+    v = obj.get("functions")  # the deprecated spelling of function tools
+    if v is not None:
+        if not isinstance(v, list):
+            raise _bad_type("functions", "an array", v)
+        i = 0
+        for tool in v:
+            path = "functions[%d]" % i
+            i += 1
+            if not isinstance(tool, dict):
+                raise _bad_type(path, "an object", tool)
+            req.tools.append(_function_tool(tool, path, strict))
+    if strict:
+        req.extra["_tool_strict"] = strict
+    if raw:
+        req.extra["_raw_tools"] = raw
+
+
+cdef void _read_tool_choice(Request req, dict obj) except *:
+    cdef object v = obj.get("tool_choice")
+    cdef str key = "tool_choice"
+    cdef dict d, inner
+    cdef str kind
+    if v is None:
+        v = obj.get("function_call")  # deprecated: "none" | "auto" | {name}
+        key = "function_call"
+        if isinstance(v, dict):
+            req.tool_choice = TC_TOOL
+            req.tool_choice_name = _req_str(v, "name", "function_call.name")
+            return
+    if v is None:
+        return
+    if isinstance(v, str):
+        if v == "auto":
+            req.tool_choice = TC_AUTO
+        elif v == "none":
+            req.tool_choice = TC_NONE
+        elif v == "required" and key == "tool_choice":
+            req.tool_choice = TC_REQUIRED
+        else:
+            raise _bad_value(v, "'none', 'auto', and 'required'")
+        return
+    if not isinstance(v, dict):
+        raise _bad_type(key, "one of a string or object", v)
+    d = v
+    kind = _req_str(d, "type", "tool_choice.type")
+    if kind == "function" or kind == "custom":
+        inner = _opt_dict(d, kind, "tool_choice." + kind)
+        if inner is None:
+            raise _missing("tool_choice." + kind)
+        req.tool_choice = TC_TOOL
+        req.tool_choice_name = _req_str(inner, "name", "tool_choice.%s.name" % kind)
+    elif kind == "allowed_tools":
+        inner = _opt_dict(d, "allowed_tools", "tool_choice.allowed_tools")
+        if inner is None:
+            raise _missing("tool_choice.allowed_tools")
+        kind = _req_str(inner, "mode", "tool_choice.allowed_tools.mode")
+        if kind == "auto":
+            req.tool_choice = TC_AUTO
+        elif kind == "required":
+            req.tool_choice = TC_REQUIRED
+        else:
+            raise _bad_value(kind, "'auto' and 'required'")
+        # The allow-list itself has no IR form; a same-protocol hop sends it back whole.
+        req.extra["_tool_choice"] = d
+    else:
+        raise _bad_value(kind, "'function', 'custom', and 'allowed_tools'")
+
+
+cdef void _read_response_format(Request req, dict obj) except *:
+    cdef dict rf = _opt_dict(obj, "response_format", "response_format")
+    cdef dict js
+    cdef str kind
+    cdef object v
+    if rf is None:
+        return
+    kind = _req_str(rf, "type", "response_format.type")
+    if kind == "text":
+        req.response_format = RF_TEXT
+    elif kind == "json_object":
+        req.response_format = RF_JSON_OBJECT
+    elif kind == "json_schema":
+        js = _opt_dict(rf, "json_schema", "response_format.json_schema")
+        if js is None:
+            raise _missing("response_format.json_schema")
+        req.response_format = RF_JSON_SCHEMA
+        req.rf_name = _req_str(js, "name", "response_format.json_schema.name")
+        v = js.get("schema")
+        if v is not None and not isinstance(v, dict):
+            raise _bad_type("response_format.json_schema.schema", "an object", v)
+        req.rf_schema = v
+        v = js.get("strict")
+        if v is not None and not (v is True or v is False):
+            raise _bad_type("response_format.json_schema.strict", "a boolean", v)
+        req.rf_strict = v
+    else:
+        raise _bad_value(kind, "'text', 'json_object', and 'json_schema'")
+
+
+cdef list _read_stop(object v):
+    cdef list out
+    cdef object s
+    if v is None:
+        return None
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, list):
+        raise _bad_type("stop", "one of a string or array of strings", v)
+    out = []
+    for s in v:
+        if not isinstance(s, str):
+            raise _bad_type("stop", "one of a string or array of strings", v)
+        out.append(s)
+    return out
+
+
+cpdef Request read_request(bytes body):
+    cdef object obj
+    cdef dict d
+    cdef Request req = Request()
+    cdef object v, key
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise CodecError(PARSE_ERROR)
+    if not isinstance(obj, dict):
+        raise CodecError(PARSE_ERROR)
+    d = obj
+    v = d.get("model")
+    if v is None or v == "":
+        raise _missing("model")
+    if not isinstance(v, str):
+        raise _bad_type("model", "a string", v)
+    req.model = v
+    v = _opt_bool(d, "stream")
+    req.stream = v is True
+    _read_messages(req, d.get("messages"))
+    _read_tools(req, d)
+    _read_tool_choice(req, d)
+    req.parallel_tool_calls = _opt_bool(d, "parallel_tool_calls")
+    _read_response_format(req, d)
+    v = _opt_int(d, "max_completion_tokens")
+    if v is not None:
+        # o-series models reject `max_tokens`: remember the spelling for a same-protocol hop.
+        req.extra["_max_completion_tokens"] = True
+    else:
+        v = _opt_int(d, "max_tokens")
+    req.max_tokens = v
+    req.temperature = _opt_number(d, "temperature")
+    req.top_p = _opt_number(d, "top_p")
+    req.frequency_penalty = _opt_number(d, "frequency_penalty")
+    req.presence_penalty = _opt_number(d, "presence_penalty")
+    req.seed = _opt_int(d, "seed")
+    req.n = _opt_int(d, "n")
+    req.stop = _read_stop(d.get("stop"))
+    req.user = _opt_str(d, "user", "user")
+    req.reasoning_effort = _opt_str(d, "reasoning_effort", "reasoning_effort")
+    req.logprobs = _opt_bool(d, "logprobs")
+    req.top_logprobs = _opt_int(d, "top_logprobs")
+    for key, v in d.items():
+        if key not in READ_FIELDS:
+            req.extra[key] = v
+    return req
+
+
+# ---------------------------------------------------------------------------------------------
+# write_request
+
+
+cdef str _data_uri(Block b):
+    return "data:%s;base64,%s" % (b.media_type or "application/octet-stream", b.data or "")
+
+
+cdef dict _image_part(Block b):
+    if b.src_kind == SRC_BASE64:
+        return {"type": "image_url", "image_url": {"url": _data_uri(b)}}
+    if b.src_kind == SRC_URL and b.data:
+        return {"type": "image_url", "image_url": {"url": b.data}}
+    return None  # a vendor reference means nothing to another vendor
+
+
+cdef dict _document_part(Block b):
+    cdef str mt = b.media_type or ""
+    if b.text is not None:
+        return {"type": "text", "text": b.text}
+    if b.src_kind == SRC_BASE64:
+        if mt.startswith("audio/"):
+            return {"type": "input_audio",
+                    "input_audio": {"data": b.data or "",
+                                    "format": "mp3" if mt == "audio/mpeg" or mt == "audio/mp3"
+                                    else mt[6:]}}
+        # OpenAI requires a filename beside inline file data.
+        return {"type": "file", "file": {"filename": b.name or ("document.pdf" if mt == "application/pdf"
+                                                                 else "document"),
+                                         "file_data": _data_uri(b)}}
+    if b.src_kind == SRC_VENDOR and b.data:
+        return {"type": "file", "file": {"file_id": b.data}}
+    return None  # Chat Completions cannot take a document by URL
+
+
+cdef dict _content_part(Block b):
+    if b.kind == B_TEXT:
+        return {"type": "text", "text": b.text or ""}
+    if b.kind == B_IMAGE:
+        return _image_part(b)
+    if b.kind == B_DOCUMENT:
+        return _document_part(b)
+    return None  # thinking is never sent back; tool blocks are handled by the caller
+
+
+cdef void _write_user(Message m, list out) except *:
+    cdef list parts = []
+    cdef list texts
+    cdef Block b, inner
+    cdef dict part
+    for b in m.content:
+        if b.kind == B_TOOL_RESULT:
+            # A tool message carries text only; images a tool returned ride in the user turn that
+            # follows the tool messages (OpenAI wants tool messages right after the tool calls).
+            texts = []
+            if b.content is not None:
+                for inner in b.content:
+                    if inner.kind == B_TEXT:
+                        texts.append(inner.text or "")
+                    else:
+                        part = _content_part(inner)
+                        if part is not None:
+                            parts.append(part)
+            elif b.text is not None:
+                texts.append(b.text)
+            out.append({"role": "tool", "tool_call_id": b.id or "", "content": "\n".join(texts)})
+        else:
+            part = _content_part(b)
+            if part is not None:
+                parts.append(part)
+    if not parts:
+        return
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        out.append({"role": "user", "content": parts[0]["text"]})
+    else:
+        out.append({"role": "user", "content": parts})
+
+
+cdef void _write_assistant(Message m, list out, set custom_names) except *:
+    cdef list texts = []
+    cdef list calls = []
+    cdef dict msg
+    cdef Block b
+    for b in m.content:
+        if b.kind == B_TEXT:
+            texts.append(b.text or "")
+        elif b.kind == B_TOOL_USE:
+            if b.name in custom_names and isinstance(b.input, str):
+                calls.append({"id": b.id or "", "type": "custom",
+                              "custom": {"name": b.name, "input": b.input}})
+            else:
+                calls.append({"id": b.id or "", "type": "function",
+                              "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
+    # Text blocks split by citations are one text: join without a separator.
+    msg = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if calls:
+        msg["tool_calls"] = calls
+    elif msg["content"] is None:
+        msg["content"] = ""
+    out.append(msg)
+
+
+cdef str _effort_of_budget(object budget):
+    """A thinking budget in tokens -> OpenAI's effort word (the default budgets of SPEC 1.5:
+    minimal 1024, low 4096, medium 8192, high 16384). Gemini's -1 (dynamic) means medium; 0 means
+    no reasoning was asked for."""
+    if not _is_int(budget) or budget == 0:
+        return None
+    if budget < 0:
+        return "medium"
+    if budget <= 1024:
+        return "minimal"
+    if budget <= 4096:
+        return "low"
+    if budget <= 8192:
+        return "medium"
+    return "high"
+
+
+cpdef bytes write_request(Request req):
+    cdef dict body = {"model": req.model}
+    cdef dict extra = req.extra if req.extra is not None else {}
+    cdef list messages = []
+    cdef list system = []
+    cdef list tools = []
+    cdef set custom_names = set()
+    cdef object raw_tools = extra.get("_raw_tools")
+    cdef object strict = extra.get("_tool_strict")
+    cdef object v, key
+    cdef dict fn, js, so
+    cdef Block b
+    cdef Message m
+    cdef Tool t
+    cdef str effort
+    if isinstance(raw_tools, list):
+        for v in raw_tools:
+            if isinstance(v, dict) and v.get("type") == "custom" and isinstance(v.get("custom"), dict):
+                custom_names.add(v["custom"].get("name"))
+    for b in req.system:
+        if b.kind == B_TEXT and b.text:
+            system.append(b.text)
+    if system:
+        messages.append({"role": "system", "content": "\n\n".join(system)})
+    for m in req.messages:
+        if m.role == ROLE_ASSISTANT:
+            _write_assistant(m, messages, custom_names)
+        else:
+            _write_user(m, messages)
+    body["messages"] = messages
+
+    for t in req.tools:
+        fn = {"name": t.name}
+        if t.description:
+            fn["description"] = t.description
+        if t.schema is not None:
+            fn["parameters"] = t.schema
+        if isinstance(strict, dict) and t.name in strict:
+            fn["strict"] = strict[t.name]
+        tools.append({"type": "function", "function": fn})
+    if isinstance(raw_tools, list):
+        tools.extend(raw_tools)
+    if tools:
+        body["tools"] = tools
+        v = extra.get("_tool_choice")
+        if v is not None:
+            body["tool_choice"] = v
+        elif req.tool_choice == TC_AUTO:
+            body["tool_choice"] = "auto"
+        elif req.tool_choice == TC_NONE:
+            body["tool_choice"] = "none"
+        elif req.tool_choice == TC_REQUIRED:
+            body["tool_choice"] = "required"
+        elif req.tool_choice == TC_TOOL:
+            if req.tool_choice_name in custom_names:
+                body["tool_choice"] = {"type": "custom", "custom": {"name": req.tool_choice_name}}
+            else:
+                body["tool_choice"] = {"type": "function", "function": {"name": req.tool_choice_name}}
+        # OpenAI rejects parallel_tool_calls without tools.
+        if req.parallel_tool_calls is not None:
+            body["parallel_tool_calls"] = req.parallel_tool_calls
+
+    if req.response_format == RF_TEXT:
+        body["response_format"] = {"type": "text"}
+    elif req.response_format == RF_JSON_OBJECT:
+        body["response_format"] = {"type": "json_object"}
+    elif req.response_format == RF_JSON_SCHEMA:
+        js = {"name": req.rf_name or "response"}  # OpenAI requires a name
+        if req.rf_schema is not None:
+            js["schema"] = req.rf_schema
+        if req.rf_strict is not None:
+            js["strict"] = req.rf_strict
+        body["response_format"] = {"type": "json_schema", "json_schema": js}
+
+    if req.max_tokens is not None:
+        if extra.get("_max_completion_tokens"):
+            body["max_completion_tokens"] = req.max_tokens
+        else:
+            body["max_tokens"] = req.max_tokens
+    for key, v in (("temperature", req.temperature), ("top_p", req.top_p),
+                   ("frequency_penalty", req.frequency_penalty),
+                   ("presence_penalty", req.presence_penalty), ("seed", req.seed), ("n", req.n)):
+        if v is not None:
+            body[key] = v
+    if req.stop:
+        body["stop"] = req.stop[:MAX_STOP]
+    if req.user is not None:
+        body["user"] = req.user
+    effort = req.reasoning_effort
+    if effort is None:
+        effort = _effort_of_budget(req.reasoning_budget)
+    if effort is not None:
+        body["reasoning_effort"] = effort
+    if req.logprobs is not None:
+        body["logprobs"] = req.logprobs
+    if req.top_logprobs is not None:
+        body["top_logprobs"] = req.top_logprobs
+    if req.stream:
+        body["stream"] = True
+        # busbar bills from the usage chunk, so it always asks for one (SPEC 1.3); the client's
+        # own stream_options (include_obfuscation, ...) ride along on a same-protocol hop.
+        v = extra.get("stream_options")
+        so = dict(v) if isinstance(v, dict) else {}
+        so["include_usage"] = True
+        body["stream_options"] = so
+    for key, v in extra.items():
+        # OpenAI rejects stream_options on a buffered call; `_` keys are this codec's own notes.
+        if key not in body and key != "stream_options" and not key.startswith("_"):
+            body[key] = v
+    return orjson.dumps(body)
+
+
+# ---------------------------------------------------------------------------------------------
+# Responses: read_response, write_response, read_usage
+
+
+cdef Usage _usage_of(object u):
+    """An OpenAI `usage` object -> IR usage. prompt_tokens already counts cached tokens, which is
+    the IR's convention."""
+    cdef Usage out
+    cdef dict d
+    cdef object details
+    if not isinstance(u, dict):
+        return _unknown_usage()
+    d = u
+    out = Usage()
+    out.input_tokens = _n(d.get("prompt_tokens"))
+    out.output_tokens = _n(d.get("completion_tokens"))
+    details = d.get("prompt_tokens_details")
+    if isinstance(details, dict):
+        out.cache_read_tokens = _n(details.get("cached_tokens"))
+        out.cache_write_tokens = _n(details.get("cache_write_tokens"))
+    elif "prompt_cache_hit_tokens" in d:  # DeepSeek reports its cache hits beside the details
+        out.cache_read_tokens = _n(d.get("prompt_cache_hit_tokens"))
+    details = d.get("completion_tokens_details")
+    if isinstance(details, dict):
+        out.reasoning_tokens = _n(details.get("reasoning_tokens"))
+    return out
+
+
+cdef dict _usage_dict(Usage u):
+    cdef dict prompt = {"cached_tokens": u.cache_read_tokens}
+    if u.cache_write_tokens:
+        prompt["cache_write_tokens"] = u.cache_write_tokens
+    return {
+        "prompt_tokens": u.input_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.input_tokens + u.output_tokens,
+        "prompt_tokens_details": prompt,
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    }
+
+
+cdef int _stop_of_finish(object finish, bint saw_tool, bint saw_refusal):
+    if finish == "stop" or finish is None:
+        # Several OpenAI-compatible servers end a tool call with "stop"; the calls themselves say
+        # what happened.
+        if saw_tool:
+            return SR_TOOL_USE
+        if saw_refusal:
+            return SR_REFUSAL
+        return SR_END_TURN
+    if finish == "length":
+        return SR_MAX_TOKENS
+    if finish == "tool_calls" or finish == "function_call":
+        return SR_TOOL_USE
+    if finish == "content_filter":
+        return SR_SAFETY
+    return SR_OTHER
+
+
+cdef str _finish_of_stop(int stop_reason):
+    if stop_reason == SR_MAX_TOKENS:
+        return "length"
+    if stop_reason == SR_TOOL_USE:
+        return "tool_calls"
+    if stop_reason == SR_SAFETY:
+        return "content_filter"
+    return "stop"
+
+
+cdef dict _first_choice(object choices):
+    cdef object c, index
+    if not isinstance(choices, list):
+        return None
+    for c in choices:
+        if isinstance(c, dict):
+            index = c.get("index")
+            if index is None or (_is_int(index) and index == 0):  # n > 1: choice 0 only
+                return c
+    return None
+
+
+cdef list _response_blocks(dict msg, bint* saw_refusal):
+    cdef list out = []
+    cdef object v, call
+    cdef object reasoning = msg.get("reasoning_content")
+    cdef dict c, fn
+    cdef str kind, id, text
+    cdef Block b
+    cdef list texts
+    if not isinstance(reasoning, str):
+        reasoning = msg.get("reasoning")
+    if isinstance(reasoning, str) and reasoning:
+        b = _block(B_THINKING)
+        b.text = reasoning
+        out.append(b)
+    v = msg.get("content")
+    text = None
+    if isinstance(v, str):
+        text = v
+    elif isinstance(v, list):  # some compatible servers answer with text parts
+        texts = []
+        for call in v:
+            if isinstance(call, dict) and isinstance(call.get("text"), str):
+                texts.append(call["text"])
+        text = "".join(texts)
+    if text:
+        b = text_block(text)
+        v = msg.get("annotations")
+        if isinstance(v, list) and v:
+            b.citations = [a for a in v if isinstance(a, dict)]
+        out.append(b)
+    v = msg.get("refusal")
+    if isinstance(v, str) and v:
+        saw_refusal[0] = True
+        out.append(text_block(v))
+    v = msg.get("tool_calls")
+    if isinstance(v, list):
+        for call in v:
+            if not isinstance(call, dict):
+                continue
+            c = call
+            kind = _s(c.get("type")) or "function"
+            id = _s(c.get("id")) or _random_id("call_", 24)
+            if kind == "custom" and isinstance(c.get("custom"), dict):
+                fn = c["custom"]
+                out.append(_tool_use(id, _s(fn.get("name")) or "", _s(fn.get("input")) or ""))
+            elif isinstance(c.get("function"), dict):
+                fn = c["function"]
+                out.append(_tool_use(id, _s(fn.get("name")) or "",
+                                     _parse_arguments(fn.get("arguments"))))
+    v = msg.get("function_call")
+    if isinstance(v, dict):
+        fn = v
+        out.append(_tool_use(_random_id("call_", 24), _s(fn.get("name")) or "",
+                             _parse_arguments(fn.get("arguments"))))
+    return out
+
+
+cpdef Response read_response(bytes body):
+    cdef object obj
+    cdef dict d, choice
+    cdef object v
+    cdef Response resp = Response()
+    cdef bint saw_refusal = False
+    cdef bint saw_tool = False
+    cdef Block b
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+    if not isinstance(obj, dict):
+        raise CodecError(UPSTREAM_NOT_JSON)
+    d = obj
+    resp.id = _s(d.get("id"))
+    resp.model = _s(d.get("model"))
+    v = d.get("created")
+    resp.created = v if _is_int(v) else None
+    choice = _first_choice(d.get("choices"))
+    if choice is not None:
+        v = choice.get("message")
+        if isinstance(v, dict):
+            resp.content = _response_blocks(v, &saw_refusal)
+        for b in resp.content:
+            if b.kind == B_TOOL_USE:
+                saw_tool = True
+        resp.stop_reason = _stop_of_finish(choice.get("finish_reason"), saw_tool, saw_refusal)
+        v = choice.get("logprobs")
+        if isinstance(v, dict) and isinstance(v.get("content"), list):
+            resp.logprobs = v["content"]
+    else:
+        resp.stop_reason = SR_END_TURN
+    resp.usage = _usage_of(d.get("usage"))
+    return resp
+
+
+cdef list _annotations(Block b, Py_ssize_t start):
+    """Citations that name a URL (OpenAI url_citation annotations, Anthropic web search results)
+    -> url_citation annotations spanning the block's text within the message content."""
+    cdef list out = []
+    cdef object c, inner
+    cdef Py_ssize_t end = start + len(b.text or "")
+    for c in b.citations:
+        if not isinstance(c, dict):
+            continue
+        if c.get("type") == "url_citation" and isinstance(c.get("url_citation"), dict):
+            out.append(c)
+        elif isinstance(c.get("url"), str):
+            out.append({"type": "url_citation",
+                        "url_citation": {"url": c["url"], "title": _s(c.get("title")) or "",
+                                         "start_index": start, "end_index": end}})
+    return out
+
+
+cpdef bytes write_response(Response resp):
+    cdef list texts = []
+    cdef list thinking = []
+    cdef list calls = []
+    cdef list annotations = []
+    cdef Py_ssize_t pos = 0
+    cdef dict msg, choice
+    cdef Block b
+    cdef Usage u = resp.usage if resp.usage is not None else Usage()
+    for b in resp.content:
+        if b.kind == B_TEXT:
+            if b.citations:
+                annotations.extend(_annotations(b, pos))
+            texts.append(b.text or "")
+            pos += len(b.text or "")
+        elif b.kind == B_THINKING:
+            if b.text:  # redacted thinking is opaque and has no OpenAI form
+                thinking.append(b.text)
+        elif b.kind == B_TOOL_USE:
+            calls.append({"id": b.id or "", "type": "function",
+                          "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
+    msg = {"role": "assistant",
+           "content": "".join(texts) if texts or not calls else None,
+           "refusal": None}
+    if calls:
+        msg["tool_calls"] = calls
+    if annotations:
+        msg["annotations"] = annotations
+    if thinking:
+        # DeepSeek's field: the one OpenAI-compatible clients look for.
+        msg["reasoning_content"] = "".join(thinking)
+    choice = {"index": 0, "message": msg,
+              "logprobs": {"content": resp.logprobs, "refusal": None} if resp.logprobs is not None
+              else None,
+              "finish_reason": _finish_of_stop(resp.stop_reason)}
+    return orjson.dumps({
+        "id": resp.id,
+        "object": "chat.completion",
+        "created": resp.created if resp.created is not None else int(time.time()),
+        "model": resp.model,
+        "choices": [choice],
+        "usage": _usage_dict(u),
+    })
+
+
+cpdef Usage read_usage(bytes body):
+    """Usage of a same-protocol buffered body, parsing only the `usage` value."""
+    cdef dict spans
+    cdef object span
+    try:
+        spans = scan_top(body, (b"usage",))
+    except FramingError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+    span = spans.get(b"usage")
+    if span is None:
+        return _unknown_usage()
+    try:
+        return _usage_of(orjson.loads(body[span[0]:span[1]]))
+    except orjson.JSONDecodeError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and model lists
+
+
+cpdef bytes write_error(int status, str kind, str message, str request_id=None):
+    if kind not in ERROR_TYPE:
+        kind = kind_of_status(status)
+    return orjson.dumps({"error": {"message": message, "type": ERROR_TYPE[kind], "param": None,
+                                   "code": ERROR_CODE.get(kind)}})
+
+
+cdef str _kind_of_error(dict err):
+    cdef object code = err.get("code")
+    cdef object kind
+    if isinstance(code, str) and code in KIND_OF_ERROR:
+        return KIND_OF_ERROR[code]
+    kind = err.get("type")
+    if isinstance(kind, str) and kind in KIND_OF_ERROR:
+        return KIND_OF_ERROR[kind]
+    if _is_int(code) and 400 <= code < 600:  # some compatible servers put the HTTP status here
+        return kind_of_status(code)
+    return "api_error"
+
+
+cpdef str read_error(bytes body):
+    cdef object obj
+    cdef object err
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if isinstance(obj, list) and obj:  # a few compatible servers wrap the envelope in an array
+        for err in obj:
+            obj = err
+            break
+    if not isinstance(obj, dict):
+        return None
+    err = obj.get("error")
+    if isinstance(err, dict) and isinstance(err.get("message"), str):
+        return err["message"]
+    if isinstance(err, str):
+        return err
+    if isinstance(obj.get("message"), str):
+        return obj["message"]
+    return None
+
+
+cpdef bytes write_model_list(list names):
+    return orjson.dumps({"object": "list",
+                         "data": [{"id": n, "object": "model", "created": 0, "owned_by": "busbar"}
+                                  for n in names]})
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming
+
+
+cdef class StreamDecoder:
+
+    def __cinit__(self):
+        self.parser = SSEParser()
+        self.open_index = -1
+        self.tools = {}
+
+    cpdef list feed(self, bytes chunk):
+        cdef list out = []
+        cdef list frames
+        cdef tuple frame
+        try:
+            frames = self.parser.feed(chunk)
+        except FramingError:
+            raise CodecError("The upstream sent a stream event larger than busbar accepts.")
+        for frame in frames:
+            self._frame(frame[1], out)
+        return out
+
+    cpdef list close(self):
+        cdef list out = []
+        cdef list frames
+        cdef tuple frame
+        try:
+            frames = self.parser.close()
+        except FramingError:
+            raise CodecError("The upstream sent a stream event larger than busbar accepts.")
+        for frame in frames:
+            self._frame(frame[1], out)
+        # Some OpenAI-compatible servers end without `[DONE]`; a finish_reason is proof enough.
+        # Without one the stream was cut, and the engine reports that itself.
+        if self.started and not self.done and self.have_finish:
+            self._finish(out)
+        return out
+
+    cdef void _frame(self, bytes data, list out) except *:
+        cdef object obj, v
+        cdef dict d, err
+        cdef object c
+        if self.done:
+            return
+        data = data.strip()
+        if not data:
+            return
+        if data == b"[DONE]":
+            if self.started:
+                self._finish(out)
+            self.done = True
+            return
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            raise CodecError(UPSTREAM_BAD_FRAME)
+        if not isinstance(obj, dict):
+            raise CodecError(UPSTREAM_BAD_FRAME)
+        d = obj
+        v = d.get("error")
+        if v is not None:
+            err = v if isinstance(v, dict) else {"message": v}
+            self._close_block(out)
+            out.append(ev_error(_kind_of_error(err),
+                                _s(err.get("message")) or "The upstream reported an error."))
+            self.done = True
+            return
+        if not self.started:
+            self.started = True
+            out.append(ev_message_start(_s(d.get("id")), _s(d.get("model")), _unknown_usage()))
+        c = _first_choice(d.get("choices"))
+        if c is not None:
+            self._choice(c, out)
+        v = d.get("usage")
+        if isinstance(v, dict):
+            self.usage = _usage_of(v)
+
+    cdef void _choice(self, dict choice, list out) except *:
+        cdef object delta = choice.get("delta")
+        cdef object v, call, logprobs
+        cdef dict d
+        cdef Event ev
+        cdef int index
+        if isinstance(delta, dict):
+            d = delta
+            v = d.get("reasoning_content")
+            if not isinstance(v, str) or not v:
+                v = d.get("reasoning")  # OpenRouter / vLLM spelling
+            if isinstance(v, str) and v:
+                index = self._open(B_THINKING, out)
+                out.append(ev_block_delta(index, D_THINKING, v))
+            v = d.get("content")
+            if isinstance(v, str) and v:
+                index = self._open(B_TEXT, out)
+                ev = ev_block_delta(index, D_TEXT, v)
+                logprobs = choice.get("logprobs")
+                if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
+                    ev.data = logprobs["content"]
+                out.append(ev)
+            v = d.get("refusal")
+            if isinstance(v, str) and v:
+                self.saw_refusal = True
+                index = self._open(B_TEXT, out)
+                out.append(ev_block_delta(index, D_TEXT, v))
+            v = d.get("tool_calls")
+            if isinstance(v, list):
+                for call in v:
+                    if isinstance(call, dict):
+                        self._tool_call(call, out)
+            v = d.get("function_call")
+            if isinstance(v, dict):  # deprecated: one call, streamed like tool call 0
+                self._tool_call({"index": 0, "function": v}, out)
+        v = choice.get("finish_reason")
+        if isinstance(v, str):
+            self.have_finish = True
+            self.stop_reason = _stop_of_finish(v, False, False)
+
+    cdef void _tool_call(self, dict call, list out) except *:
+        cdef object key = call.get("index")
+        cdef object fn = call.get("function")
+        cdef object args
+        cdef object index
+        cdef str id = _s(call.get("id"))
+        cdef Block b
+        if not isinstance(fn, dict):
+            fn = {}
+        if not _is_int(key):
+            # Not every compatible server numbers its calls: fall back to the id, then to the
+            # call in progress.
+            key = id if id else self.last_tool
+        index = self.tools.get(key) if key is not None else None
+        if index is None:
+            self._close_block(out)
+            b = _block(B_TOOL_USE)
+            b.id = id or _random_id("call_", 24)
+            b.name = _s(fn.get("name")) or ""
+            index = self.next_index
+            self.next_index += 1
+            self.open_index = index
+            self.open_kind = B_TOOL_USE
+            if key is None:
+                key = b.id
+            self.tools[key] = index
+            self.saw_tool = True
+            out.append(ev_block_start(index, b))
+        self.last_tool = key
+        args = fn.get("arguments")
+        if isinstance(args, str) and args:
+            # A fragment for a call whose block another delta already closed (interleaved
+            # parallel calls) still belongs to that call's index.
+            out.append(ev_block_delta(index, D_INPUT_JSON, args))
+
+    cdef int _open(self, int kind, list out) except -1:
+        """The IR index of an open block of `kind`, closing another kind and opening one first."""
+        cdef Block b
+        if self.open_kind == kind:
+            return self.open_index
+        self._close_block(out)
+        b = _block(kind)
+        if kind == B_TEXT or kind == B_THINKING:
+            b.text = ""
+        self.open_index = self.next_index
+        self.next_index += 1
+        self.open_kind = kind
+        out.append(ev_block_start(self.open_index, b))
+        return self.open_index
+
+    cdef void _close_block(self, list out) except *:
+        if self.open_index >= 0:
+            out.append(ev_block_stop(self.open_index))
+        self.open_index = -1
+        self.open_kind = 0
+
+    cdef void _finish(self, list out) except *:
+        cdef int stop = self.stop_reason
+        self._close_block(out)
+        if not self.have_finish or stop == SR_END_TURN:
+            stop = _stop_of_finish("stop", self.saw_tool, self.saw_refusal)
+        out.append(ev_message_delta(stop, None,
+                                    self.usage.copy() if self.usage is not None else _unknown_usage()))
+        out.append(ev_message_stop())
+        self.done = True
+
+
+cdef class StreamEncoder:
+
+    def __init__(self, str id, str model):
+        self.id = id
+        self.model = model
+        self.created = int(time.time())
+        self.include_usage = False
+        self.tool_of_block = {}
+
+    cdef bytes _chunk(self, dict delta, object finish_reason, object logprobs):
+        cdef dict chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs,
+                         "finish_reason": finish_reason}],
+        }
+        if self.include_usage:
+            chunk["usage"] = None  # the SDK's include_usage contract: null until the last chunk
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    cpdef bytes encode(self, list events):
+        cdef bytearray out = bytearray()
+        cdef Event ev
+        cdef Block b
+        cdef int k
+        cdef object logprobs
+        for ev in events:
+            if self.finished:
+                break
+            if ev.kind == EV_ERROR:
+                out += self.error(ev.error_kind or "api_error", ev.message or "")
+                break
+            if not self.started:
+                if ev.kind == EV_MESSAGE_START and not self.model and ev.model:
+                    self.model = ev.model
+                self.started = True
+                out += self._chunk({"role": "assistant", "content": ""}, None, None)
+            if ev.kind == EV_BLOCK_START:
+                b = ev.block
+                if b is None:
+                    continue
+                if b.kind == B_TOOL_USE:
+                    k = self.tool_count
+                    self.tool_count += 1
+                    self.tool_of_block[ev.index] = k
+                    out += self._chunk({"tool_calls": [{
+                        "index": k, "id": b.id or "", "type": "function",
+                        "function": {"name": b.name or "", "arguments": ""}}]}, None, None)
+                elif b.kind == B_TEXT and b.text:
+                    out += self._chunk({"content": b.text}, None, None)
+            elif ev.kind == EV_BLOCK_DELTA:
+                if not ev.text:
+                    continue
+                if ev.delta_kind == D_TEXT:
+                    logprobs = {"content": ev.data, "refusal": None} if isinstance(ev.data, list) else None
+                    out += self._chunk({"content": ev.text}, None, logprobs)
+                elif ev.delta_kind == D_THINKING:
+                    out += self._chunk({"reasoning_content": ev.text}, None, None)
+                elif ev.delta_kind == D_INPUT_JSON and ev.index in self.tool_of_block:
+                    out += self._chunk({"tool_calls": [{
+                        "index": self.tool_of_block[ev.index],
+                        "function": {"arguments": ev.text}}]}, None, None)
+            elif ev.kind == EV_MESSAGE_DELTA:
+                if ev.usage is not None:
+                    self.usage = ev.usage
+                out += self._chunk({}, _finish_of_stop(ev.stop_reason), None)
+            elif ev.kind == EV_MESSAGE_STOP:
+                if self.include_usage:
+                    out += b"data: " + orjson.dumps({
+                        "id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                        "model": self.model, "choices": [],
+                        "usage": _usage_dict(self.usage if self.usage is not None else Usage()),
+                    }) + b"\n\n"
+                out += b"data: [DONE]\n\n"
+                self.finished = True
+        return bytes(out)
+
+    cpdef bytes error(self, str kind, str message):
+        """The mid-stream error frame the openai SDK raises as APIError; nothing follows it."""
+        self.finished = True
+        if kind not in ERROR_TYPE:
+            kind = "api_error"
+        return b"data: " + orjson.dumps({"error": {"message": message, "type": ERROR_TYPE[kind],
+                                                   "param": None, "code": ERROR_CODE.get(kind)}}) + b"\n\n"
