@@ -1,0 +1,49 @@
+"""Ingress dispatch: headers first, then the path (SPEC §1.1)."""
+import pytest
+
+from busbar.server import dispatch as D
+
+
+def route(method, path, headers=None, query=""):
+    return D.dispatch(method, path, query, headers or {})
+
+
+@pytest.mark.parametrize("path,headers,proto,name,stream", [
+    ("/v1/chat/completions", {}, "openai", None, False),
+    ("/v1/responses", {}, "responses", None, False),
+    ("/v2/chat", {}, "cohere", None, False),
+    ("/v1/messages", {b"anthropic-version": b"2023-06-01"}, "anthropic", None, False),
+    ("/my-pool/v1/messages", {}, "anthropic", "my-pool", False),
+    ("/v1beta/models/gemini-2.5-flash:generateContent", {}, "gemini", "gemini-2.5-flash", False),
+    ("/v1/models/gemini-2.5-flash:streamGenerateContent", {}, "gemini", "gemini-2.5-flash", True),
+    ("/model/amazon.nova-lite-v1%3A0/converse", {}, "bedrock", "amazon.nova-lite-v1:0", False),
+    ("/model/us.anthropic.claude%2Fx/converse-stream", {}, "bedrock", "us.anthropic.claude/x", True),
+])
+def test_protocol_routes(path, headers, proto, name, stream):
+    r = route(b"POST", path, headers)
+    assert (r.kind, r.protocol, r.name, r.stream) == (D.CHAT, proto, name, stream)
+
+
+def test_gemini_stream_framing_follows_alt_sse():
+    assert route(b"POST", "/v1beta/models/m:streamGenerateContent", query="alt=sse").json_array is False
+    assert route(b"POST", "/v1beta/models/m:streamGenerateContent").json_array is True
+
+
+def test_header_beats_path():
+    # An Anthropic header on the OpenAI path routes to Anthropic, which has no such path: 404.
+    r = route(b"POST", "/v1/chat/completions", {b"anthropic-version": b"2023-06-01"})
+    assert (r.kind, r.protocol) == (D.NOT_FOUND, "anthropic")
+    r = route(b"POST", "/v1/chat/completions", {b"authorization": b"AWS4-HMAC-SHA256 Credential=x"})
+    assert (r.kind, r.protocol) == (D.NOT_FOUND, "bedrock")
+
+
+def test_misc_routes():
+    assert route(b"GET", "/healthz").kind == D.HEALTH
+    assert route(b"GET", "/v1/models").protocol == "openai"
+    assert route(b"GET", "/v1beta/models").protocol == "gemini"
+    assert route(b"GET", "/v1/models", {b"anthropic-version": b"x"}).protocol == "anthropic"
+    assert route(b"GET", "/v1/chat/completions").kind == D.METHOD
+    assert route(b"POST", "/v1/embeddings").kind == D.UNSUPPORTED
+    assert route(b"POST", "/v1beta/models/m:countTokens").kind == D.UNSUPPORTED
+    assert route(b"POST", "/nowhere").kind == D.NOT_FOUND
+    assert route(b"POST", "/prefix/v1/chat/completions").kind == D.NOT_FOUND

@@ -1,0 +1,87 @@
+"""SSE reader/writer and the top-level JSON field scanner used by the model splice."""
+import json
+import random
+
+import pytest
+
+from cbusbar import framing as F
+
+
+def feed_all(parser, data, step):
+    out = []
+    for i in range(0, len(data), step):
+        out += parser.feed(data[i:i + step])
+    return out + parser.close()
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 1000])
+def test_sse_split_anywhere_and_line_endings(step):
+    data = (b"event: a\r\ndata: {\"x\":1}\r\n\r\n: comment\n\ndata: l1\ndata: l2\n\n"
+            b"id: 5\nretry: 10\nevent: b\ndata:nospace\r\r")
+    got = feed_all(F.SSEParser(), data, step)
+    assert got == [(b"a", b'{"x":1}'), (None, b"l1\nl2"), (b"b", b"nospace")]
+
+
+def test_sse_event_without_final_blank_line_counts_on_close():
+    p = F.SSEParser()
+    assert p.feed(b"data: tail") == []
+    assert p.close() == [(None, b"tail")]
+
+
+def test_sse_bounded():
+    p = F.SSEParser()
+    with pytest.raises(F.FramingError):
+        for _ in range(20):
+            p.feed(b"x" * (1024 * 1024))
+
+
+def test_sse_event_writer():
+    assert F.sse_event(b"ping", b"{}") == b"event: ping\ndata: {}\n\n"
+    assert F.sse_event(None, b"[DONE]") == b"data: [DONE]\n\n"
+
+
+def test_scan_top_finds_top_level_only_and_splices():
+    body = b'{"a": {"model": "inner"}, "model" : "gpt-4o", "stream":true, "x":[1,"model"]}'
+    spans = F.scan_top(body, (b"model", b"stream"))
+    s, e = spans[b"model"]
+    assert body[s:e] == b'"gpt-4o"'
+    assert body[slice(*spans[b"stream"])] == b"true"
+    out = F.splice(body, s, e, b'"claude"')
+    assert json.loads(out)["model"] == "claude" and json.loads(out)["a"]["model"] == "inner"
+
+
+@pytest.mark.parametrize("bad", [b"", b"[]", b"{", b'{"a"}', b'{"a":}', b'{"a":1,}', b'{"a":1} x',
+                                 b'{"a":"\x01"}', b'{"a":tru}', b"{'a':1}", b'{"a":[1,2}'])
+def test_scan_top_rejects_non_objects(bad):
+    with pytest.raises(F.FramingError):
+        F.scan_top(bad, ())
+
+
+def test_scan_top_depth_guard():
+    deep = b'{"a":' + b"[" * 200 + b"]" * 200 + b"}"
+    with pytest.raises(F.FramingError):
+        F.scan_top(deep, ())
+    ok = b'{"a":' + b"[" * 100 + b"]" * 100 + b"}"
+    assert F.scan_top(ok, ()) == {}
+
+
+def test_scan_top_agrees_with_json_on_random_mutations():
+    rnd = random.Random(7)
+    base = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi \"there\" \\ ok"}],
+                       "n": -1.5e3, "t": True, "f": False, "z": None}).encode()
+    for _ in range(3000):
+        b = bytearray(base)
+        for _ in range(rnd.randint(1, 3)):
+            b[rnd.randrange(len(b))] = rnd.randrange(256)
+        b = bytes(b)
+        try:
+            json_ok = isinstance(json.loads(b), dict)
+        except (ValueError, UnicodeDecodeError):
+            json_ok = False
+        try:
+            F.scan_top(b, (b"model",))
+            scan_ok = True
+        except F.FramingError:
+            scan_ok = False
+        if json_ok:
+            assert scan_ok, b  # never rejects valid JSON

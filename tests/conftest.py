@@ -1,0 +1,137 @@
+"""Fixtures that run the real thing: the built-in mock provider and the gateway as separate
+processes on loopback ports, talked to over real sockets. Every process is bounded in time and
+stopped at the end of the session."""
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+# The six lanes every integration test can reach, one per egress protocol, all on the mock.
+LANES = {
+    "openai": "oai-model",
+    "responses": "resp-model",
+    "anthropic": "ant-model",
+    "gemini": "gem-model",
+    "cohere": "coh-model",
+    "bedrock": "bed-model",
+}
+
+CONFIG = """\
+listen: "127.0.0.1:{port}"
+providers:
+  m-openai:    {{protocol: openai,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+  m-responses: {{protocol: responses, base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+  m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+  m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+  m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_AWS}}, region: us-east-1}}
+  m-dead:      {{protocol: openai,    base_url: "http://127.0.0.1:{dead}", api_key: {{env: MOCK_KEY}}}}
+models:
+  oai-model:  {{provider: m-openai, upstream_model: gpt-4o-mini}}
+  resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}
+  ant-model:  {{provider: m-anthropic, upstream_model: claude-haiku-4-5, reasoning: true}}
+  gem-model:  {{provider: m-gemini, upstream_model: gemini-2.5-flash}}
+  coh-model:  {{provider: m-cohere, upstream_model: command-r}}
+  bed-model:  {{provider: m-bedrock, upstream_model: "amazon.nova-lite-v1:0"}}
+  dead-model: {{provider: m-dead, upstream_model: gpt-dead}}
+  one-slot:   {{provider: m-openai, upstream_model: gpt-4o-mini, max_concurrent: 1}}
+pools:
+  mixed:
+    members:
+      - {{model: oai-model, weight: 1}}
+      - {{model: ant-model, weight: 1}}
+  failover:
+    members:
+      - {{model: dead-model, weight: 100}}
+      - {{model: ant-model, weight: 1}}
+limits:
+  request_body_max_bytes: 1048576
+  header_read_timeout_secs: 2
+  idle_timeout_secs: 5
+advanced:
+  response_headers:
+    server_timing: true
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(port: int, proc: subprocess.Popen, path: str = "/healthz", timeout: float = 20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("process exited with %s" % proc.returncode)
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5) as s:
+                s.sendall(b"GET %s HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n" % path.encode())
+                if s.recv(64).startswith(b"HTTP/1.1"):
+                    return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("port %d did not answer in time" % port)
+
+
+def stop(proc: subprocess.Popen):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def env():
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(ROOT)
+    e["MOCK_KEY"] = "sk-test-key"
+    e["MOCK_AWS"] = "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
+    return e
+
+
+@pytest.fixture(scope="session")
+def mock_port():
+    port = free_port()
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "mock", "--port", str(port), "--require-auth"],
+                            cwd=ROOT, env=env())
+    try:
+        wait_http(port, proc)
+        yield port
+    finally:
+        stop(proc)
+
+
+class Gateway:
+    def __init__(self, port, proc, config_path):
+        self.port = port
+        self.proc = proc
+        self.config_path = config_path
+        self.url = "http://127.0.0.1:%d" % port
+
+
+@pytest.fixture(scope="session")
+def gateway(mock_port, tmp_path_factory):
+    port = free_port()
+    cfg = tmp_path_factory.mktemp("gw") / "config.yaml"
+    cfg.write_text(CONFIG.format(port=port, mock=mock_port, dead=free_port()))
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
+                            cwd=ROOT, env=env())
+    try:
+        wait_http(port, proc)
+        yield Gateway(port, proc, cfg)
+    finally:
+        stop(proc)
