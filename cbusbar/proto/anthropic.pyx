@@ -802,9 +802,10 @@ cpdef bytes write_request(ir.Request req):
             schema = {"type": "object", "properties": {}}
         elif "type" not in schema:
             schema = dict(schema, type="object")
-        td = {"name": t.name, "input_schema": schema}
+        td = {"name": t.name}
         if t.description:
             td["description"] = t.description
+        td["input_schema"] = schema
         cc = _cc(t.cache_control, &left)
         if cc is not None:
             td["cache_control"] = cc
