@@ -1,0 +1,54 @@
+# The Cohere v2 chat codec's stateful pieces (the module functions are in cohere.pyx).
+
+from cbusbar.ir cimport Block, Event, Usage
+
+
+cdef class StreamDecoder:
+    cdef object parser          # framing.SSEParser
+    cdef bint started           # MESSAGE_START emitted
+    cdef bint done              # message-end (or an error frame) seen; later frames are ignored
+    cdef int next_index         # the next IR block index
+    cdef int open_index         # IR index of the open block, -1 when none
+    cdef int open_kind          # its Block.kind
+    cdef int open_src           # which Cohere event family opened it (SRC_* in cohere.pyx)
+    cdef object open_cohere     # Cohere's own index for it (content or tool-call index), or None
+    cdef bint open_ended        # content-end seen, BLOCK_STOP deferred (citations arrive after it)
+    cdef bint open_args         # a tool call received argument bytes
+
+    cpdef list feed(self, bytes chunk)
+    cpdef list close(self)
+    cdef void _frame(self, list out, object event, bytes data)
+    cdef bint _same(self, object index)
+    cdef void _start(self, list out, object id)
+    cdef void _close_open(self, list out)
+    cdef void _open(self, list out, int src, object cohere_index, Block block)
+    cdef void _content_start(self, list out, dict doc)
+    cdef void _content_delta(self, list out, dict doc)
+    cdef void _plan_delta(self, list out, dict doc)
+    cdef void _tool_start(self, list out, dict doc)
+    cdef void _tool_delta(self, list out, dict doc)
+    cdef void _citation(self, list out, dict doc)
+    cdef void _end(self, list out, object delta)
+
+
+cdef class StreamEncoder:
+    cdef public str id
+    cdef public str model
+    cdef bint started           # message-start written
+    cdef bint finished          # message-end or an error written; the stream is over
+    cdef int content_n          # next Cohere content index (text and thinking share it)
+    cdef int tool_n             # next Cohere tool-call index
+    cdef int cite_n             # next Cohere citation index
+    cdef dict blocks            # IR index -> (family, Cohere index)
+    cdef Usage usage            # running totals (input from MESSAGE_START when MESSAGE_DELTA lacks it)
+    cdef int stop_reason
+    cdef bint have_delta        # a MESSAGE_DELTA arrived
+
+    cpdef bytes encode(self, list events)
+    cpdef bytes error(self, str kind, str message)
+    cdef void _take_usage(self, Usage u)
+    cdef void _start(self, bytearray out)
+    cdef void _block_start(self, bytearray out, Event e)
+    cdef void _block_delta(self, bytearray out, Event e)
+    cdef void _block_stop(self, bytearray out, int index)
+    cdef void _end(self, bytearray out)

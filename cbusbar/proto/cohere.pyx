@@ -1,0 +1,1196 @@
+# cython: language_level=3
+"""Cohere v2 chat (`POST /v2/chat`) <-> the IR. Sans-IO, the shape of docs/codecs.md.
+
+Wire authority: the cohere Python SDK (cohere/v2/raw_client.py, cohere/types/*). Choices where
+Cohere and the IR do not line up one to one:
+
+- `tool_plan` (the model's note before its tool calls) is a TEXT block placed before the TOOL_USE
+  blocks, in requests, buffered responses and streams alike, so it reaches every other protocol as
+  ordinary assistant text. Writing, the text of an assistant turn that carries tool calls becomes
+  `tool_plan` again (requests and buffered responses: that is where Cohere itself puts it). A
+  streamed text block is always written as content-start/-delta/-end: whether tool calls follow is
+  unknown while the text streams, and holding the text back would defeat streaming.
+- Tool result `document` parts become text holding the document's `data` as JSON; tool results
+  are written back as `tool` messages with text parts (Cohere has no error flag or image there).
+- `thinking` content is read into THINKING blocks and written in responses and streams; requests
+  drop it (the `thinking` request knob is Cohere-only and lives in `extra`).
+- Citations are kept raw (Block.citations / D_CITATION data). Cohere streams them after
+  content-end, so the decoder defers that block's BLOCK_STOP until the next block or message-end.
+- Cohere logprobs (text chunks + token ids) have no IR home; they are same-protocol only.
+"""
+
+import uuid
+
+import orjson
+
+from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event
+from cbusbar.ir import CodecError
+
+from cbusbar.ir cimport (
+    B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
+    D_CITATION, D_INPUT_JSON, D_TEXT, D_THINKING,
+    EV_BLOCK_DELTA, EV_BLOCK_START, EV_BLOCK_STOP, EV_ERROR, EV_MESSAGE_DELTA, EV_MESSAGE_START,
+    EV_MESSAGE_STOP,
+    RF_JSON_OBJECT, RF_JSON_SCHEMA, RF_TEXT,
+    ROLE_ASSISTANT, ROLE_USER,
+    SR_END_TURN, SR_ERROR, SR_MAX_TOKENS, SR_OTHER, SR_SAFETY, SR_STOP_SEQUENCE, SR_TOOL_USE,
+    SRC_BASE64, SRC_URL,
+    TC_NONE, TC_REQUIRED, TC_TOOL,
+    Block, Event, Message, Request, Response, Tool, Usage,
+    ev_block_delta, ev_block_start, ev_block_stop, ev_error, ev_message_delta, ev_message_start,
+    ev_message_stop,
+)
+
+NAME = "cohere"
+CONTENT_TYPE = b"application/json"
+STREAM_CONTENT_TYPE = b"text/event-stream"
+
+# Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
+cdef int MAX_STOP_SEQUENCES = 5
+
+cdef str BAD_JSON = "We could not parse the JSON body of your request."
+cdef str BAD_UPSTREAM = "The upstream returned a response busbar could not read."
+
+# Which Cohere event family opened the decoder's current block.
+cdef enum:
+    SRC_CONTENT = 1
+    SRC_TOOL = 2
+    SRC_PLAN = 3
+
+# Request fields with an IR home; every other top-level field goes to Request.extra.
+_KNOWN_FIELDS = frozenset((
+    "model", "messages", "tools", "tool_choice", "response_format", "max_tokens", "temperature",
+    "p", "k", "stop_sequences", "frequency_penalty", "presence_penalty", "seed", "logprobs",
+    "stream",
+))
+
+# ChatFinishReason (cohere/types/chat_finish_reason.py), plus the v1 names a v2 endpoint has been
+# seen to echo (ERROR_TOXIC, ERROR_LIMIT) and USER_CANCEL.
+_STOP_OF_FINISH = {
+    "COMPLETE": SR_END_TURN,
+    "STOP_SEQUENCE": SR_STOP_SEQUENCE,
+    "MAX_TOKENS": SR_MAX_TOKENS,
+    "TOOL_CALL": SR_TOOL_USE,
+    "ERROR": SR_ERROR,
+    "TIMEOUT": SR_ERROR,
+    "ERROR_TOXIC": SR_SAFETY,
+    "ERROR_LIMIT": SR_MAX_TOKENS,
+    "USER_CANCEL": SR_OTHER,
+}
+
+# SPEC 1.5: COMPLETE, STOP_SEQUENCE, MAX_TOKENS, TOOL_CALL; ERROR <- Safety and Error; others
+# COMPLETE. ERROR_TOXIC is never written.
+_FINISH_OF_STOP = {
+    SR_END_TURN: "COMPLETE",
+    SR_STOP_SEQUENCE: "STOP_SEQUENCE",
+    SR_MAX_TOKENS: "MAX_TOKENS",
+    SR_TOOL_USE: "TOOL_CALL",
+    SR_SAFETY: "ERROR",
+    SR_ERROR: "ERROR",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# small readers
+
+
+cdef object _loads_request(bytes body):
+    try:
+        doc = orjson.loads(body)
+    except ValueError:
+        raise CodecError(BAD_JSON)
+    if not isinstance(doc, dict):
+        raise CodecError("The request body must be a JSON object.")
+    return doc
+
+
+cdef object _loads_upstream(bytes body):
+    try:
+        doc = orjson.loads(body)
+    except ValueError:
+        raise CodecError(BAD_UPSTREAM)
+    if not isinstance(doc, dict):
+        raise CodecError(BAD_UPSTREAM)
+    return doc
+
+
+cdef inline object _bad_type(str path, str expected):
+    return CodecError("Invalid type for '%s': expected %s." % (path, expected))
+
+
+cdef object _number(object v, str path):
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise _bad_type(path, "a number")
+    return v
+
+
+cdef object _integer(object v, str path):
+    if v is None:
+        return None
+    if isinstance(v, bool):
+        raise _bad_type(path, "an integer")
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    raise _bad_type(path, "an integer")
+
+
+cdef object _boolean(object v, str path):
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        raise _bad_type(path, "a boolean")
+    return v
+
+
+cdef str _string(object v, str path):
+    if v is None:
+        return None
+    if not isinstance(v, str):
+        raise _bad_type(path, "a string")
+    return <str>v
+
+
+cdef object _get(object obj, str key):
+    """obj[key] when obj is a dict, else None: upstream frames are read leniently."""
+    if isinstance(obj, dict):
+        return (<dict>obj).get(key)
+    return None
+
+
+cdef object _parse_arguments(str arguments):
+    """Tool-call arguments are a JSON string on Cohere's wire, a parsed value in the IR. An empty
+    string is a call without arguments; text that is not JSON is kept as the raw string so that it
+    is not lost (the IR allows any JSON value there)."""
+    if arguments is None or not arguments.strip():
+        return {}
+    try:
+        return orjson.loads(arguments)
+    except ValueError:
+        return arguments
+
+
+cdef Block _image_block(str url):
+    """An image_url part: a base64 data URI becomes SRC_BASE64, anything else a URL busbar never
+    fetches."""
+    cdef Block b = Block.__new__(Block)
+    cdef Py_ssize_t comma
+    cdef list meta
+    b.kind = B_IMAGE
+    if url.startswith("data:"):
+        comma = url.find(",")
+        if comma > 0:
+            meta = url[5:comma].split(";")
+            if "base64" in meta[1:]:
+                b.src_kind = SRC_BASE64
+                b.media_type = meta[0] or None
+                b.data = url[comma + 1:]
+                return b
+    b.src_kind = SRC_URL
+    b.data = url
+    return b
+
+
+cdef Block _text(str text):
+    cdef Block b = Block.__new__(Block)
+    b.kind = B_TEXT
+    b.text = text
+    return b
+
+
+cdef Block _thinking(str text):
+    cdef Block b = Block.__new__(Block)
+    b.kind = B_THINKING
+    b.text = text
+    return b
+
+
+cdef Block _tool_use(str id, str name, object input):
+    cdef Block b = Block.__new__(Block)
+    b.kind = B_TOOL_USE
+    b.id = id
+    b.name = name
+    b.input = input
+    return b
+
+
+cdef list _text_parts(object content, str path):
+    """System content: a string or [{type: text, text}]."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    if isinstance(content, str):
+        out.append(_text(content))
+        return out
+    if not isinstance(content, list):
+        raise _bad_type(path, "a string or an array of content parts")
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad_type("%s[%d]" % (path, i), "an object")
+        if part.get("type", "text") == "text":
+            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+    return out
+
+
+cdef list _user_parts(object content, str path):
+    """User content: a string or [{type: text, text} | {type: image_url, image_url: {url}}].
+    Part types Cohere may add later are skipped rather than refused."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    cdef str kind, url
+    if isinstance(content, str):
+        out.append(_text(content))
+        return out
+    if not isinstance(content, list):
+        raise _bad_type(path, "a string or an array of content parts")
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad_type("%s[%d]" % (path, i), "an object")
+        kind = _string(part.get("type"), "%s[%d].type" % (path, i))
+        if kind == "text":
+            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+        elif kind == "image_url":
+            image = part.get("image_url")
+            # Accept the bare-string spelling some OpenAI-style clients send, as Cohere does.
+            url = image if isinstance(image, str) else _string(_get(image, "url"),
+                                                               "%s[%d].image_url.url" % (path, i))
+            if not url:
+                raise CodecError("Missing required parameter: '%s[%d].image_url.url'." % (path, i))
+            out.append(_image_block(url))
+    return out
+
+
+cdef list _tool_result_parts(object content, str path):
+    """Tool message content: a string, or [{type: text, text} | {type: document, document:
+    {data, id?}}]. A document becomes text holding its data (JSON for an object)."""
+    cdef list out = []
+    cdef Py_ssize_t i
+    cdef str kind
+    if isinstance(content, str):
+        out.append(_text(content))
+        return out
+    if not isinstance(content, list):
+        raise _bad_type(path, "a string or an array of content parts")
+    for i, part in enumerate(content):
+        if not isinstance(part, dict):
+            raise _bad_type("%s[%d]" % (path, i), "an object")
+        kind = _string(part.get("type"), "%s[%d].type" % (path, i))
+        if kind == "text":
+            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+        elif kind == "document":
+            data = _get(part.get("document"), "data")
+            if isinstance(data, str):
+                out.append(_text(data))
+            elif data is not None:
+                out.append(_text(orjson.dumps(data).decode()))
+    return out
+
+
+cdef Message _assistant(dict m, str path):
+    """tool_plan first (it precedes the calls it plans), then content, then the tool calls;
+    thinking parts lead, as every thinking-aware protocol expects them first."""
+    cdef list thinking = [], text = [], calls = []
+    cdef Message msg
+    cdef Py_ssize_t i
+    cdef str kind, plan, id, name, arguments, s
+    content = m.get("content")
+    plan = _string(m.get("tool_plan"), path + ".tool_plan")
+    if plan:
+        text.append(_text(plan))
+    if isinstance(content, str):
+        if content:
+            text.append(_text(content))
+    elif isinstance(content, list):
+        for i, part in enumerate(content):
+            if not isinstance(part, dict):
+                raise _bad_type("%s.content[%d]" % (path, i), "an object")
+            kind = _string(part.get("type"), "%s.content[%d].type" % (path, i))
+            if kind == "text":
+                s = _string(part.get("text"), "%s.content[%d].text" % (path, i))
+                if s:
+                    text.append(_text(s))
+            elif kind == "thinking":
+                s = _string(part.get("thinking"), "%s.content[%d].thinking" % (path, i))
+                if s:
+                    thinking.append(_thinking(s))
+    elif content is not None:
+        raise _bad_type(path + ".content", "a string or an array of content parts")
+    tool_calls = m.get("tool_calls")
+    if tool_calls is not None:
+        if not isinstance(tool_calls, list):
+            raise _bad_type(path + ".tool_calls", "an array")
+        for i, call in enumerate(tool_calls):
+            if not isinstance(call, dict):
+                raise _bad_type("%s.tool_calls[%d]" % (path, i), "an object")
+            fn = call.get("function")
+            if not isinstance(fn, dict):
+                raise _bad_type("%s.tool_calls[%d].function" % (path, i), "an object")
+            id = _string(call.get("id"), "%s.tool_calls[%d].id" % (path, i))
+            name = _string(fn.get("name"), "%s.tool_calls[%d].function.name" % (path, i))
+            arguments = _string(fn.get("arguments"), "%s.tool_calls[%d].function.arguments" % (path, i))
+            calls.append(_tool_use(id, name, _parse_arguments(arguments)))
+    msg = Message.__new__(Message)
+    msg.role = ROLE_ASSISTANT
+    msg.content = thinking + text + calls
+    return msg
+
+
+cdef list _read_tools(object tools):
+    cdef list out = []
+    cdef Py_ssize_t i
+    cdef Tool t
+    if tools is None:
+        return out
+    if not isinstance(tools, list):
+        raise _bad_type("tools", "an array")
+    for i, tool in enumerate(tools):
+        fn = _get(tool, "function")
+        if not isinstance(fn, dict):
+            raise _bad_type("tools[%d].function" % i, "an object")
+        t = Tool.__new__(Tool)
+        t.name = _string(fn.get("name"), "tools[%d].function.name" % i)
+        if not t.name:
+            raise CodecError("Missing required parameter: 'tools[%d].function.name'." % i)
+        t.description = _string(fn.get("description"), "tools[%d].function.description" % i)
+        t.schema = fn.get("parameters")
+        out.append(t)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# requests
+
+
+cpdef Request read_request(bytes body):
+    cdef dict doc = _loads_request(body)
+    cdef Request req = Request()
+    cdef Message msg, results = None
+    cdef Block b
+    cdef Py_ssize_t i
+    cdef str role, path, choice
+    cdef list stop
+    req.model = _string(doc.get("model"), "model")
+    if not req.model:
+        raise CodecError("Missing required parameter: 'model'.")
+    messages = doc.get("messages")
+    if messages is None:
+        raise CodecError("Missing required parameter: 'messages'.")
+    if not isinstance(messages, list):
+        raise _bad_type("messages", "an array")
+    for i, m in enumerate(messages):
+        path = "messages[%d]" % i
+        if not isinstance(m, dict):
+            raise _bad_type(path, "an object")
+        role = m.get("role") if isinstance(m.get("role"), str) else None
+        if role == "system":
+            # Cohere allows system turns anywhere; the IR has one system prompt, so they collect.
+            req.system.extend(_text_parts(m.get("content"), path + ".content"))
+        elif role == "user":
+            results = None
+            msg = Message.__new__(Message)
+            msg.role = ROLE_USER
+            msg.content = _user_parts(m.get("content"), path + ".content")
+            req.messages.append(msg)
+        elif role == "assistant":
+            results = None
+            msg = _assistant(m, path)
+            if msg.content:
+                req.messages.append(msg)
+        elif role == "tool":
+            b = Block.__new__(Block)
+            b.kind = B_TOOL_RESULT
+            b.id = _string(m.get("tool_call_id"), path + ".tool_call_id")
+            if not b.id:
+                raise CodecError("Missing required parameter: '%s.tool_call_id'." % path)
+            b.content = _tool_result_parts(m.get("content"), path + ".content")
+            # Consecutive tool messages answer one assistant turn: one USER message holds them all.
+            if results is None:
+                results = Message.__new__(Message)
+                results.role = ROLE_USER
+                results.content = []
+                req.messages.append(results)
+            results.content.append(b)
+        else:
+            raise CodecError("Invalid value for '%s.role': expected one of 'system', 'user', "
+                             "'assistant', 'tool'." % path)
+
+    req.tools = _read_tools(doc.get("tools"))
+    tc = doc.get("tool_choice")
+    if tc is not None:
+        choice = _string(tc, "tool_choice").upper()
+        if choice == "REQUIRED":
+            req.tool_choice = TC_REQUIRED
+        elif choice == "NONE":
+            req.tool_choice = TC_NONE
+        else:
+            raise CodecError("Invalid value for 'tool_choice': expected 'REQUIRED' or 'NONE'.")
+
+    rf = doc.get("response_format")
+    if rf is not None:
+        if not isinstance(rf, dict):
+            raise _bad_type("response_format", "an object")
+        kind = rf.get("type")
+        if kind == "text":
+            req.response_format = RF_TEXT
+        elif kind == "json_object":
+            schema = rf.get("json_schema")
+            if schema is not None:
+                req.response_format = RF_JSON_SCHEMA
+                req.rf_schema = schema
+            else:
+                req.response_format = RF_JSON_OBJECT
+        else:
+            raise CodecError("Invalid value for 'response_format.type': expected 'text' or "
+                             "'json_object'.")
+
+    req.max_tokens = _integer(doc.get("max_tokens"), "max_tokens")
+    req.temperature = _number(doc.get("temperature"), "temperature")
+    req.top_p = _number(doc.get("p"), "p")
+    req.top_k = _integer(doc.get("k"), "k")
+    req.frequency_penalty = _number(doc.get("frequency_penalty"), "frequency_penalty")
+    req.presence_penalty = _number(doc.get("presence_penalty"), "presence_penalty")
+    req.seed = _integer(doc.get("seed"), "seed")
+    req.logprobs = _boolean(doc.get("logprobs"), "logprobs")
+    req.stream = _boolean(doc.get("stream"), "stream") is True
+    seqs = doc.get("stop_sequences")
+    if seqs is not None:
+        if not isinstance(seqs, list):
+            raise _bad_type("stop_sequences", "an array of strings")
+        stop = []
+        for s in seqs:
+            if not isinstance(s, str):
+                raise _bad_type("stop_sequences", "an array of strings")
+            stop.append(s)
+        req.stop = stop
+
+    for key, value in doc.items():
+        if key not in _KNOWN_FIELDS:
+            req.extra[key] = value
+    return req
+
+
+cdef object _content_value(list parts):
+    """One text part is written as a plain string (the common spelling); anything else as a list."""
+    if len(parts) == 1 and parts[0]["type"] == "text":
+        return parts[0]["text"]
+    return parts
+
+
+cdef object _image_part(Block b):
+    cdef str url
+    if b.src_kind == SRC_BASE64 and b.data is not None:
+        url = "data:%s;base64,%s" % (b.media_type or "image/png", b.data)
+    elif b.src_kind == SRC_URL and b.data:
+        url = b.data
+    else:
+        return None   # vendor references (file ids, s3/gs URIs) mean nothing to Cohere
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+cdef list _tool_content(Block result):
+    """Cohere tool content carries text and documents only: images in a tool result are dropped."""
+    cdef list parts = []
+    cdef Block c
+    if result.content is not None:
+        for c in result.content:
+            if (c.kind == B_TEXT or c.kind == B_DOCUMENT) and c.text is not None:
+                parts.append({"type": "text", "text": c.text})
+    if not parts:
+        parts.append({"type": "text", "text": ""})
+    return parts
+
+
+cdef str _arguments(object input):
+    if input is None:
+        return "{}"
+    return orjson.dumps(input).decode()
+
+
+cdef void _write_user(list out, Message m):
+    cdef list parts = []
+    cdef Block b
+    for b in m.content:
+        if b.kind == B_TOOL_RESULT:
+            # Cohere answers tool calls with `tool` messages; text said alongside follows them.
+            if parts:
+                out.append({"role": "user", "content": _content_value(parts)})
+                parts = []
+            out.append({"role": "tool", "tool_call_id": b.id or "", "content": _tool_content(b)})
+        elif b.kind == B_TEXT:
+            parts.append({"type": "text", "text": b.text or ""})
+        elif b.kind == B_IMAGE:
+            part = _image_part(b)
+            if part is not None:
+                parts.append(part)
+        elif b.kind == B_DOCUMENT and b.text is not None:
+            parts.append({"type": "text", "text": b.text})
+    if parts:
+        out.append({"role": "user", "content": _content_value(parts)})
+
+
+cdef void _write_assistant(list out, Message m):
+    cdef list texts = [], calls = []
+    cdef Block b
+    cdef dict msg
+    for b in m.content:
+        if b.kind == B_TEXT and b.text:
+            texts.append(b.text)
+        elif b.kind == B_TOOL_USE:
+            calls.append({"id": b.id or "", "type": "function",
+                          "function": {"name": b.name or "", "arguments": _arguments(b.input)}})
+    if calls:
+        msg = {"role": "assistant", "tool_calls": calls}
+        if texts:
+            msg["tool_plan"] = "".join(texts)
+    elif texts:
+        msg = {"role": "assistant",
+               "content": _content_value([{"type": "text", "text": t} for t in texts])}
+    else:
+        return   # thinking only: Cohere has no way to say it, and an empty turn is refused
+    out.append(msg)
+
+
+cpdef bytes write_request(Request req):
+    cdef dict body = {}
+    cdef list messages = [], system = [], tools = [], stop
+    cdef Message m
+    cdef Block b
+    cdef Tool t
+    cdef dict fn, rf
+    body["model"] = req.model
+    for b in req.system:
+        if b.kind == B_TEXT and b.text is not None:
+            system.append({"type": "text", "text": b.text})
+    if system:
+        messages.append({"role": "system", "content": _content_value(system)})
+    for m in req.messages:
+        if m.role == ROLE_ASSISTANT:
+            _write_assistant(messages, m)
+        else:
+            _write_user(messages, m)
+    body["messages"] = messages
+
+    for t in req.tools:
+        fn = {"name": t.name}
+        if t.description is not None:
+            fn["description"] = t.description
+        # `parameters` is required by Cohere; a tool without a schema takes no arguments.
+        fn["parameters"] = t.schema if t.schema is not None else {"type": "object", "properties": {}}
+        tools.append({"type": "function", "function": fn})
+    if tools:
+        body["tools"] = tools
+        # Cohere cannot name one tool: forcing a specific tool is the nearest, "use some tool".
+        if req.tool_choice == TC_REQUIRED or req.tool_choice == TC_TOOL:
+            body["tool_choice"] = "REQUIRED"
+        elif req.tool_choice == TC_NONE:
+            body["tool_choice"] = "NONE"
+
+    if req.response_format == RF_TEXT:
+        body["response_format"] = {"type": "text"}
+    elif req.response_format == RF_JSON_OBJECT:
+        body["response_format"] = {"type": "json_object"}
+    elif req.response_format == RF_JSON_SCHEMA:
+        rf = {"type": "json_object"}
+        if req.rf_schema is not None:
+            rf["json_schema"] = req.rf_schema
+        body["response_format"] = rf
+
+    if req.max_tokens is not None:
+        body["max_tokens"] = req.max_tokens
+    if req.temperature is not None:
+        body["temperature"] = req.temperature
+    if req.top_p is not None:
+        body["p"] = req.top_p
+    if req.top_k is not None:
+        body["k"] = req.top_k
+    if req.stop:
+        stop = req.stop[:MAX_STOP_SEQUENCES]
+        body["stop_sequences"] = stop
+    if req.frequency_penalty is not None:
+        body["frequency_penalty"] = req.frequency_penalty
+    if req.presence_penalty is not None:
+        body["presence_penalty"] = req.presence_penalty
+    if req.seed is not None:
+        body["seed"] = req.seed
+    if req.logprobs is not None:
+        body["logprobs"] = req.logprobs
+    # The SDK always says which it wants, and Cohere answers JSON unless told to stream.
+    body["stream"] = bool(req.stream)
+    if req.extra:
+        # Only ever Cohere's own fields (the engine clears extra on a cross-protocol hop).
+        for key, value in req.extra.items():
+            if key not in body:
+                body[key] = value
+    return orjson.dumps(body)
+
+
+cpdef str upstream_path(str model, bint stream):
+    return "/v2/chat"
+
+
+# ---------------------------------------------------------------------------------------------
+# buffered responses
+
+
+cdef long long _count(object v):
+    """A token count from an upstream body: anything that is not a sane non-negative number
+    counts as 0 rather than raising (a bad count must not fail a response already paid for)."""
+    cdef double d
+    if isinstance(v, bool):
+        return 0
+    if isinstance(v, int):
+        return v if 0 <= v <= 9223372036854775807 else 0
+    if isinstance(v, float):
+        d = v
+        return <long long>d if 0.0 <= d < 9.2e18 else 0
+    return 0
+
+
+cdef Usage _read_usage_obj(object usage):
+    """Cohere reports `tokens` (what the model processed) and `billed_units` (what is charged,
+    without Cohere's own prompt scaffolding). The IR counts tokens; billed units are the fallback."""
+    cdef Usage u = Usage.__new__(Usage)
+    tokens = _get(usage, "tokens")
+    billed = _get(usage, "billed_units")
+    inp = _get(tokens, "input_tokens")
+    if inp is None:
+        inp = _get(billed, "input_tokens")
+    out = _get(tokens, "output_tokens")
+    if out is None:
+        out = _get(billed, "output_tokens")
+    u.input_tokens = _count(inp)
+    u.output_tokens = _count(out)
+    u.cache_read_tokens = _count(_get(usage, "cached_tokens"))
+    u.input_known = inp is not None
+    return u
+
+
+cdef int _stop_of(object finish):
+    if finish is None:
+        return SR_END_TURN
+    return _STOP_OF_FINISH.get(finish, SR_OTHER) if isinstance(finish, str) else SR_OTHER
+
+
+cpdef Response read_response(bytes body):
+    cdef dict doc = _loads_upstream(body)
+    cdef Response resp = Response()
+    cdef list thinking = [], text = [], calls = [], by_content = []
+    cdef Block plan = None, b, target
+    cdef Py_ssize_t i, n
+    cdef str s
+    msg = doc.get("message")
+    if msg is not None and not isinstance(msg, dict):
+        raise CodecError(BAD_UPSTREAM)
+    resp.id = doc.get("id") if isinstance(doc.get("id"), str) else None
+    s = _get(msg, "tool_plan") if isinstance(_get(msg, "tool_plan"), str) else None
+    if s:
+        plan = _text(s)
+        text.append(plan)
+    content = _get(msg, "content")
+    if isinstance(content, str):
+        content = [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        for part in content:
+            b = None
+            kind = _get(part, "type")
+            if kind == "text" and isinstance(_get(part, "text"), str):
+                b = _text(part["text"])
+                text.append(b)
+            elif kind == "thinking" and isinstance(_get(part, "thinking"), str):
+                b = _thinking(part["thinking"])
+                thinking.append(b)
+            by_content.append(b)   # content_index in citations counts every part
+    tool_calls = _get(msg, "tool_calls")
+    if isinstance(tool_calls, list):
+        for call in tool_calls:
+            fn = _get(call, "function")
+            args = _get(fn, "arguments")
+            calls.append(_tool_use(
+                _get(call, "id") if isinstance(_get(call, "id"), str) else None,
+                _get(fn, "name") if isinstance(_get(fn, "name"), str) else None,
+                _parse_arguments(args if isinstance(args, str) else None)))
+    citations = _get(msg, "citations")
+    if isinstance(citations, list):
+        n = len(by_content)
+        for cite in citations:
+            if not isinstance(cite, dict):
+                continue
+            target = None
+            ci = cite.get("content_index")
+            if cite.get("type") == "PLAN":
+                target = plan
+            elif isinstance(ci, int) and not isinstance(ci, bool) and 0 <= ci < n:
+                target = by_content[ci]
+            else:
+                for b in text:
+                    if b is not plan:
+                        target = b
+                        break
+            if target is not None:
+                if target.citations is None:
+                    target.citations = []
+                target.citations.append(cite)
+    resp.content = thinking + text + calls
+    resp.stop_reason = _stop_of(doc.get("finish_reason"))
+    resp.usage = _read_usage_obj(doc.get("usage"))
+    return resp
+
+
+cdef dict _usage_obj(Usage u):
+    cdef dict out
+    if u is None:
+        u = Usage()
+    out = {"billed_units": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens},
+           "tokens": {"input_tokens": u.input_tokens, "output_tokens": u.output_tokens}}
+    if u.cache_read_tokens:
+        out["cached_tokens"] = u.cache_read_tokens
+    return out
+
+
+cpdef bytes write_response(Response resp):
+    cdef list content = [], texts = [], calls = [], citations = []
+    cdef dict message
+    cdef Block b
+    for b in resp.content:
+        if b.kind == B_TOOL_USE:
+            calls.append({"id": b.id or "", "type": "function",
+                          "function": {"name": b.name or "", "arguments": _arguments(b.input)}})
+    for b in resp.content:
+        if b.kind == B_TEXT and b.text is not None:
+            if b.citations:
+                for cite in b.citations:
+                    if isinstance(cite, dict) and not calls and "content_index" not in cite:
+                        cite = dict(cite)
+                        cite["content_index"] = len(content)
+                    citations.append(cite)
+            if calls:
+                texts.append(b.text)
+            else:
+                content.append({"type": "text", "text": b.text})
+        elif b.kind == B_THINKING and not b.redacted and b.text is not None:
+            content.append({"type": "thinking", "thinking": b.text})
+    message = {"role": "assistant"}
+    if calls:
+        # Text beside tool calls is the model's plan: where Cohere puts it (cohere-tool-call.json
+        # style responses carry tool_plan and tool_calls, and no content).
+        if content:
+            message["content"] = content
+        if texts:
+            message["tool_plan"] = "".join(texts)
+        message["tool_calls"] = calls
+    else:
+        message["content"] = content
+    if citations:
+        message["citations"] = citations
+    return orjson.dumps({
+        "id": resp.id,
+        "finish_reason": _FINISH_OF_STOP.get(resp.stop_reason, "COMPLETE"),
+        "message": message,
+        "usage": _usage_obj(resp.usage),
+    })
+
+
+cpdef Usage read_usage(bytes body):
+    """Usage of a buffered Cohere body without parsing the whole of it."""
+    cdef Usage u
+    try:
+        spans = scan_top(body, (b"usage",))
+    except FramingError:
+        raise CodecError(BAD_UPSTREAM)
+    span = spans.get(b"usage")
+    if span is None:
+        u = Usage()
+        u.input_known = False
+        return u
+    try:
+        usage = orjson.loads(body[span[0]:span[1]])
+    except ValueError:
+        raise CodecError(BAD_UPSTREAM)
+    return _read_usage_obj(usage)
+
+
+# ---------------------------------------------------------------------------------------------
+# errors and ids
+
+
+cpdef bytes write_error(int status, str kind, str message, str request_id=None):
+    return orjson.dumps({"message": message})
+
+
+cpdef object read_error(bytes body):
+    try:
+        doc = orjson.loads(body)
+    except ValueError:
+        return None
+    message = _get(doc, "message")
+    return message if isinstance(message, str) else None
+
+
+cpdef str mint_id():
+    """Cohere response ids are UUID4 strings."""
+    return str(uuid.uuid4())
+
+
+# ---------------------------------------------------------------------------------------------
+# streams
+
+
+cdef class StreamDecoder:
+    """Cohere SSE (`event: <type>` + `data: {"type": <type>, ...}`, then `data: [DONE]`) -> IR.
+    Cohere keeps separate index spaces for content, tool calls and citations; IR blocks are numbered
+    in arrival order. The tool plan has no start/end events: its first delta opens a TEXT block and
+    the next block (or message-end) closes it."""
+
+    def __cinit__(self):
+        self.parser = SSEParser()
+        self.open_index = -1
+        self.open_cohere = None
+
+    cpdef list feed(self, bytes chunk):
+        cdef list out = []
+        try:
+            frames = self.parser.feed(chunk)
+        except FramingError:
+            raise CodecError(BAD_UPSTREAM)
+        for event, data in frames:
+            self._frame(out, event, data)
+        return out
+
+    cpdef list close(self):
+        """Upstream EOF. A stream cut before message-end is left unfinished: the engine ends it."""
+        cdef list out = []
+        try:
+            frames = self.parser.close()
+        except FramingError:
+            raise CodecError(BAD_UPSTREAM)
+        for event, data in frames:
+            self._frame(out, event, data)
+        return out
+
+    cdef void _frame(self, list out, object event, bytes data):
+        cdef str kind
+        if self.done:
+            return
+        stripped = data.strip()
+        if not stripped:
+            return
+        if stripped == b"[DONE]":
+            self.done = True
+            return
+        try:
+            doc = orjson.loads(stripped)
+        except ValueError:
+            raise CodecError(BAD_UPSTREAM)
+        if not isinstance(doc, dict):
+            raise CodecError(BAD_UPSTREAM)
+        t = doc.get("type")
+        if not isinstance(t, str):
+            t = event.decode("utf-8", "replace") if event else None
+        if t is None:
+            # SPEC 1.7: Cohere reports a mid-stream failure as bare data carrying a message.
+            message = doc.get("message")
+            if isinstance(message, str):
+                out.append(ev_error("api_error", message))
+                self.done = True
+                return
+            raise CodecError(BAD_UPSTREAM)
+        kind = t
+        if kind == "message-start":
+            self._start(out, doc.get("id"))
+        elif kind == "content-start":
+            self._content_start(out, doc)
+        elif kind == "content-delta":
+            self._content_delta(out, doc)
+        elif kind == "content-end":
+            if self.open_src == SRC_CONTENT and self._same(doc.get("index")):
+                self.open_ended = True
+        elif kind == "tool-plan-delta":
+            self._plan_delta(out, doc)
+        elif kind == "tool-call-start":
+            self._tool_start(out, doc)
+        elif kind == "tool-call-delta":
+            self._tool_delta(out, doc)
+        elif kind == "tool-call-end":
+            if self.open_src == SRC_TOOL and self._same(doc.get("index")):
+                self._close_open(out)
+        elif kind == "citation-start":
+            self._citation(out, doc)
+        elif kind == "message-end":
+            self._end(out, doc.get("delta"))
+        # citation-end, debug and types Cohere may add later carry nothing for the IR.
+
+    cdef bint _same(self, object index):
+        return index is None or self.open_cohere is None or index == self.open_cohere
+
+    cdef void _start(self, list out, object id):
+        cdef Usage u
+        if self.started:
+            return
+        self.started = True
+        u = Usage.__new__(Usage)
+        u.input_known = False
+        out.append(ev_message_start(id if isinstance(id, str) else None, None, u))
+
+    cdef void _close_open(self, list out):
+        if self.open_index < 0:
+            return
+        if self.open_kind == B_TOOL_USE and not self.open_args:
+            # A call without arguments streams none (cohere-empty-tool-call): say "{}" so every
+            # encoder downstream sees valid JSON arguments.
+            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, "{}"))
+        out.append(ev_block_stop(self.open_index))
+        self.open_index = -1
+        self.open_src = 0
+        self.open_cohere = None
+        self.open_ended = False
+        self.open_args = False
+
+    cdef void _open(self, list out, int src, object cohere_index, Block block):
+        self._start(out, None)
+        self._close_open(out)
+        self.open_index = self.next_index
+        self.next_index += 1
+        self.open_kind = block.kind
+        self.open_src = src
+        self.open_cohere = cohere_index
+        out.append(ev_block_start(self.open_index, block))
+
+    cdef void _content_start(self, list out, dict doc):
+        content = _get(_get(_get(doc, "delta"), "message"), "content")
+        cdef Block b = Block.__new__(Block)
+        if _get(content, "type") == "thinking":
+            b.kind = B_THINKING
+            first = _get(content, "thinking")
+        else:
+            b.kind = B_TEXT
+            first = _get(content, "text")
+        self._open(out, SRC_CONTENT, doc.get("index"), b)
+        if isinstance(first, str) and first:
+            out.append(ev_block_delta(self.open_index, D_THINKING if b.kind == B_THINKING else D_TEXT,
+                                      first))
+
+    cdef void _content_delta(self, list out, dict doc):
+        content = _get(_get(_get(doc, "delta"), "message"), "content")
+        text = _get(content, "text")
+        thinking = _get(content, "thinking")
+        cdef Block b
+        if not (self.open_src == SRC_CONTENT and not self.open_ended and self._same(doc.get("index"))):
+            # A delta without its content-start: open the block it implies.
+            b = Block.__new__(Block)
+            b.kind = B_THINKING if isinstance(thinking, str) and not isinstance(text, str) else B_TEXT
+            self._open(out, SRC_CONTENT, doc.get("index"), b)
+        if self.open_kind == B_THINKING:
+            if isinstance(thinking, str) and thinking:
+                out.append(ev_block_delta(self.open_index, D_THINKING, thinking))
+        elif isinstance(text, str) and text:
+            out.append(ev_block_delta(self.open_index, D_TEXT, text))
+
+    cdef void _plan_delta(self, list out, dict doc):
+        plan = _get(_get(_get(doc, "delta"), "message"), "tool_plan")
+        if not isinstance(plan, str) or not plan:
+            return
+        if self.open_src != SRC_PLAN:
+            self._open(out, SRC_PLAN, None, _text(None))
+        out.append(ev_block_delta(self.open_index, D_TEXT, plan))
+
+    cdef void _tool_start(self, list out, dict doc):
+        call = _get(_get(_get(doc, "delta"), "message"), "tool_calls")
+        fn = _get(call, "function")
+        id = _get(call, "id")
+        name = _get(fn, "name")
+        args = _get(fn, "arguments")
+        self._open(out, SRC_TOOL, doc.get("index"), _tool_use(
+            id if isinstance(id, str) else None, name if isinstance(name, str) else None, None))
+        if isinstance(args, str) and args:
+            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, args))
+            self.open_args = True
+
+    cdef void _tool_delta(self, list out, dict doc):
+        args = _get(_get(_get(_get(_get(doc, "delta"), "message"), "tool_calls"), "function"),
+                    "arguments")
+        # Arguments for a call whose start never came have no id or name to hang on: dropped.
+        if self.open_src != SRC_TOOL or not self._same(doc.get("index")):
+            return
+        if isinstance(args, str) and args:
+            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, args))
+            self.open_args = True
+
+    cdef void _citation(self, list out, dict doc):
+        """A citation lands on the block it cites when that block is still the open one (Cohere
+        sends citations right after content-end, hence the deferred BLOCK_STOP); otherwise there is
+        no valid place in the IR event order for it and it is dropped."""
+        cdef Event e
+        cite = _get(_get(_get(doc, "delta"), "message"), "citations")
+        if not isinstance(cite, dict) or self.open_index < 0:
+            return
+        if cite.get("type") == "PLAN":
+            if self.open_src != SRC_PLAN:
+                return
+        elif self.open_src != SRC_CONTENT or self.open_kind != B_TEXT:
+            return
+        else:
+            ci = cite.get("content_index")
+            if ci is not None and self.open_cohere is not None and ci != self.open_cohere:
+                return
+        e = ev_block_delta(self.open_index, D_CITATION, None)
+        e.data = cite
+        out.append(e)
+
+    cdef void _end(self, list out, object delta):
+        self._start(out, None)
+        self._close_open(out)
+        out.append(ev_message_delta(_stop_of(_get(delta, "finish_reason")), None,
+                                    _read_usage_obj(_get(delta, "usage"))))
+        out.append(ev_message_stop())
+        self.done = True
+
+
+cdef bytes _sse(str kind, dict payload):
+    return sse_event(kind.encode(), orjson.dumps(payload))
+
+
+cdef class StreamEncoder:
+    """IR events -> Cohere SSE, as cohere.ClientV2.chat_stream parses it: `event: <type>` +
+    `data: <json with the same type>` per event, `data: [DONE]` at the end. The SDK drops any
+    frame it cannot validate without a word, so every payload mirrors V2ChatStreamResponse."""
+
+    def __init__(self, str id, str model):
+        self.id = id
+        self.model = model
+        self.blocks = {}
+        self.usage = Usage()
+        self.usage.input_known = False
+
+    cpdef bytes encode(self, list events):
+        cdef bytearray out = bytearray()
+        cdef Event e
+        for e in events:
+            if self.finished:
+                break
+            if e.kind == EV_MESSAGE_START:
+                if e.usage is not None and e.usage.input_known:
+                    self.usage = e.usage.copy()
+                self._start(out)
+            elif e.kind == EV_BLOCK_START:
+                self._block_start(out, e)
+            elif e.kind == EV_BLOCK_DELTA:
+                self._block_delta(out, e)
+            elif e.kind == EV_BLOCK_STOP:
+                self._block_stop(out, e.index)
+            elif e.kind == EV_MESSAGE_DELTA:
+                self.have_delta = True
+                if e.stop_reason:
+                    self.stop_reason = e.stop_reason
+                if e.usage is not None:
+                    self._take_usage(e.usage)
+            elif e.kind == EV_MESSAGE_STOP:
+                self._end(out)
+            elif e.kind == EV_ERROR:
+                out += self.error(e.error_kind, e.message)
+        return bytes(out)
+
+    cpdef bytes error(self, str kind, str message):
+        """SPEC 1.7: one bare `data:` frame carrying the message, then the stream closes. It is
+        also a well-formed message-end (finish_reason ERROR, delta.error), so the SDK, which skips
+        what it cannot parse, hands the failure to the caller instead of ending silently."""
+        if self.finished:
+            return b""
+        self.finished = True
+        return sse_event(None, orjson.dumps({
+            "type": "message-end",
+            "message": message,
+            "delta": {"error": message, "finish_reason": "ERROR", "usage": _usage_obj(self.usage)},
+        }))
+
+    cdef void _take_usage(self, Usage u):
+        cdef long long inp = self.usage.input_tokens
+        cdef bint known = self.usage.input_known
+        self.usage = u.copy()
+        if not u.input_known and known:
+            self.usage.input_tokens = inp
+            self.usage.input_known = True
+
+    cdef void _start(self, bytearray out):
+        if self.started:
+            return
+        self.started = True
+        out += _sse("message-start", {
+            "id": self.id, "type": "message-start",
+            "delta": {"message": {"role": "assistant", "content": [], "tool_plan": "",
+                                  "tool_calls": [], "citations": []}}})
+
+    cdef void _block_start(self, bytearray out, Event e):
+        cdef Block b = e.block
+        cdef int n
+        self._start(out)
+        if b is None:
+            return
+        if b.kind == B_TEXT:
+            n = self.content_n
+            self.content_n += 1
+            self.blocks[e.index] = (B_TEXT, n)
+            out += _sse("content-start", {"type": "content-start", "index": n, "delta": {
+                "message": {"content": {"type": "text", "text": ""}}}})
+        elif b.kind == B_THINKING and not b.redacted:
+            n = self.content_n
+            self.content_n += 1
+            self.blocks[e.index] = (B_THINKING, n)
+            out += _sse("content-start", {"type": "content-start", "index": n, "delta": {
+                "message": {"content": {"type": "thinking", "thinking": ""}}}})
+        elif b.kind == B_TOOL_USE:
+            n = self.tool_n
+            self.tool_n += 1
+            self.blocks[e.index] = (B_TOOL_USE, n)
+            out += _sse("tool-call-start", {"type": "tool-call-start", "index": n, "delta": {
+                "message": {"tool_calls": {"id": b.id or "", "type": "function",
+                                           "function": {"name": b.name or "", "arguments": ""}}}}})
+        # Other block kinds (redacted thinking, server-side results) have no Cohere stream form.
+
+    cdef void _block_delta(self, bytearray out, Event e):
+        cdef int family, n
+        entry = self.blocks.get(e.index)
+        if entry is None:
+            return
+        family, n = entry
+        if e.delta_kind == D_TEXT and family == B_TEXT and e.text:
+            out += _sse("content-delta", {"type": "content-delta", "index": n, "delta": {
+                "message": {"content": {"text": e.text}}}})
+        elif e.delta_kind == D_THINKING and family == B_THINKING and e.text:
+            out += _sse("content-delta", {"type": "content-delta", "index": n, "delta": {
+                "message": {"content": {"thinking": e.text}}}})
+        elif e.delta_kind == D_INPUT_JSON and family == B_TOOL_USE and e.text:
+            out += _sse("tool-call-delta", {"type": "tool-call-delta", "index": n, "delta": {
+                "message": {"tool_calls": {"function": {"arguments": e.text}}}}})
+        elif e.delta_kind == D_CITATION and family == B_TEXT and isinstance(e.data, dict):
+            cite = e.data
+            if "content_index" not in cite:
+                cite = dict(cite)
+                cite["content_index"] = n
+            n = self.cite_n
+            self.cite_n += 1
+            out += _sse("citation-start", {"type": "citation-start", "index": n, "delta": {
+                "message": {"citations": cite}}})
+            out += _sse("citation-end", {"type": "citation-end", "index": n})
+
+    cdef void _block_stop(self, bytearray out, int index):
+        cdef int family, n
+        entry = self.blocks.pop(index, None)
+        if entry is None:
+            return
+        family, n = entry
+        if family == B_TOOL_USE:
+            out += _sse("tool-call-end", {"type": "tool-call-end", "index": n})
+        else:
+            out += _sse("content-end", {"type": "content-end", "index": n})
+
+    cdef void _end(self, bytearray out):
+        self._start(out)
+        for index in sorted(self.blocks):
+            self._block_stop(out, index)
+        out += _sse("message-end", {"type": "message-end", "delta": {
+            "finish_reason": _FINISH_OF_STOP.get(self.stop_reason, "COMPLETE"),
+            "usage": _usage_obj(self.usage)}})
+        out += b"data: [DONE]\n\n"
+        self.finished = True
