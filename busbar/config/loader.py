@@ -1,0 +1,801 @@
+"""config.yaml + the providers.yaml catalog -> a validated, frozen Config (SPEC §2).
+
+The pipeline: read -> `${VAR}` interpolation -> YAML (duplicate keys refused) -> every section
+checked, every problem collected -> secrets resolved -> Config. Nothing here touches the network:
+`busbar validate` runs exactly this and stops.
+
+Problems are strings "<path>: <message>", where <path> is the key's dotted path in the file
+(`models.gpt.max_concurrent`, `pools.fast.members[0].weight`), a variable (`${NAME}`), or a file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+from .checks import (
+    Problems,
+    check_keys,
+    describe,
+    get_bool,
+    get_int,
+    get_mapping,
+    get_seconds,
+    get_str,
+    has_control,
+    join,
+    suggest,
+)
+from .interpolate import interpolate, same_shape
+from .schema import (
+    AUTH_MODES,
+    DEFAULT_AUTH,
+    LIMIT_INT_FLOORS,
+    LIMIT_SECONDS,
+    PROTOCOLS,
+    Config,
+    Limits,
+    Member,
+    Model,
+    Pool,
+    Provider,
+)
+from .secrets import resolve_secret
+from .urls import HostPolicy, normalize_host, parse_base_url
+
+CONFIG_ENV = "BUSBAR_CONFIG"
+PROVIDERS_ENV = "BUSBAR_PROVIDERS"  # deprecated in favour of `providers_file:`, still honoured
+DEFAULT_CONFIG_PATH = "config.yaml"
+SHIPPED_CATALOG = str(Path(__file__).resolve().parent.parent / "data" / "providers.yaml")
+
+DEFAULT_LISTEN = ("0.0.0.0", 8080)
+
+TOP_LEVEL_KEYS = (
+    "listen", "providers_file", "providers", "models", "pools", "limits", "advanced", "security",
+)
+# The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
+TOP_LEVEL_UNSUPPORTED = (
+    "public_url", "tls", "admin_listen", "admin_tls", "admin_require_mtls", "config", "auth",
+    "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
+    "export", "plugins", "health", "routing",
+)
+# Keys retired by the reference's 1.5 line; each error says where the setting went.
+TOP_LEVEL_RETIRED = {
+    "global_hooks": "retired key; hooks are defined under 'hooks:' and attached per pool",
+    "observability": (
+        "retired key; server timing is advanced.response_headers.server_timing, "
+        "exporters are 'export:' instances"
+    ),
+    "metrics": "retired key; Prometheus is an 'export:' instance with module: prometheus",
+    "otlp_url": "retired key; OTLP tracing is an 'export:' instance with module: otlp",
+    "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
+}
+
+CATALOG_KEYS = ("protocol", "base_url", "auth", "region")
+CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "subject", "health")
+
+PROVIDER_KEYS = (
+    "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
+    "allow_metadata_hosts",
+)
+PROVIDER_UNSUPPORTED = CATALOG_UNSUPPORTED
+
+MODEL_KEYS = (
+    "provider", "upstream_model", "max_concurrent", "default_max_tokens", "reasoning",
+    "attempt_timeout_ms",
+)
+MODEL_UNSUPPORTED = ("max_requests", "prompt_caching")
+
+POOL_KEYS = ("members",)
+POOL_UNSUPPORTED = ("hooks", "breaker", "failover", "on_exhausted", "affinity", "upstream_credentials")
+MEMBER_KEYS = ("model", "weight", "reasoning")
+MEMBER_UNSUPPORTED = ("context_max", "attempt_timeout_ms", "tier", "tags")
+MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
+
+LIMITS_UNSUPPORTED = (
+    "hard_down_cooldown_secs", "max_auto_provisioned_groups", "max_honored_retry_after_secs",
+    "max_keys_per_principal", "reasoning_effort_budgets", "tls_handshake_timeout_secs",
+)
+ADVANCED_KEYS = ("worker_threads", "response_headers")
+ADVANCED_UNSUPPORTED = (
+    "upstream_http1_only", "upstream_h2_prior_knowledge", "usage_flush_interval_ms",
+)
+RESPONSE_HEADERS_KEYS = ("server_timing",)
+RESPONSE_HEADERS_UNSUPPORTED = ("route_policy",)
+SECURITY_KEYS = ("blocked_metadata_hosts", "allow_metadata_hosts", "allow_all_metadata")
+
+RESERVED_PROVIDER_NAMES = ("admin",)
+RESERVED_MODEL_NAMES = ("admin",)
+RESERVED_POOL_NAMES = ("admin", "hooks", "upstream_credentials")
+
+# Provider names appear in URLs (`/{provider}/{model}/v1/messages`) and metric labels.
+_PROVIDER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+# Model and pool names are what clients send; anything printable without spaces.
+_TARGET_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+\Z")
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+\Z")
+_BEDROCK_HOST = re.compile(r"bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
+_HOSTNAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+
+# Egress headers busbar builds itself (SPEC §1.2): framing, auth, and SigV4-signed headers.
+RESERVED_HEADERS = frozenset(
+    {
+        "host", "content-length", "content-type", "transfer-encoding", "connection", "keep-alive",
+        "te", "trailer", "upgrade", "proxy-connection", "expect", "authorization", "x-api-key",
+        "x-goog-api-key", "api-key", "x-amz-date", "x-amz-security-token",
+        "x-amz-content-sha256",
+    }
+)
+
+
+class ConfigError(Exception):
+    """The config is invalid. `problems` holds every "<path>: <message>"; str() joins them."""
+
+    def __init__(self, problems: list[str], warnings: list[str] | None = None) -> None:
+        self.problems = list(problems)
+        self.warnings = list(warnings or ())
+        super().__init__("\n".join(self.problems))
+
+    def __str__(self) -> str:
+        return "\n".join(self.problems)
+
+
+def load(
+    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ
+) -> Config:
+    """Loads and validates a config: from `text` (e.g. the embedded demo config) when given,
+    otherwise from `path`, $BUSBAR_CONFIG, or ./config.yaml. Raises ConfigError."""
+    config, out = build(path, text=text, env=env)
+    if out.errors or config is None:
+        raise ConfigError(out.errors, out.warnings)
+    return config
+
+
+def validate_main(path: str | None) -> int:
+    """`busbar validate`: exit status 0 with an "ok:" line on stdout, or 1 with one line per
+    problem on stderr. Warnings go to stderr either way."""
+    config, out = build(path, env=os.environ)
+    for warning in out.warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if out.errors or config is None:
+        for error in out.errors:
+            print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(
+        f"ok: config valid — {len(config.providers)} provider(s), "
+        f"{len(config.models)} model(s), {len(config.pools)} pool(s)"
+    )
+    return 0
+
+
+def build(
+    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ
+) -> tuple[Config | None, Problems]:
+    """The whole pipeline, returning the Config (None when there are errors) and every problem."""
+    out = Problems()
+    if text is None:
+        if path is None:
+            path = env.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            out.error(path, f"cannot read config file: {reason}")
+            return None, out
+        source = path
+        base_dir = os.path.dirname(os.path.abspath(path))
+    else:
+        source = "<embedded>"
+        base_dir = os.getcwd()
+
+    doc = _parse(text, source, env, out)
+    if doc is None:
+        return None, out
+    config = _build_config(doc, source, base_dir, env, out)
+    if out.errors:
+        return None, out
+    return config, out
+
+
+# --- YAML -------------------------------------------------------------------------------------
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """SafeLoader that records duplicate keys: YAML keeps the last one silently, and a config
+    whose second `api_key:` quietly wins is a config nobody reviewed."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.duplicates: list[str] = []
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: set = set()
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                    key = key_node.value
+                    if key in seen:
+                        self.duplicates.append(
+                            f"line {key_node.start_mark.line + 1}: duplicate key '{key}'"
+                        )
+                    seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_load(text: str) -> tuple[object, list[str]]:
+    loader = _Loader(text)
+    try:
+        return loader.get_single_data(), loader.duplicates
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    # Only position and problem: the context snippet could quote an interpolated secret.
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or exc.__class__.__name__
+    if mark is not None:
+        return f"YAML error at line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    return f"YAML error: {problem}"
+
+
+def _parse(text: str, source: str, env: Mapping[str, str], out: Problems) -> dict | None:
+    interp_problems: list[str] = []
+    real, shadow = interpolate(text, env, interp_problems)
+    if interp_problems:
+        out.errors.extend(interp_problems)
+        return None
+    try:
+        doc, duplicates = _yaml_load(real)
+    except yaml.YAMLError as exc:
+        message = _yaml_problem(exc)
+        if shadow is not None:
+            try:
+                _yaml_load(shadow)
+                message += " (caused by an interpolated ${VAR} value)"
+            except yaml.YAMLError:
+                pass
+        out.error(source, message)
+        return None
+    for duplicate in duplicates:
+        out.error(source, duplicate)
+    if shadow is not None:
+        try:
+            shadow_doc, _ = _yaml_load(shadow)
+        except yaml.YAMLError:
+            shadow_doc = None
+        if not same_shape(doc, shadow_doc):
+            out.error(
+                source,
+                "an interpolated ${VAR} value changes the YAML structure (it contains YAML "
+                "syntax such as ': ', '[', '{' or '#'); quote the ${VAR} in the file",
+            )
+            return None
+    if doc is None:
+        out.error(source, "the file is empty; expected a mapping with 'providers' and 'models'")
+        return None
+    if not isinstance(doc, dict):
+        out.error(source, f"expected a mapping at the top level, got {describe(doc)}")
+        return None
+    return doc
+
+
+# --- sections ---------------------------------------------------------------------------------
+
+
+def _build_config(
+    doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems
+) -> Config | None:
+    check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED, TOP_LEVEL_RETIRED)
+    for required in ("providers", "models"):
+        if required not in doc:
+            out.error(required, "missing required section")
+
+    listen_host, listen_port = _listen(doc.get("listen"), out)
+    policy = _security(get_mapping(doc, "security", "", out), out)
+    catalog = _catalog(doc, base_dir, env, policy, out)
+
+    providers_doc = get_mapping(doc, "providers", "", out) or {}
+    models_doc = get_mapping(doc, "models", "", out) or {}
+    pools_doc = get_mapping(doc, "pools", "", out) or {}
+
+    providers: dict[str, Provider] = {}
+    for name, entry in providers_doc.items():
+        provider = _provider(name, entry, catalog, policy, env, base_dir, out)
+        if provider is not None:
+            providers[name] = provider
+
+    models: dict[str, Model] = {}
+    for name, entry in models_doc.items():
+        model = _model(name, entry, providers, providers_doc, out)
+        if model is not None:
+            models[name] = model
+
+    pools: dict[str, Pool] = {}
+    for name, entry in pools_doc.items():
+        pool = _pool(name, entry, models, models_doc, providers_doc, out)
+        if pool is not None:
+            pools[name] = pool
+
+    limits = _limits(get_mapping(doc, "limits", "", out), out)
+    workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
+    if out.errors:
+        return None
+    return Config(
+        listen_host=listen_host,
+        listen_port=listen_port,
+        workers=workers,
+        providers=providers,
+        models=models,
+        pools=pools,
+        limits=limits,
+        server_timing=server_timing,
+        source=source,
+        warnings=tuple(out.warnings),
+    )
+
+
+def _listen(value: object, out: Problems) -> tuple[str, int]:
+    if value is None:
+        return DEFAULT_LISTEN
+    if not isinstance(value, str):
+        out.error("listen", f"expected \"HOST:PORT\", got {describe(value)}")
+        return DEFAULT_LISTEN
+    if value.startswith("["):
+        close = value.find("]")
+        host, sep, port_text = value[1:close], value[close + 1 : close + 2], value[close + 2 :]
+        if close < 0 or sep != ":" or ":" not in host:
+            out.error("listen", "expected \"[IPv6]:PORT\"")
+            return DEFAULT_LISTEN
+        if not _valid_ip(host):
+            out.error("listen", "host is not a valid IPv6 address")
+            return DEFAULT_LISTEN
+    else:
+        host, sep, port_text = value.rpartition(":")
+        if not sep:
+            out.error("listen", "expected \"HOST:PORT\" (e.g. \"0.0.0.0:8080\")")
+            return DEFAULT_LISTEN
+        if ":" in host:
+            out.error("listen", "write an IPv6 host in brackets: \"[::1]:8080\"")
+            return DEFAULT_LISTEN
+        host = host or DEFAULT_LISTEN[0]
+        if not _HOSTNAME.match(host):
+            out.error("listen", "host is not a valid address or host name")
+            return DEFAULT_LISTEN
+    if not port_text.isdigit() or int(port_text) > 65535:
+        out.error("listen", "port must be a number 0-65535")
+        return DEFAULT_LISTEN
+    return host, int(port_text)
+
+
+def _valid_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_list(value: object, path: str, out: Problems) -> frozenset[str]:
+    if value is None:
+        return frozenset()
+    if not isinstance(value, list) or not all(isinstance(h, str) and h for h in value):
+        out.error(path, f"expected a list of host names or addresses, got {describe(value)}")
+        return frozenset()
+    return frozenset(normalize_host(h) for h in value)
+
+
+def _security(section: dict | None, out: Problems) -> HostPolicy:
+    if section is None:
+        return HostPolicy()
+    check_keys(section, "security", SECURITY_KEYS, out)
+    return HostPolicy(
+        blocked=_host_list(section.get("blocked_metadata_hosts"), "security.blocked_metadata_hosts", out),
+        allowed=_host_list(section.get("allow_metadata_hosts"), "security.allow_metadata_hosts", out),
+        allow_all=bool(get_bool(section, "allow_all_metadata", "security", out, False)),
+    )
+
+
+def _catalog(
+    doc: dict, base_dir: str, env: Mapping[str, str], policy: HostPolicy, out: Problems
+) -> dict[str, dict]:
+    configured = get_str(doc, "providers_file", "", out)
+    if configured is not None:
+        path = os.path.join(base_dir, os.path.expanduser(configured))
+    elif env.get(PROVIDERS_ENV):
+        path = env[PROVIDERS_ENV]
+        out.warn(PROVIDERS_ENV, "deprecated; set providers_file: in config.yaml instead")
+    else:
+        path = SHIPPED_CATALOG
+    return load_catalog(path, out, policy)
+
+
+def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) -> dict[str, dict]:
+    """The catalog's entries as {name: {protocol, base_url, auth?, region?}}, each checked; broken
+    entries are reported (under the catalog's path) and left out."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        out.error(path, f"cannot read provider catalog: {reason}")
+        return {}
+    try:
+        doc, duplicates = _yaml_load(text)
+    except yaml.YAMLError as exc:
+        out.error(path, _yaml_problem(exc))
+        return {}
+    for duplicate in duplicates:
+        out.error(path, duplicate)
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        out.error(path, f"expected a mapping of provider name -> entry, got {describe(doc)}")
+        return {}
+    catalog: dict[str, dict] = {}
+    local = Problems()
+    for name, entry in doc.items():
+        if not isinstance(name, str) or not _PROVIDER_NAME.match(name):
+            local.error(str(name), "catalog names are letters, digits, '.', '_' and '-'")
+            continue
+        if not isinstance(entry, dict):
+            local.error(name, f"expected a mapping, got {describe(entry)}")
+            continue
+        before = len(local.errors)
+        check_keys(entry, name, CATALOG_KEYS, local, CATALOG_UNSUPPORTED)
+        # SPEC §2.2: a catalog entry's protocol defaults to anthropic.
+        protocol = get_str(entry, "protocol", name, local, "anthropic")
+        if protocol not in PROTOCOLS:
+            local.error(join(name, "protocol"), f"unknown protocol '{protocol}'{suggest(str(protocol), PROTOCOLS)}")
+        if "base_url" not in entry:
+            local.error(name, "missing required key 'base_url'")
+        else:
+            parsed = parse_base_url(entry["base_url"], policy)
+            if isinstance(parsed, str):
+                local.error(join(name, "base_url"), parsed)
+        auth = get_str(entry, "auth", name, local)
+        if auth is not None and auth not in AUTH_MODES:
+            local.error(join(name, "auth"), f"unknown auth '{auth}'{suggest(auth, AUTH_MODES)}")
+        region = get_str(entry, "region", name, local)
+        if region is not None and not _REGION.match(region):
+            local.error(join(name, "region"), "expected an AWS region such as us-east-1")
+        if len(local.errors) == before:
+            catalog[name] = {
+                "protocol": protocol,
+                "base_url": entry["base_url"],
+                "auth": auth,
+                "region": region,
+            }
+    out.errors.extend(f"{path}: {problem}" for problem in local.errors)
+    return catalog
+
+
+def _provider(
+    name: object,
+    entry: object,
+    catalog: dict[str, dict],
+    policy: HostPolicy,
+    env: Mapping[str, str],
+    base_dir: str,
+    out: Problems,
+) -> Provider | None:
+    if not isinstance(name, str):
+        out.error("providers", f"provider names must be strings, got {describe(name)}")
+        return None
+    path = join("providers", name)
+    if name in RESERVED_PROVIDER_NAMES or name.startswith("admin/"):
+        out.error(path, f"the name '{name}' is reserved")
+        return None
+    if not _PROVIDER_NAME.match(name):
+        out.error(path, "provider names are letters, digits, '.', '_' and '-'")
+        return None
+    if entry is None:
+        entry = {}  # `ollama:` alone: a keyless catalog provider
+    if not isinstance(entry, dict):
+        out.error(path, f"expected a mapping (at least api_key), got {describe(entry)}")
+        return None
+    errors_before = len(out.errors)
+    check_keys(entry, path, PROVIDER_KEYS, out, PROVIDER_UNSUPPORTED)
+
+    base: dict = {}
+    catalog_name = get_str(entry, "catalog", path, out)
+    if catalog_name is not None:
+        if catalog_name not in catalog:
+            out.error(
+                join(path, "catalog"),
+                f"no catalog provider '{catalog_name}'{suggest(catalog_name, catalog)}",
+            )
+            return None
+        base = catalog[catalog_name]
+    elif name in catalog:
+        base = catalog[name]
+
+    protocol = get_str(entry, "protocol", path, out, base.get("protocol"))
+    if protocol is None:
+        if "protocol" not in entry:
+            hint = suggest(name, catalog)
+            out.error(
+                path,
+                "missing required key 'protocol' (not a catalog provider"
+                + (f"; {hint.strip(' ()')}" if hint else "")
+                + ")",
+            )
+    elif protocol not in PROTOCOLS:
+        out.error(join(path, "protocol"), f"unknown protocol '{protocol}'{suggest(protocol, PROTOCOLS)}")
+        protocol = None
+
+    allowed = _host_list(entry.get("allow_metadata_hosts"), join(path, "allow_metadata_hosts"), out)
+    raw_url = entry.get("base_url", base.get("base_url"))
+    url = None
+    if raw_url is None:
+        out.error(path, "missing required key 'base_url' (not a catalog provider)")
+    else:
+        parsed = parse_base_url(raw_url, policy.with_allowed(allowed))
+        if isinstance(parsed, str):
+            where = join(path, "base_url") if "base_url" in entry else f"{path} (catalog base_url)"
+            out.error(where, parsed)
+        else:
+            url = parsed
+
+    api_key = None
+    key_failed = False
+    if entry.get("api_key") is not None:
+        errors = len(out.errors)
+        api_key = resolve_secret(entry["api_key"], join(path, "api_key"), env, base_dir, out)
+        key_failed = len(out.errors) > errors
+    elif url is not None and url.scheme != "http":
+        out.error(path, "missing required key 'api_key' (only http:// loopback or private providers may omit it)")
+        key_failed = True
+    has_key = api_key is not None or key_failed
+
+    auth = get_str(entry, "auth", path, out)
+    if auth is not None:
+        if auth not in AUTH_MODES:
+            out.error(join(path, "auth"), f"unknown auth '{auth}'{suggest(auth, AUTH_MODES)}")
+        elif auth == "none" and has_key:
+            out.error(join(path, "auth"), "auth 'none' sends no key; remove api_key or pick another auth")
+        elif auth != "none" and not has_key:
+            out.error(join(path, "auth"), f"auth '{auth}' needs an api_key")
+    elif not has_key:
+        auth = "none"
+    else:
+        auth = base.get("auth") or (DEFAULT_AUTH.get(protocol, "bearer") if protocol else "bearer")
+    if auth == "sigv4" and protocol not in (None, "bedrock"):
+        out.error(join(path, "auth"), "sigv4 signing is only for protocol bedrock")
+    if auth == "sigv4" and api_key is not None and api_key:
+        parts = api_key.split(":")
+        if len(parts) not in (2, 3) or not all(parts):
+            out.error(
+                join(path, "api_key"),
+                "a sigv4 key is ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN]",
+            )
+
+    region = get_str(entry, "region", path, out, base.get("region"))
+    if region is not None and not _REGION.match(region):
+        out.error(join(path, "region"), "expected an AWS region such as us-east-1")
+        region = None
+    if protocol == "bedrock" and url is not None:
+        match = _BEDROCK_HOST.match(url.host)
+        host_region = match.group(1) if match else None
+        if region is not None and host_region is not None and region != host_region:
+            out.error(
+                join(path, "region"),
+                f"'{region}' does not match the base_url host's region '{host_region}'",
+            )
+        region = region or host_region
+        if region is None and auth == "sigv4":
+            out.error(path, "cannot derive the AWS region from base_url; set region:")
+    elif protocol is not None and "region" in entry and entry["region"] is not None:
+        out.error(join(path, "region"), "region applies only to protocol bedrock")
+        region = None
+
+    headers = _headers(entry.get("headers"), join(path, "headers"), env, base_dir, out)
+
+    if len(out.errors) > errors_before or url is None or protocol is None or auth is None:
+        return None
+    return Provider(
+        name=name,
+        protocol=protocol,
+        base_url=url.base_url,
+        scheme=url.scheme,
+        host=url.host,
+        port=url.port,
+        path_prefix=url.path_prefix,
+        api_key=api_key,
+        auth=auth,
+        region=region if protocol == "bedrock" else None,
+        headers=headers,
+    )
+
+
+def _headers(
+    value: object, path: str, env: Mapping[str, str], base_dir: str, out: Problems
+) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        out.error(path, f"expected a mapping of header name -> value, got {describe(value)}")
+        return ()
+    headers = []
+    for name, raw in value.items():
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
+            out.error(path, f"'{name}' is not a valid header name")
+            continue
+        where = join(path, name)
+        if name.lower() in RESERVED_HEADERS:
+            out.error(where, "busbar sets this header itself (use api_key and auth for credentials)")
+            continue
+        if isinstance(raw, dict):
+            # A header may carry a credential (a proxy key), so it takes a secret reference too.
+            resolved = resolve_secret(raw, where, env, base_dir, out)
+            if resolved is not None:
+                headers.append((name, resolved))
+        elif isinstance(raw, str):
+            if has_control(raw):
+                out.error(where, "must not contain control characters")
+            else:
+                headers.append((name, raw))
+        else:
+            out.error(where, f"expected a string or a secret reference, got {describe(raw)}")
+    return tuple(headers)
+
+
+def _target_name(name: object, section: str, reserved: tuple[str, ...], out: Problems) -> str | None:
+    if not isinstance(name, str):
+        out.error(section, f"names must be strings, got {describe(name)}")
+        return None
+    if name in reserved:
+        out.error(join(section, name), f"the name '{name}' is reserved")
+        return None
+    if not _TARGET_NAME.match(name):
+        out.error(join(section, name), "names must be non-empty and without whitespace")
+        return None
+    return name
+
+
+def _model(
+    name: object, entry: object, providers: dict[str, Provider], providers_doc: dict, out: Problems
+) -> Model | None:
+    if _target_name(name, "models", RESERVED_MODEL_NAMES, out) is None:
+        return None
+    path = join("models", name)
+    if not isinstance(entry, dict):
+        out.error(path, f"expected a mapping with at least 'provider', got {describe(entry)}")
+        return None
+    errors_before = len(out.errors)
+    check_keys(entry, path, MODEL_KEYS, out, MODEL_UNSUPPORTED)
+    provider = None
+    provider_name = get_str(entry, "provider", path, out)
+    if provider_name is None:
+        if "provider" not in entry:
+            out.error(path, "missing required key 'provider'")
+    elif provider_name in providers:
+        provider = providers[provider_name]
+    elif provider_name not in providers_doc:
+        out.error(
+            join(path, "provider"),
+            f"unknown provider '{provider_name}'{suggest(provider_name, providers_doc)}",
+        )
+    # else: the provider is declared but invalid, and already reported.
+    upstream_model = get_str(entry, "upstream_model", path, out, name)
+    max_concurrent = get_int(entry, "max_concurrent", path, out, 1)
+    default_max_tokens = get_int(entry, "default_max_tokens", path, out, 1)
+    reasoning = get_bool(entry, "reasoning", path, out, False)
+    attempt_timeout_ms = get_int(entry, "attempt_timeout_ms", path, out, 1)
+    if provider is None or len(out.errors) > errors_before:
+        return None
+    return Model(
+        name=name,
+        provider=provider,
+        upstream_model=upstream_model,
+        max_concurrent=max_concurrent,
+        default_max_tokens=default_max_tokens,
+        reasoning=reasoning,
+        attempt_timeout_ms=attempt_timeout_ms,
+    )
+
+
+def _pool(
+    name: object,
+    entry: object,
+    models: dict[str, Model],
+    models_doc: dict,
+    providers_doc: dict,
+    out: Problems,
+) -> Pool | None:
+    if _target_name(name, "pools", RESERVED_POOL_NAMES, out) is None:
+        return None
+    path = join("pools", name)
+    errors_before = len(out.errors)
+    # Clients name a pool or a model in the same field, so one name must mean one thing.
+    if name in models_doc:
+        out.error(path, f"pool name collides with model '{name}'")
+    if name in providers_doc:
+        out.error(path, f"pool name collides with provider '{name}'")
+    if not isinstance(entry, dict):
+        out.error(path, f"expected a mapping with 'members', got {describe(entry)}")
+        return None
+    check_keys(entry, path, POOL_KEYS, out, POOL_UNSUPPORTED)
+    raw_members = entry.get("members")
+    if raw_members is None:
+        out.error(path, "missing required key 'members'")
+        return None
+    if not isinstance(raw_members, list):
+        out.error(join(path, "members"), f"expected a list, got {describe(raw_members)}")
+        return None
+    if not raw_members:
+        out.error(join(path, "members"), "a pool needs at least one member")
+        return None
+    members: list[Member] = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_members):
+        where = f"{path}.members[{i}]"
+        if not isinstance(raw, dict):
+            out.error(where, f"expected a mapping with 'model', got {describe(raw)}")
+            continue
+        check_keys(raw, where, MEMBER_KEYS, out, MEMBER_UNSUPPORTED, MEMBER_RENAMED)
+        model_name = get_str(raw, "model", where, out)
+        weight = get_int(raw, "weight", where, out, 1, 1)
+        reasoning = get_bool(raw, "reasoning", where, out, None)
+        if model_name is None:
+            if "model" not in raw and "target" not in raw:
+                out.error(where, "missing required key 'model'")
+            continue
+        if model_name in seen:
+            out.error(
+                join(where, "model"),
+                f"model '{model_name}' is already a member of this pool (raise its weight instead)",
+            )
+            continue
+        seen.add(model_name)
+        if model_name in models:
+            members.append(Member(models[model_name], weight, reasoning))
+        elif model_name not in models_doc:
+            out.error(join(where, "model"), f"unknown model '{model_name}'{suggest(model_name, models_doc)}")
+    if len(out.errors) > errors_before:
+        return None
+    protocols = sorted({m.model.provider.protocol for m in members})
+    if len(protocols) > 1:
+        out.warn(
+            path,
+            f"members speak different protocols ({', '.join(protocols)}); "
+            "requests are translated per lane",
+        )
+    return Pool(name, tuple(members))
+
+
+def _limits(section: dict | None, out: Problems) -> Limits:
+    if section is None:
+        return Limits()
+    known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS
+    check_keys(section, "limits", known, out, LIMITS_UNSUPPORTED)
+    defaults = Limits()
+    values = {}
+    for key, floor in LIMIT_INT_FLOORS.items():
+        values[key] = get_int(section, key, "limits", out, floor, getattr(defaults, key))
+    for key in LIMIT_SECONDS:
+        values[key] = get_seconds(section, key, "limits", out, getattr(defaults, key))
+    return Limits(**values)
+
+
+def _advanced(section: dict | None, out: Problems) -> tuple[int | None, bool]:
+    if section is None:
+        return None, False
+    check_keys(section, "advanced", ADVANCED_KEYS, out, ADVANCED_UNSUPPORTED)
+    workers = get_int(section, "worker_threads", "advanced", out, 1)
+    server_timing = False
+    headers = get_mapping(section, "response_headers", "advanced", out)
+    if headers is not None:
+        check_keys(
+            headers, "advanced.response_headers", RESPONSE_HEADERS_KEYS, out,
+            RESPONSE_HEADERS_UNSUPPORTED,
+        )
+        server_timing = bool(get_bool(headers, "server_timing", "advanced.response_headers", out, False))
+    return workers, server_timing

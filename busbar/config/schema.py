@@ -1,0 +1,166 @@
+"""The validated configuration: frozen dataclasses the rest of busbar reads.
+
+Everything here is already checked and resolved (secrets read, URLs parsed, catalog merged), so the
+server and engine never re-validate. Objects are frozen: a reload builds a new Config and swaps it
+whole. Secret values live only in `Provider.api_key` and `Provider.headers`, and no repr prints them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# The six wire protocols a lane can speak (SPEC §1.2).
+PROTOCOLS: tuple[str, ...] = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock")
+
+# How the egress request carries the provider key. `api-key` is Azure OpenAI's `api-key:` header;
+# `none` is a keyless local server (Ollama, vLLM, the built-in mock).
+AUTH_MODES: tuple[str, ...] = ("bearer", "x-api-key", "x-goog-api-key", "sigv4", "api-key", "none")
+
+# Each protocol's native key carrier, as its official SDK sends it (SPEC §1.2 "Auth out").
+DEFAULT_AUTH: dict[str, str] = {
+    "openai": "bearer",
+    "responses": "bearer",
+    "cohere": "bearer",
+    "anthropic": "x-api-key",
+    "gemini": "x-goog-api-key",
+    "bedrock": "sigv4",
+}
+
+REDACTED = "<redacted>"
+
+_MiB = 1024 * 1024
+_KiB = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Every bound busbar enforces, each with a `limits:` key of the same name."""
+
+    # Same as the reference gateway (SPEC §8); OpenAI's own request cap for chat bodies with
+    # base64 images is 20-50 MiB, so 32 MiB admits real multimodal requests and bounds memory.
+    request_body_max_bytes: int = 32 * _MiB
+    # Total request-line + header bytes. nginx's large_client_header_buffers is 4x8 KiB, Apache's
+    # LimitRequestFieldSize 8 KiB per field, h11 16 KiB; SDKs send < 2 KiB, but proxies in front may
+    # add long forwarding and tracing headers, so 64 KiB is generous and still bounded.
+    header_max_bytes: int = 64 * _KiB
+    # Apache's LimitRequestFields and Go's net/http both default to 100 header fields.
+    header_count_max: int = 100
+    # Time to receive a complete request head (slowloris guard). The reference applies 30 s on its
+    # TLS listener (SPEC §8); nginx's client_header_timeout is 60 s, Apache's RequestReadTimeout 20 s.
+    header_read_timeout_secs: float = 30.0
+    # Keep-alive idle before busbar closes a client connection. Longer than the 60 s idle timeout
+    # of AWS ALB and GCP load balancers, so the balancer, not busbar, closes first (no reset races).
+    idle_timeout_secs: float = 75.0
+    # Fixed at 10 s in the reference (SPEC §4.3); a TCP+TLS handshake to a healthy API takes < 1 s.
+    upstream_connect_timeout_secs: float = 10.0
+    # The client-level bound on a streaming upstream request (SPEC §4.3: 300 s); long reasoning
+    # generations run for minutes.
+    upstream_request_timeout_secs: float = 300.0
+    # Idle keep-alive connections kept per upstream host; aiohttp's connector default limit_per_host
+    # is unbounded, hyper's pool_max_idle_per_host is unbounded; 64 covers bursts without hoarding.
+    upstream_pool_max_idle_per_host: int = 64
+    # hyper's default pool_idle_timeout is 90 s; provider edges (Cloudflare, Google) keep idle
+    # connections about that long, so a longer wait mostly yields connections they already closed.
+    upstream_pool_idle_timeout_secs: float = 90.0
+    # Global inbound cap outside everything else (SPEC §4.3: default 8192; 0 turns it off).
+    max_inbound_concurrent: int = 8192
+    # max_tokens injected on a cross-protocol hop to Anthropic when the caller gave none (SPEC §1.6).
+    default_max_tokens: int = 4096
+    # Upstream error bodies are buffered to be classified and re-enveloped (SPEC §8: 256 KiB).
+    error_body_max_bytes: int = 256 * _KiB
+    # SIGTERM waits this long for in-flight requests; Kubernetes' default
+    # terminationGracePeriodSeconds is 30 s, after which the pod is killed anyway.
+    drain_timeout_secs: float = 30.0
+
+
+# limits keys whose value must be an integer >= their floor (0 allowed only where it means "off").
+LIMIT_INT_FLOORS: dict[str, int] = {
+    "request_body_max_bytes": 1,
+    "header_max_bytes": 1,
+    "header_count_max": 1,
+    "upstream_pool_max_idle_per_host": 0,
+    "max_inbound_concurrent": 0,
+    "default_max_tokens": 1,
+    "error_body_max_bytes": 1,
+}
+# limits keys that are durations in seconds, > 0.
+LIMIT_SECONDS: tuple[str, ...] = (
+    "header_read_timeout_secs",
+    "idle_timeout_secs",
+    "upstream_connect_timeout_secs",
+    "upstream_request_timeout_secs",
+    "upstream_pool_idle_timeout_secs",
+    "drain_timeout_secs",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Provider:
+    """One upstream endpoint with its credentials. `host` is the bare host (no IPv6 brackets),
+    normalised as the SSRF guard checked it; `path_prefix` goes before the codec's upstream path."""
+
+    name: str
+    protocol: str
+    base_url: str
+    scheme: str
+    host: str
+    port: int
+    path_prefix: str
+    api_key: str | None
+    auth: str
+    region: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def __repr__(self) -> str:
+        # Never the key or header values: reprs end up in logs and tracebacks.
+        key = None if self.api_key is None else REDACTED
+        header_names = tuple(name for name, _ in self.headers)
+        return (
+            f"Provider(name={self.name!r}, protocol={self.protocol!r}, base_url={self.base_url!r}, "
+            f"auth={self.auth!r}, region={self.region!r}, api_key={key!r}, "
+            f"headers={header_names!r})"
+        )
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """A model on a provider: one lane. `upstream_model` is the wire id sent upstream."""
+
+    name: str
+    provider: Provider
+    upstream_model: str
+    max_concurrent: int | None = None
+    default_max_tokens: int | None = None
+    reasoning: bool = False
+    attempt_timeout_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A pool's use of a model. `reasoning` None means the model's own setting applies."""
+
+    model: Model
+    weight: int
+    reasoning: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pool:
+    name: str
+    members: tuple[Member, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    listen_host: str
+    listen_port: int
+    workers: int | None
+    providers: dict[str, Provider]
+    models: dict[str, Model]
+    pools: dict[str, Pool]
+    limits: Limits
+    server_timing: bool
+    source: str
+    # Non-fatal findings (an empty secret, a mixed-protocol pool) for boot logs and `validate`.
+    warnings: tuple[str, ...] = ()

@@ -1,0 +1,85 @@
+"""Secret references: `{env: NAME}` or `{file: PATH}`, never a literal (SPEC §2.1).
+
+A literal in config.yaml ends up in git, backups and support tickets; a reference keeps the value in
+the environment or a mounted file. Messages here name the variable or the path, never the value.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from .checks import Problems, describe, suggest
+
+# A resolved secret goes into an HTTP header; CR/LF would let it inject headers, NUL truncates.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+SECRET_KEYS = ("env", "file")
+
+
+def resolve_secret(
+    value: object, path: str, env: Mapping[str, str], base_dir: str, out: Problems
+) -> str | None:
+    """The secret's value, or None after recording a problem. `path` is the config path of the
+    reference (for messages); relative `file:` paths are taken from the config file's folder."""
+    if isinstance(value, str):
+        out.error(path, "inline secrets are not allowed; use {env: NAME} or {file: PATH}")
+        return None
+    if not isinstance(value, dict):
+        out.error(path, f"expected a secret reference {{env: NAME}} or {{file: PATH}}, got {describe(value)}")
+        return None
+    if "module" in value:
+        out.error(f"{path}.module", "secret modules are not supported by this busbar version")
+        return None
+    unknown = [key for key in value if key not in SECRET_KEYS]
+    for key in unknown:
+        out.error(f"{path}.{key}", f"unknown key{suggest(str(key), SECRET_KEYS)}")
+    present = [k for k in SECRET_KEYS if k in value]
+    if len(present) != 1:
+        if not present and unknown:
+            return None
+        out.error(path, "a secret reference has exactly one of 'env' or 'file'")
+        return None
+    kind = present[0]
+    ref = value[kind]
+    if not isinstance(ref, str) or not ref:
+        out.error(f"{path}.{kind}", f"expected a non-empty string, got {describe(ref)}")
+        return None
+    if kind == "env":
+        if not _ENV_NAME.match(ref):
+            out.error(f"{path}.env", f"'{ref}' is not a valid environment variable name")
+            return None
+        secret = env.get(ref)
+        if secret is None:
+            out.error(path, f"environment variable {ref} is not set")
+            return None
+        where = f"environment variable {ref}"
+    else:
+        file_path = os.path.join(base_dir, os.path.expanduser(ref))
+        try:
+            with open(file_path, "rb") as fh:
+                raw = fh.read(65536 + 1)
+        except OSError as exc:
+            out.error(path, f"cannot read secret file {ref}: {exc.strerror or exc}")
+            return None
+        if len(raw) > 65536:
+            out.error(path, f"secret file {ref} is larger than 64 KiB")
+            return None
+        try:
+            secret = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            out.error(path, f"secret file {ref} is not UTF-8 text")
+            return None
+        # Editors and `echo` end files with a newline that is not part of the key.
+        secret = secret.rstrip("\r\n")
+        where = f"secret file {ref}"
+    if _CONTROL.search(secret):
+        out.error(path, f"{where} contains control characters")
+        return None
+    if secret.strip() != secret:
+        out.error(path, f"{where} has leading or trailing whitespace")
+        return None
+    if not secret:
+        out.warn(path, f"{where} is empty; the lane starts but its upstream calls will fail auth")
+    return secret

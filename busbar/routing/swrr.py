@@ -1,0 +1,155 @@
+"""Lane selection: smooth weighted round robin over lanes with a free permit (SPEC §3).
+
+Per request the server calls `Router.resolve(name)` (one dict lookup) and then `Target.pick()` once
+per attempt, passing the lanes already tried as `exclude`. A Router belongs to one event loop: its
+counters are plain ints, updated without locks, which is safe because an asyncio worker runs one
+callback at a time and `pick` never awaits.
+"""
+from __future__ import annotations
+
+from ..config.schema import Config, Model
+
+_NO_LANES: frozenset = frozenset()
+
+
+class Lane:
+    """One model on its provider, shared by every target that uses it, so `max_concurrent` is
+    lane-global: a permit taken through pool A is unavailable to pool B and to the direct route."""
+
+    __slots__ = ("model", "name", "inflight", "limit")
+
+    def __init__(self, model: Model) -> None:
+        self.model = model
+        self.name = model.name
+        self.inflight = 0
+        self.limit = model.max_concurrent  # None = unbounded
+
+    def has_permit(self) -> bool:
+        limit = self.limit
+        return limit is None or self.inflight < limit
+
+    def try_acquire(self) -> bool:
+        """Takes a permit if one is free. A lane at capacity is skipped, never waited on."""
+        limit = self.limit
+        if limit is not None and self.inflight >= limit:
+            return False
+        self.inflight += 1
+        return True
+
+    def release(self) -> None:
+        if self.inflight <= 0:
+            # A double release would silently raise the lane's real concurrency above its limit.
+            raise RuntimeError(f"lane {self.name!r}: release() without a matching acquire")
+        self.inflight -= 1
+
+    def __repr__(self) -> str:
+        limit = "unbounded" if self.limit is None else self.limit
+        return f"<Lane {self.name!r} inflight={self.inflight} limit={limit}>"
+
+
+class Target:
+    """What a client names: a pool, or a model used directly (one member of weight 1).
+
+    SWRR (nginx's ngx_http_upstream_get_peer): every eligible member's current weight grows by its
+    weight, the largest wins (first on ties) and gives back the sum of the eligible weights. Weights
+    5/1/1 yield a a b a c a a: proportional, and spread out rather than bursty. Current weights
+    belong to this target, i.e. to the (pool, lane) pair; a member that is not eligible keeps its
+    current weight untouched, exactly as nginx treats a peer that is down or at max_conns.
+    """
+
+    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning")
+
+    def __init__(
+        self, name: str, is_pool: bool, members: list[tuple[Lane, int, bool | None]]
+    ) -> None:
+        self.name = name
+        self.is_pool = is_pool
+        self.lanes: tuple[Lane, ...] = tuple(lane for lane, _, _ in members)
+        self.weights: tuple[int, ...] = tuple(weight for _, weight, _ in members)
+        self.current: list[int] = [0] * len(members)
+        # Member-level reasoning overrides the model's own setting for requests through this pool.
+        self._reasoning: dict[Lane, bool] = {
+            lane: (lane.model.reasoning if override is None else override)
+            for lane, _, override in members
+        }
+
+    def eligible(self, lane: Lane) -> bool:
+        """Whether `lane` may take a request through this target right now. Today that is a free
+        permit; the circuit breaker's per-(pool, lane) cell joins this check (the direct route
+        then uses the lane-default cell). Lane.has_permit() inlined: this runs per member per pick."""
+        limit = lane.limit
+        return limit is None or lane.inflight < limit
+
+    def pick(self, exclude: frozenset | set = _NO_LANES) -> Lane | None:
+        """The next lane by SWRR among eligible lanes not in `exclude`, with its permit already
+        acquired (the caller must `release()` it). None when no lane is eligible."""
+        lanes = self.lanes
+        if len(lanes) == 1:
+            lane = lanes[0]
+            if lane in exclude or not self.eligible(lane):
+                return None
+            lane.inflight += 1
+            return lane
+        current = self.current
+        weights = self.weights
+        eligible = self.eligible
+        best = -1
+        best_weight = 0
+        total = 0
+        for i in range(len(lanes)):
+            lane = lanes[i]
+            if lane in exclude or not eligible(lane):
+                continue
+            weight = weights[i]
+            cw = current[i] + weight
+            current[i] = cw
+            total += weight
+            if best < 0 or cw > best_weight:
+                best = i
+                best_weight = cw
+        if best < 0:
+            return None
+        current[best] = best_weight - total
+        lane = lanes[best]
+        # eligible() just saw a free permit and nothing can run in between (no await), so the
+        # acquire cannot fail here.
+        lane.inflight += 1
+        return lane
+
+    def reasoning(self, lane: Lane) -> bool:
+        """Whether requests through this target to `lane` are treated as reasoning requests."""
+        return self._reasoning[lane]
+
+    def __repr__(self) -> str:
+        kind = "pool" if self.is_pool else "model"
+        return f"<Target {kind} {self.name!r} lanes={[lane.name for lane in self.lanes]}>"
+
+
+class Router:
+    """The routing table for one Config: a Lane per model, a Target per pool and per model.
+    Pools and models never share a name (the config refuses it), so one dict serves both."""
+
+    __slots__ = ("config", "lanes", "_targets", "_names")
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.lanes: dict[str, Lane] = {name: Lane(model) for name, model in config.models.items()}
+        targets: dict[str, Target] = {
+            name: Target(name, False, [(lane, 1, None)]) for name, lane in self.lanes.items()
+        }
+        # Pools first (SPEC §1.1): inserted last so a pool wins should a name ever overlap.
+        for name, pool in config.pools.items():
+            targets[name] = Target(
+                name,
+                True,
+                [(self.lanes[m.model.name], m.weight, m.reasoning) for m in pool.members],
+            )
+        self._targets = targets
+        self._names = sorted(config.pools) + sorted(config.models)
+
+    def resolve(self, name: str) -> Target | None:
+        return self._targets.get(name)
+
+    def names(self) -> list[str]:
+        """Every routable name: pools sorted, then models sorted (GET /v1/models)."""
+        return list(self._names)
