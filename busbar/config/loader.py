@@ -9,6 +9,7 @@ Problems are strings "<path>: <message>", where <path> is the key's dotted path 
 """
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 import sys
@@ -374,8 +375,6 @@ def _listen(value: object, out: Problems) -> tuple[str, int]:
 
 
 def _valid_ip(host: str) -> bool:
-    import ipaddress
-
     try:
         ipaddress.ip_address(host)
     except ValueError:
