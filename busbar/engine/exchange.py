@@ -21,8 +21,15 @@ _perf_ns = time.perf_counter_ns
 _loads = orjson.loads
 _dumps = orjson.dumps
 
-CODECS = {name: _codec(name) for name in ("openai", "responses", "anthropic", "gemini", "cohere",
-                                          "bedrock")}
+class _Codecs(dict):
+    """protocol name → codec module, imported on first use."""
+
+    def __missing__(self, name):
+        mod = self[name] = _codec(name)
+        return mod
+
+
+CODECS = _Codecs()
 BODY_MODEL = frozenset(("openai", "responses", "cohere", "anthropic"))
 
 # Response modes once upstream headers arrived
