@@ -1440,6 +1440,7 @@ cdef class StreamEncoder:
         cdef dict cb
         cdef object v
         if block is None:
+            self.wire_index[ir_index] = -1
             return -1
         if block.kind == ir.B_TEXT:
             kind = K_TEXT
@@ -1455,6 +1456,7 @@ cdef class StreamEncoder:
             kind = K_THINKING
             cb = {"type": "thinking", "thinking": "", "signature": ""}
         else:
+            self.wire_index[ir_index] = -1  # its deltas are dropped too
             return -1
         wire = self.next_index
         self.next_index += 1
@@ -1502,10 +1504,12 @@ cdef class StreamEncoder:
         cdef ir.Block b
         cdef dict delta
         cdef object c
+        if wire == -1:
+            return  # a block Anthropic's stream cannot carry
         if wire is None or wire not in self.open_blocks:
             # A delta with no open block: text and thinking can start their own block; a tool call
             # cannot (no id or name), so its fragments are dropped.
-            if dk != ir.D_TEXT and dk != ir.D_THINKING:
+            if (dk != ir.D_TEXT and dk != ir.D_THINKING) or not ev.text:
                 return
             if not self.started:
                 self._start(None, out)
