@@ -14,7 +14,8 @@ Cohere and the IR do not line up one to one:
   are written back as `tool` messages with text parts (Cohere has no error flag or image there).
 - `thinking` content is read into THINKING blocks and written in responses and streams; requests
   drop it (the `thinking` request knob is Cohere-only and lives in `extra`).
-- Citations are kept raw (Block.citations / D_CITATION data). Cohere streams them after
+- Citations are read raw (Block.citations / D_CITATION data); writers keep Cohere's own, turn
+  Anthropic and OpenAI ones into Cohere's shape and drop the rest. Cohere streams citations after
   content-end, so the decoder defers that block's BLOCK_STOP until the next block or message-end.
 - Cohere logprobs (text chunks + token ids) have no IR home; they are same-protocol only.
 """
@@ -738,6 +739,59 @@ cpdef Response read_response(bytes body):
     return resp
 
 
+# Anthropic's citation location types (their documents are numbered, not Cohere-id'd).
+_ANTHROPIC_CITATIONS = frozenset((
+    "char_location", "page_location", "content_block_location", "web_search_result_location",
+    "search_result_location"))
+
+
+cdef object _cohere_citation(object c, int content_index):
+    """One citation in Cohere's shape, or None. Cohere's own pass through (content_index filled in
+    when missing); Anthropic locations and OpenAI url_citations keep what Cohere can say (the cited
+    text, the source's title/url); shapes Cohere cannot express are dropped."""
+    cdef dict out, doc
+    if not isinstance(c, dict):
+        return None
+    t = c.get("type")
+    if t in ("TEXT_CONTENT", "THINKING_CONTENT", "PLAN") or (t is None and ("sources" in c or "start" in c)):
+        if "content_index" in c:
+            return c
+        out = dict(c)
+        out["content_index"] = content_index
+        return out
+    doc = {}
+    out = {"sources": [{"type": "document", "document": doc}], "content_index": content_index,
+           "type": "TEXT_CONTENT"}
+    if t == "url_citation":
+        u = c.get("url_citation")
+        if not isinstance(u, dict):
+            u = c   # the Responses API spells it flat
+        if not isinstance(u.get("url"), str):
+            return None
+        if isinstance(u.get("start_index"), int) and isinstance(u.get("end_index"), int):
+            out["start"] = u["start_index"]
+            out["end"] = u["end_index"]
+        out["sources"][0]["id"] = u["url"]
+        doc["url"] = u["url"]
+        if isinstance(u.get("title"), str):
+            doc["title"] = u["title"]
+        return out
+    if t in _ANTHROPIC_CITATIONS:
+        if isinstance(c.get("cited_text"), str):
+            out["text"] = c["cited_text"]
+            doc["text"] = c["cited_text"]
+        if isinstance(c.get("document_index"), int):
+            out["sources"][0]["id"] = "doc:%d" % c["document_index"]
+        elif isinstance(c.get("url"), str):
+            out["sources"][0]["id"] = c["url"]
+            doc["url"] = c["url"]
+        title = c.get("document_title") if c.get("document_title") is not None else c.get("title")
+        if isinstance(title, str):
+            doc["title"] = title
+        return out
+    return None
+
+
 cdef dict _usage_obj(Usage u):
     cdef dict out
     if u is None:
@@ -761,10 +815,13 @@ cpdef bytes write_response(Response resp):
         if b.kind == B_TEXT and b.text is not None:
             if b.citations:
                 for cite in b.citations:
-                    if isinstance(cite, dict) and not calls and "content_index" not in cite:
-                        cite = dict(cite)
-                        cite["content_index"] = len(content)
-                    citations.append(cite)
+                    cite = _cohere_citation(cite, len(content))
+                    if cite is not None:
+                        if calls and cite.get("type") == "TEXT_CONTENT":
+                            cite = dict(cite)
+                            cite["type"] = "PLAN"   # the text became tool_plan
+                            cite.pop("content_index", None)
+                        citations.append(cite)
             if calls:
                 texts.append(b.text)
             else:
@@ -1040,6 +1097,13 @@ cdef class StreamDecoder:
 
     cdef void _end(self, list out, object delta):
         self._start(out, None)
+        error = _get(delta, "error")
+        if isinstance(error, str) and error:
+            # A generation that failed mid-way ends with finish_reason ERROR and the reason in
+            # delta.error: the caller gets a native error, not a normal-looking stop.
+            out.append(ev_error("api_error", error))
+            self.done = True
+            return
         self._close_open(out)
         out.append(ev_message_delta(_stop_of(_get(delta, "finish_reason")), None,
                                     _read_usage_obj(_get(delta, "usage"))))
@@ -1163,11 +1227,10 @@ cdef class StreamEncoder:
         elif e.delta_kind == D_INPUT_JSON and family == B_TOOL_USE and e.text:
             out += _sse("tool-call-delta", {"type": "tool-call-delta", "index": n, "delta": {
                 "message": {"tool_calls": {"function": {"arguments": e.text}}}}})
-        elif e.delta_kind == D_CITATION and family == B_TEXT and isinstance(e.data, dict):
-            cite = e.data
-            if "content_index" not in cite:
-                cite = dict(cite)
-                cite["content_index"] = n
+        elif e.delta_kind == D_CITATION and family == B_TEXT:
+            cite = _cohere_citation(e.data, n)
+            if cite is None:
+                return
             n = self.cite_n
             self.cite_n += 1
             out += _sse("citation-start", {"type": "citation-start", "index": n, "delta": {

@@ -578,6 +578,15 @@ def test_decode_mid_stream_error_and_truncation():
     assert events[-1].kind == ir.EVENT_ERROR
     assert events[-1].message == "internal server error"
     assert events[-1].error_kind == "api_error"
+    # A failed generation: message-end with finish_reason ERROR and delta.error.
+    failed = _decode(head + _frames({"type": "message-end", "delta": {
+        "error": "generation failed", "finish_reason": "ERROR", "usage": {}}}), 9)
+    assert [e.kind for e in failed][-2:] == [ir.BLOCK_DELTA, ir.EVENT_ERROR]
+    assert failed[-1].message == "generation failed"
+    # ERROR without a reason is a stop reason like any other.
+    plain = _decode(head + _frames({"type": "message-end", "delta": {"finish_reason": "ERROR"}}), 9)
+    assert [e.kind for e in plain][-3:] == [ir.BLOCK_STOP, ir.MESSAGE_DELTA, ir.MESSAGE_STOP]
+    assert plain[-2].stop_reason == ir.ERROR
     # Cut before message-end: no invented ending (the engine reports the failure).
     cut = _decode(UPSTREAM_TEXT[:UPSTREAM_TEXT.index(b"event: message-end")], 13)
     assert ir.MESSAGE_STOP not in [e.kind for e in cut]
@@ -703,6 +712,8 @@ def test_encode_error_frame():
     assert payload["delta"]["finish_reason"] == "ERROR"
     assert payload["delta"]["error"] == "The upstream is overloaded."
     assert enc.encode(_text_events(["more"])) == b""
+    # Our own error frame, read back by our decoder, is an error again.
+    assert _decode(head + tail, 5)[-1].kind == ir.EVENT_ERROR
     assert enc.error("api_error", "again") == b""
     assert b"content-delta" in head
     # An EV_ERROR event takes the same path.
@@ -860,3 +871,33 @@ def test_sdk_request_bodies_read(sdk):
     assert req.messages[2].content[0].content[0].text == '{"k":"v"}'
     assert req.tool_choice == ir.TOOL_CHOICE_REQUIRED
     assert req.extra == {"documents": ["extra doc"]}
+
+
+def test_foreign_citations_become_cohere_or_drop():
+    enc = co.StreamEncoder("id", "m")
+    anthropic = ir.ev_block_delta(0, ir.DELTA_CITATION, None)
+    anthropic.data = {"type": "char_location", "cited_text": "grass is green", "document_index": 0,
+                      "document_title": "Facts", "start_char_index": 0, "end_char_index": 14}
+    bedrock = ir.ev_block_delta(0, ir.DELTA_CITATION, None)
+    bedrock.data = {"title": "x", "sourceContent": [{"text": "y"}], "location": {}}
+    frames = _payloads(enc.encode([ir.ev_message_start("u", "m", ir.Usage(1, 0)),
+                                   ir.ev_block_start(0, ir.text_block(None)),
+                                   ir.ev_block_delta(0, ir.DELTA_TEXT, "Grass is green."),
+                                   anthropic, bedrock, ir.ev_block_stop(0)]))
+    cites = [p["delta"]["message"]["citations"] for e, p in frames if e == "citation-start"]
+    assert cites == [{"sources": [{"type": "document", "document": {"text": "grass is green", "title": "Facts"},
+                                   "id": "doc:0"}],
+                      "content_index": 0, "type": "TEXT_CONTENT", "text": "grass is green"}]
+
+    resp = ir.Response()
+    resp.id = "r"
+    resp.content = [ir.text_block("See example.")]
+    resp.content[0].citations = [
+        {"type": "url_citation", "url_citation": {"start_index": 4, "end_index": 11,
+                                                  "url": "https://example.com", "title": "Example"}},
+        {"type": "something_else"}]
+    parsed = _validate(co.write_response(resp))
+    assert len(parsed.message.citations) == 1
+    cite = parsed.message.citations[0]
+    assert (cite.start, cite.end, cite.content_index) == (4, 11, 0)
+    assert cite.sources[0].document == {"url": "https://example.com", "title": "Example"}
