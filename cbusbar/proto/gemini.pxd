@@ -1,0 +1,59 @@
+# The Gemini (generateContent) codec's stateful halves. The module functions (read_request,
+# write_request, read_response, write_response, read_usage, write_error, read_error,
+# write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in gemini.pyx.
+
+from cbusbar.ir cimport Usage
+
+
+cdef class StreamDecoder:
+    """Upstream GenerateContentResponse chunks -> IR events. The chunks come as SSE `data:` frames
+    (what busbar asks for with ?alt=sse) or, from an upstream that ignores alt=sse, as one streamed
+    JSON array. Gemini's stream is flat, so block boundaries are synthesised."""
+    cdef object parser              # framing.SSEParser (SSE mode)
+    cdef int mode                   # 0 undecided, 1 SSE, 2 JSON array
+    cdef bytearray abuf             # JSON-array mode: bytes not yet split into elements
+    cdef Py_ssize_t ascan           # next byte of abuf to scan
+    cdef Py_ssize_t astart          # start of the element being scanned, -1 between elements
+    cdef int adepth                 # nesting depth inside the current element
+    cdef bint ain_str               # inside a JSON string
+    cdef bint aesc                  # the previous byte was a backslash inside a string
+    cdef bint aopen                 # the opening `[` was seen
+    cdef bint started               # MESSAGE_START emitted
+    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef bint saw_tool              # a functionCall part arrived (finish STOP then means tool use)
+    cdef bint sealed                # the open thinking block already got its signature
+    cdef int next_index             # IR index of the next block to open
+    cdef int open_index             # IR index of the open block, -1 when none
+    cdef int open_kind              # B_TEXT / B_THINKING of the open block, 0 when none
+    cdef int tool_count             # functionCall parts seen (seeds their minted ids)
+    cdef str response_id            # the upstream responseId (seeds minted tool-call ids)
+    cdef Usage usage                # the latest usageMetadata, None until one arrives
+
+    cpdef list feed(self, bytes chunk)
+    cpdef list close(self)
+    cdef void _split_array(self, list frames) except *
+    cdef void _frame(self, bytes data, list out) except *
+    cdef void _chunk(self, dict chunk, list out) except *
+    cdef void _part(self, dict part, object logprobs, list out) except *
+    cdef int _open(self, int kind, list out) except -1
+    cdef void _close_block(self, list out) except *
+    cdef void _fail(self, str kind, str message, list out) except *
+
+
+cdef class StreamEncoder:
+    """IR events -> GenerateContentResponse chunks for a Gemini client: SSE `data:` frames, or a
+    streamed JSON array when `json_array` is set (the client did not ask for ?alt=sse)."""
+    cdef public bint json_array     # frame as `[chunk,\r\nchunk]` instead of SSE
+    cdef readonly str id
+    cdef readonly str model
+    cdef bint wrote                 # a chunk went out (JSON-array mode: the `[` is written)
+    cdef bint finished              # the final chunk or an error went out
+    cdef int stop_reason            # from MESSAGE_DELTA
+    cdef Usage usage                # MESSAGE_START input, then the latest MESSAGE_DELTA totals
+    cdef dict tools                 # IR block index -> [call id, name, list of JSON fragments]
+
+    cpdef bytes encode(self, list events)
+    cpdef bytes error(self, str kind, str message)
+    cdef bytes _frame(self, dict chunk)
+    cdef bytes _parts_chunk(self, list parts, object logprobs)
+    cdef bytes _final_chunk(self)
