@@ -1,0 +1,53 @@
+# The Bedrock Converse codec's stateful halves. The module functions (read_request, write_request,
+# read_response, write_response, read_usage, write_error, error_type, read_error, upstream_path,
+# forced_tool_name, mint_id) follow docs/codecs.md and live in bedrock.pyx.
+
+from cbusbar.ir cimport Usage
+from cbusbar.eventstream cimport EventStreamParser
+
+
+cdef class StreamDecoder:
+    """Upstream ConverseStream event stream frames -> IR events. Bedrock opens only tool-use
+    blocks explicitly (text and reasoning blocks start with their first delta), and reports usage
+    in a `metadata` event after `messageStop`, so MESSAGE_DELTA waits for it."""
+    cdef EventStreamParser parser
+    cdef bint started               # MESSAGE_START emitted
+    cdef bint stopped               # messageStop seen (stop reason known)
+    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef int stop_reason
+    cdef str stop_sequence
+    cdef Usage usage                # the metadata event's totals, None until it arrives
+    cdef dict open_blocks           # Bedrock contentBlockIndex -> IR index, open blocks only
+    cdef dict open_kinds            # IR index -> B_* kind, open blocks only
+    cdef int next_index             # IR index of the next block to open
+
+    cpdef list feed(self, bytes chunk)
+    cpdef list close(self)
+    cdef void _frame(self, dict headers, bytes payload, list out) except *
+    cdef void _start(self, list out) except *
+    cdef int _open(self, object wire, int kind, object block, list out) except -1
+    cdef void _close(self, object wire, list out) except *
+    cdef void _finish(self, list out) except *
+
+
+cdef class StreamEncoder:
+    """IR events -> ConverseStream frames for a Bedrock client, as AWS sends them."""
+    cdef readonly str id
+    cdef readonly str model
+    cdef bint started               # messageStart went out
+    cdef bint done                  # messageStop + metadata, or an exception frame, went out
+    cdef dict kinds                 # IR block index -> B_* kind of blocks started and not stopped
+    cdef dict wire                  # IR block index -> contentBlockIndex, once a frame named it
+    cdef dict input_sent            # IR index of a tool block -> True once input went out
+    cdef dict signatures            # IR index of a thinking block -> signature held for its end
+    cdef int next_index             # next contentBlockIndex
+    cdef int stop_reason
+    cdef str stop_sequence
+    cdef Usage usage                # the latest MESSAGE_DELTA totals
+
+    cpdef bytes encode(self, list events)
+    cpdef bytes error(self, str kind, str message)
+    cdef void _start(self, bytearray out) except *
+    cdef int _wire(self, int index) except -1
+    cdef void _stop_block(self, int index, bytearray out) except *
+    cdef void _finish(self, bytearray out) except *

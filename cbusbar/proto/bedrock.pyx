@@ -1,0 +1,1315 @@
+# cython: language_level=3
+"""Amazon Bedrock Converse (`POST /model/{modelId}/converse[-stream]`): the codec contract of
+docs/codecs.md.
+
+Wire authority: botocore's service model (data/bedrock-runtime/2023-09-30/service-2.json, shapes
+ConverseRequest, ConverseResponse, ConverseStreamOutput) and botocore/eventstream.py.
+
+Bedrock is a path-model protocol: the model id travels percent-encoded in the URL and the body has
+no `model` or `stream`, so read_request leaves both for the engine. Blobs (image and document
+bytes, redacted reasoning) are base64 text in the JSON body, the same shape the IR keeps.
+Usage follows Anthropic: `inputTokens` excludes the cache buckets, so the reader adds
+`cacheReadInputTokens` and `cacheWriteInputTokens` in and the writer takes them out again.
+
+Streams are binary AWS event stream frames (cbusbar/eventstream.pyx). Each event frame carries the
+headers `:event-type`, `:content-type: application/json`, `:message-type: event`; a failure is a
+frame with `:message-type: exception` and `:exception-type` naming a member of the
+ConverseStreamOutput union (`throttlingException`, ...), which is how botocore picks the error it
+raises."""
+
+import uuid
+from urllib.parse import quote
+
+import orjson
+
+from cbusbar.ir cimport (
+    Usage, Block, Message, Tool, Request, Response, Event,
+    ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
+    ev_message_stop, ev_error, text_block,
+    B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
+    SRC_NONE, SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
+    TC_UNSET, TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
+    RF_JSON_OBJECT, RF_JSON_SCHEMA,
+    SR_UNSET, SR_END_TURN, SR_STOP_SEQUENCE, SR_MAX_TOKENS, SR_TOOL_USE, SR_SAFETY, SR_ERROR,
+    SR_OTHER,
+    EV_MESSAGE_START, EV_BLOCK_START, EV_BLOCK_DELTA, EV_BLOCK_STOP, EV_MESSAGE_DELTA,
+    EV_MESSAGE_STOP, EV_ERROR,
+    D_TEXT, D_INPUT_JSON, D_THINKING, D_SIGNATURE, D_CITATION,
+)
+from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
+from cbusbar.ir import CodecError
+from cbusbar.eventstream import EventStreamError
+from cbusbar.framing import FramingError, scan_top
+
+NAME = "bedrock"
+CONTENT_TYPE = b"application/json"
+STREAM_CONTENT_TYPE = b"application/vnd.amazon.eventstream"
+
+cdef str PARSE_ERROR = "We could not parse the JSON body of your request."
+cdef str UPSTREAM_NOT_JSON = "The upstream returned a body that is not a JSON object."
+cdef str UPSTREAM_BAD_FRAME = "The upstream sent a malformed event stream frame."
+cdef str UPSTREAM_BAD_EVENT = "The upstream sent an event stream frame that is not a JSON object."
+
+# The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
+# "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.
+cdef str FORCED_TOOL = "structured_output"
+cdef str FORCED_TOOL_DESCRIPTION = "Respond with a JSON object that matches this schema."
+
+# ConverseRequest members with no IR home, kept verbatim for a same-protocol hop.
+cdef tuple EXTRA_FIELDS = (
+    "additionalModelRequestFields", "guardrailConfig", "performanceConfig", "promptVariables",
+    "requestMetadata", "additionalModelResponseFieldPaths", "serviceTier", "outputConfig",
+    "projectIdentifier",
+)
+
+# ImageFormat enum <-> media types.
+cdef dict IMAGE_MEDIA = {"png": "image/png", "jpeg": "image/jpeg", "gif": "image/gif",
+                         "webp": "image/webp"}
+cdef dict IMAGE_FORMAT = {"image/png": "png", "image/jpeg": "jpeg", "image/jpg": "jpeg",
+                          "image/gif": "gif", "image/webp": "webp"}
+# DocumentFormat enum <-> media types.
+cdef dict DOC_MEDIA = {
+    "pdf": "application/pdf", "csv": "text/csv", "doc": "application/msword",
+    "docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
+    "xls": "application/vnd.ms-excel",
+    "xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
+    "html": "text/html", "txt": "text/plain", "md": "text/markdown",
+}
+cdef dict DOC_FORMAT = {v: k for k, v in DOC_MEDIA.items()}
+
+# StopReason enum -> IR. A context-window overflow truncates the answer like max_tokens does;
+# malformed model output or tool use is the model failing, not the caller.
+cdef dict STOP_OF = {
+    "end_turn": SR_END_TURN, "tool_use": SR_TOOL_USE, "max_tokens": SR_MAX_TOKENS,
+    "stop_sequence": SR_STOP_SEQUENCE, "guardrail_intervened": SR_SAFETY,
+    "content_filtered": SR_SAFETY, "malformed_model_output": SR_ERROR,
+    "malformed_tool_use": SR_ERROR, "model_context_window_exceeded": SR_MAX_TOKENS,
+}
+# IR -> StopReason (SPEC 1.5: Safety -> content_filtered, everything else end_turn).
+cdef dict STOP_NAME = {
+    SR_END_TURN: "end_turn", SR_TOOL_USE: "tool_use", SR_MAX_TOKENS: "max_tokens",
+    SR_STOP_SEQUENCE: "stop_sequence", SR_SAFETY: "content_filtered",
+}
+
+# Canonical error kind -> the exception name of a buffered error (`__type`, x-amzn-errortype).
+cdef dict ERROR_TYPE = {
+    "invalid_request": "ValidationException",
+    "authentication": "AccessDeniedException",
+    "permission": "AccessDeniedException",
+    "not_found": "ResourceNotFoundException",
+    "request_too_large": "ValidationException",
+    "rate_limit": "ThrottlingException",
+    "quota": "ServiceQuotaExceededException",
+    "api_error": "InternalServerException",
+    "overloaded": "ServiceUnavailableException",
+    "timeout": "ModelTimeoutException",
+}
+# Canonical error kind -> `:exception-type` of a stream exception frame. It must name a member of
+# the ConverseStreamOutput union, or botocore raises a nameless error; the union has only these five.
+cdef dict STREAM_EXCEPTION = {
+    "invalid_request": "validationException",
+    "authentication": "validationException",
+    "permission": "validationException",
+    "not_found": "validationException",
+    "request_too_large": "validationException",
+    "rate_limit": "throttlingException",
+    "quota": "throttlingException",
+    "api_error": "internalServerException",
+    "overloaded": "serviceUnavailableException",
+    "timeout": "modelStreamErrorException",
+}
+# Lower-cased exception name (buffered `__type` or stream `:exception-type`) -> canonical kind.
+cdef dict KIND_OF_EXCEPTION = {
+    "validationexception": "invalid_request",
+    "accessdeniedexception": "permission",
+    "resourcenotfoundexception": "not_found",
+    "throttlingexception": "rate_limit",
+    "servicequotaexceededexception": "quota",
+    "modeltimeoutexception": "timeout",
+    "serviceunavailableexception": "overloaded",
+    "modelnotreadyexception": "overloaded",
+    "internalserverexception": "api_error",
+    "modelstreamerrorexception": "api_error",
+    "modelerrorexception": "api_error",
+}
+
+# AWS pads every stream payload with a `"p"` field of letters so that frame sizes do not reveal
+# token lengths. busbar pads each payload up to the next multiple of PAD_TO bytes: the same effect,
+# and deterministic, so translated streams are reproducible byte for byte.
+cdef bytes PAD = b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+cdef Py_ssize_t PAD_TO = 32
+
+cdef dict EVENT_HEADERS = {
+    name: encode_headers({":event-type": name, ":content-type": "application/json",
+                          ":message-type": "event"})
+    for name in ("messageStart", "contentBlockStart", "contentBlockDelta", "contentBlockStop",
+                 "messageStop", "metadata")
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+cdef inline str _s(object v):
+    return <str>v if isinstance(v, str) else None
+
+
+cdef inline long long _count(object v):
+    """A token count from the wire: a non-negative int, anything else is 0."""
+    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 53):
+        return v
+    return 0
+
+
+cdef Usage _unknown_usage():
+    cdef Usage u = Usage.__new__(Usage)
+    u.input_known = False
+    return u
+
+
+cdef Usage _usage_of(object raw):
+    cdef Usage u = Usage.__new__(Usage)
+    cdef dict d
+    if not isinstance(raw, dict):
+        return u
+    d = raw
+    u.cache_read_tokens = _count(d.get("cacheReadInputTokens"))
+    u.cache_write_tokens = _count(d.get("cacheWriteInputTokens"))
+    u.input_tokens = _count(d.get("inputTokens")) + u.cache_read_tokens + u.cache_write_tokens
+    u.output_tokens = _count(d.get("outputTokens"))
+    u.input_known = True
+    return u
+
+
+cdef dict _usage_json(Usage u):
+    cdef long long cached = u.cache_read_tokens + u.cache_write_tokens
+    cdef long long raw_in = u.input_tokens - cached
+    cdef dict out
+    if raw_in < 0:
+        raw_in = 0
+    out = {"inputTokens": raw_in, "outputTokens": u.output_tokens,
+           "totalTokens": raw_in + cached + u.output_tokens}
+    if u.cache_read_tokens:
+        out["cacheReadInputTokens"] = u.cache_read_tokens
+    if u.cache_write_tokens:
+        out["cacheWriteInputTokens"] = u.cache_write_tokens
+    return out
+
+
+cdef object _cache_control(object point):
+    """A Bedrock cachePoint as the IR's cache_control (Anthropic's shape, which carries a ttl too)."""
+    cdef dict cc = {"type": "ephemeral"}
+    if isinstance(point, dict):
+        ttl = (<dict>point).get("ttl")
+        if ttl == "5m" or ttl == "1h":
+            cc["ttl"] = ttl
+    return cc
+
+
+cdef dict _cache_point(object cache_control):
+    cdef dict cp = {"type": "default"}
+    if isinstance(cache_control, dict):
+        ttl = (<dict>cache_control).get("ttl")
+        if ttl == "5m" or ttl == "1h":
+            cp["ttl"] = ttl
+    return {"cachePoint": cp}
+
+
+cdef str _document_name(str name, int n):
+    """Bedrock accepts document names of letters, digits, single spaces, hyphens, parentheses and
+    square brackets (1-200 chars); other characters become hyphens."""
+    cdef list out = []
+    cdef Py_ssize_t ln = 0
+    cdef bint space = False
+    if name:
+        for ch in name:
+            if ch.isspace():
+                if not space and ln:
+                    out.append(" ")
+                    ln += 1
+                space = True
+                continue
+            space = False
+            out.append(ch if (ch.isascii() and ch.isalnum()) or ch in "-()[]" else "-")
+            ln += 1
+            if ln >= 200:
+                break
+    cleaned = "".join(out).strip()
+    return cleaned if cleaned else "document-%d" % n
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading content blocks (requests, responses and tool results share the ContentBlock union)
+
+
+cdef Block _read_image(object v):
+    cdef Block b
+    cdef dict d, src
+    if not isinstance(v, dict):
+        raise CodecError("An image content block must be an object with format and source.")
+    d = v
+    fmt = d.get("format")
+    if not isinstance(fmt, str):
+        raise CodecError("An image content block needs a format (png, jpeg, gif or webp).")
+    raw = d.get("source")
+    if not isinstance(raw, dict):
+        raise CodecError("An image content block needs a source.")
+    src = raw
+    b = Block.__new__(Block)
+    b.kind = B_IMAGE
+    b.media_type = IMAGE_MEDIA.get(fmt) or "image/" + <str>fmt
+    data = src.get("bytes")
+    if isinstance(data, str):
+        b.src_kind = SRC_BASE64
+        b.data = data
+        return b
+    s3 = src.get("s3Location")
+    if isinstance(s3, dict) and isinstance((<dict>s3).get("uri"), str):
+        b.src_kind = SRC_VENDOR
+        b.data = (<dict>s3)["uri"]
+        return b
+    raise CodecError("An image source needs bytes or an s3Location.")
+
+
+cdef Block _read_document(object v):
+    cdef Block b
+    cdef dict d, src
+    cdef list parts
+    if not isinstance(v, dict):
+        raise CodecError("A document content block must be an object with name and source.")
+    d = v
+    raw = d.get("source")
+    if not isinstance(raw, dict):
+        raise CodecError("A document content block needs a source.")
+    src = raw
+    fmt = d.get("format")
+    b = Block.__new__(Block)
+    b.kind = B_DOCUMENT
+    b.name = _s(d.get("name"))
+    b.media_type = DOC_MEDIA.get(fmt) if isinstance(fmt, str) else None
+    data = src.get("bytes")
+    if isinstance(data, str):
+        b.src_kind = SRC_BASE64
+        b.data = data
+        if b.media_type is None:
+            b.media_type = "application/pdf"
+        return b
+    text = src.get("text")
+    if isinstance(text, str):
+        b.text = text
+        b.media_type = "text/plain"
+        return b
+    content = src.get("content")
+    if isinstance(content, list):
+        parts = []
+        for item in content:
+            if isinstance(item, dict) and isinstance((<dict>item).get("text"), str):
+                parts.append((<dict>item)["text"])
+        b.text = "".join(parts)
+        b.media_type = "text/plain"
+        return b
+    s3 = src.get("s3Location")
+    if isinstance(s3, dict) and isinstance((<dict>s3).get("uri"), str):
+        b.src_kind = SRC_VENDOR
+        b.data = (<dict>s3)["uri"]
+        return b
+    raise CodecError("A document source needs bytes, text, content or an s3Location.")
+
+
+cdef Block _read_tool_result(object v):
+    cdef Block b, inner
+    cdef dict d, part
+    cdef list content = []
+    if not isinstance(v, dict):
+        raise CodecError("A toolResult content block must be an object.")
+    d = v
+    tid = d.get("toolUseId")
+    if not isinstance(tid, str):
+        raise CodecError("A toolResult content block needs a toolUseId.")
+    raw = d.get("content")
+    if raw is None:
+        raw = []
+    if not isinstance(raw, list):
+        raise CodecError("A toolResult content must be a list.")
+    for item in raw:
+        if not isinstance(item, dict):
+            raise CodecError("Each toolResult content item must be an object.")
+        part = item
+        if "text" in part:
+            text = part["text"]
+            if not isinstance(text, str):
+                raise CodecError("A toolResult text item must hold a string.")
+            content.append(text_block(text))
+        elif "json" in part:
+            # The IR has no JSON part: the document travels as its JSON text, which is what
+            # every other protocol's tool result carries anyway.
+            content.append(text_block(orjson.dumps(part["json"]).decode()))
+        elif "image" in part:
+            content.append(_read_image(part["image"]))
+        elif "document" in part:
+            content.append(_read_document(part["document"]))
+    b = Block.__new__(Block)
+    b.kind = B_TOOL_RESULT
+    b.id = tid
+    b.content = content
+    b.is_error = d.get("status") == "error"
+    return b
+
+
+cdef Block _read_block(dict raw):
+    """One ContentBlock union member as an IR block; None for members with no IR home (video,
+    audio, searchResult, toolAddition/Removal): they are dropped."""
+    cdef Block b
+    cdef dict d
+    cdef list parts
+    if "text" in raw:
+        v = raw["text"]
+        if not isinstance(v, str):
+            raise CodecError("A text content block must hold a string.")
+        return text_block(v)
+    if "toolUse" in raw:
+        v = raw["toolUse"]
+        if not isinstance(v, dict):
+            raise CodecError("A toolUse content block must be an object.")
+        d = v
+        if not isinstance(d.get("toolUseId"), str) or not isinstance(d.get("name"), str):
+            raise CodecError("A toolUse content block needs a toolUseId and a name.")
+        b = Block.__new__(Block)
+        b.kind = B_TOOL_USE
+        b.id = d["toolUseId"]
+        b.name = d["name"]
+        b.input = d.get("input", {})
+        return b
+    if "toolResult" in raw:
+        return _read_tool_result(raw["toolResult"])
+    if "image" in raw:
+        return _read_image(raw["image"])
+    if "reasoningContent" in raw:
+        v = raw["reasoningContent"]
+        if not isinstance(v, dict):
+            raise CodecError("A reasoningContent content block must be an object.")
+        d = v
+        b = Block.__new__(Block)
+        b.kind = B_THINKING
+        if "redactedContent" in d:
+            if not isinstance(d["redactedContent"], str):
+                raise CodecError("reasoningContent.redactedContent must be base64 text.")
+            b.redacted = True
+            b.data = d["redactedContent"]
+            return b
+        v = d.get("reasoningText")
+        if not isinstance(v, dict) or not isinstance((<dict>v).get("text"), str):
+            raise CodecError("reasoningContent needs reasoningText with a text, or redactedContent.")
+        b.text = (<dict>v)["text"]
+        b.signature = _s((<dict>v).get("signature"))
+        return b
+    if "document" in raw:
+        return _read_document(raw["document"])
+    if "citationsContent" in raw:
+        v = raw["citationsContent"]
+        if not isinstance(v, dict):
+            raise CodecError("A citationsContent content block must be an object.")
+        d = v
+        parts = []
+        gen = d.get("content")
+        if isinstance(gen, list):
+            for item in gen:
+                if isinstance(item, dict) and isinstance((<dict>item).get("text"), str):
+                    parts.append((<dict>item)["text"])
+        b = text_block("".join(parts))
+        cites = d.get("citations")
+        if isinstance(cites, list) and cites:
+            b.citations = cites
+        return b
+    if "guardContent" in raw:
+        # Text the caller marked for guardrail evaluation is still prompt text.
+        v = raw["guardContent"]
+        if isinstance(v, dict) and isinstance((<dict>v).get("text"), dict):
+            text = (<dict>(<dict>v)["text"]).get("text")
+            if isinstance(text, str):
+                return text_block(text)
+        return None
+    return None
+
+
+cdef list _read_content(object items):
+    """A ContentBlocks list. A cachePoint marks the end of a cached prefix: it becomes the
+    cache_control of the block before it."""
+    cdef list out = []
+    cdef Block b, last = None
+    if not isinstance(items, list):
+        raise CodecError("Each message needs a content list.")
+    for raw in items:
+        if not isinstance(raw, dict):
+            raise CodecError("Each content block must be an object.")
+        if "cachePoint" in raw:
+            if last is not None:
+                last.cache_control = _cache_control((<dict>raw)["cachePoint"])
+            continue
+        b = _read_block(<dict>raw)
+        if b is not None:
+            out.append(b)
+            last = b
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests
+
+
+cpdef Request read_request(bytes body):
+    cdef Request req
+    cdef dict obj, d
+    cdef Message m
+    cdef Block b, last
+    cdef Tool t, last_tool
+    cdef list content
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise CodecError(PARSE_ERROR)
+    if not isinstance(raw, dict):
+        raise CodecError("The request body must be a JSON object.")
+    obj = raw
+    req = Request()
+
+    v = obj.get("messages")
+    if v is not None:
+        if not isinstance(v, list):
+            raise CodecError("messages must be a list.")
+        for item in v:
+            if not isinstance(item, dict):
+                raise CodecError("Each message must be an object with a role and content.")
+            d = item
+            role = d.get("role")
+            content = _read_content(d.get("content"))
+            if role == "user" or role == "assistant":
+                m = Message.__new__(Message)
+                m.role = ROLE_USER if role == "user" else ROLE_ASSISTANT
+                m.content = content
+                req.messages.append(m)
+            elif role == "system":
+                for b in content:
+                    if b.kind == B_TEXT:
+                        req.system.append(b)
+            else:
+                raise CodecError("Each message needs a role of user or assistant.")
+
+    v = obj.get("system")
+    if v is not None:
+        if not isinstance(v, list):
+            raise CodecError("system must be a list.")
+        last = None
+        for item in v:
+            if not isinstance(item, dict):
+                raise CodecError("Each system block must be an object.")
+            d = item
+            if "text" in d:
+                if not isinstance(d["text"], str):
+                    raise CodecError("A system text block must hold a string.")
+                last = text_block(d["text"])
+                req.system.append(last)
+            elif "cachePoint" in d:
+                if last is not None:
+                    last.cache_control = _cache_control(d["cachePoint"])
+
+    v = obj.get("inferenceConfig")
+    if v is not None:
+        if not isinstance(v, dict):
+            raise CodecError("inferenceConfig must be an object.")
+        d = v
+        x = d.get("maxTokens")
+        if x is not None:
+            if not isinstance(x, int) or isinstance(x, bool):
+                raise CodecError("inferenceConfig.maxTokens must be an integer.")
+            req.max_tokens = x
+        for key in ("temperature", "topP"):
+            x = d.get(key)
+            if x is not None:
+                if not isinstance(x, (int, float)) or isinstance(x, bool):
+                    raise CodecError("inferenceConfig.%s must be a number." % key)
+                if key == "temperature":
+                    req.temperature = x
+                else:
+                    req.top_p = x
+        x = d.get("stopSequences")
+        if x is not None:
+            if not isinstance(x, list):
+                raise CodecError("inferenceConfig.stopSequences must be a list of strings.")
+            for item in x:
+                if not isinstance(item, str):
+                    raise CodecError("inferenceConfig.stopSequences must be a list of strings.")
+            req.stop = list(x)
+
+    v = obj.get("toolConfig")
+    if v is not None:
+        if not isinstance(v, dict):
+            raise CodecError("toolConfig must be an object.")
+        d = v
+        tools = d.get("tools")
+        if tools is not None and not isinstance(tools, list):
+            raise CodecError("toolConfig.tools must be a list.")
+        last_tool = None
+        for item in tools or ():
+            if not isinstance(item, dict):
+                raise CodecError("Each tool must be an object.")
+            if "toolSpec" in item:
+                spec = (<dict>item)["toolSpec"]
+                if not isinstance(spec, dict) or not isinstance((<dict>spec).get("name"), str):
+                    raise CodecError("Each toolSpec needs a name.")
+                t = Tool.__new__(Tool)
+                t.name = (<dict>spec)["name"]
+                t.description = _s((<dict>spec).get("description"))
+                schema = (<dict>spec).get("inputSchema")
+                t.schema = (<dict>schema).get("json") if isinstance(schema, dict) else None
+                req.tools.append(t)
+                last_tool = t
+            elif "cachePoint" in item and last_tool is not None:
+                last_tool.cache_control = _cache_control((<dict>item)["cachePoint"])
+        choice = d.get("toolChoice")
+        if choice is not None:
+            if not isinstance(choice, dict):
+                raise CodecError("toolConfig.toolChoice must be an object.")
+            if "auto" in choice:
+                req.tool_choice = TC_AUTO
+            elif "any" in choice:
+                req.tool_choice = TC_REQUIRED
+            elif "tool" in choice:
+                x = (<dict>choice)["tool"]
+                if not isinstance(x, dict) or not isinstance((<dict>x).get("name"), str):
+                    raise CodecError("toolConfig.toolChoice.tool needs a name.")
+                req.tool_choice = TC_TOOL
+                req.tool_choice_name = (<dict>x)["name"]
+
+    for key in EXTRA_FIELDS:
+        if key in obj:
+            req.extra[key] = obj[key]
+
+    # Anthropic-on-Bedrock knobs that have an IR home, so they survive a hop to another protocol.
+    v = obj.get("additionalModelRequestFields")
+    if isinstance(v, dict):
+        x = (<dict>v).get("thinking")
+        if isinstance(x, dict) and (<dict>x).get("type") == "enabled":
+            budget = (<dict>x).get("budget_tokens")
+            if isinstance(budget, int) and not isinstance(budget, bool):
+                req.reasoning_budget = budget
+        x = (<dict>v).get("top_k")
+        if isinstance(x, int) and not isinstance(x, bool):
+            req.top_k = x
+
+    # Bedrock's native structured output (outputConfig.textFormat) maps onto response_format.
+    v = obj.get("outputConfig")
+    if isinstance(v, dict):
+        fmt = (<dict>v).get("textFormat")
+        if isinstance(fmt, dict) and (<dict>fmt).get("type") == "json_schema":
+            st = (<dict>fmt).get("structure")
+            js = (<dict>st).get("jsonSchema") if isinstance(st, dict) else None
+            if isinstance(js, dict) and isinstance((<dict>js).get("schema"), str):
+                try:
+                    schema = orjson.loads((<dict>js)["schema"])
+                except orjson.JSONDecodeError:
+                    raise CodecError("outputConfig.textFormat jsonSchema.schema must be JSON text.")
+                req.response_format = RF_JSON_SCHEMA
+                req.rf_schema = schema
+                req.rf_name = _s((<dict>js).get("name"))
+    return req
+
+
+cdef bint _native_output(Request req):
+    """A same-protocol request that asked for Bedrock's own outputConfig.textFormat: written back
+    as it came, not as a forced tool."""
+    v = req.extra.get("outputConfig")
+    return isinstance(v, dict) and "textFormat" in <dict>v
+
+
+cpdef object forced_tool_name(Request req):
+    """The tool write_request forces to carry structured output, or None when it forces none."""
+    if req.response_format != RF_JSON_SCHEMA and req.response_format != RF_JSON_OBJECT:
+        return None
+    if _native_output(req):
+        return None
+    return req.rf_name or FORCED_TOOL
+
+
+cdef dict _image_json(Block b):
+    """An image as Bedrock takes it: base64 bytes, or an s3:// reference (native to Bedrock);
+    URLs and other vendors' references have no Converse form, so they are dropped (None)."""
+    fmt = IMAGE_FORMAT.get(b.media_type.lower()) if b.media_type else None
+    if fmt is None:
+        return None
+    if b.src_kind == SRC_BASE64 and b.data:
+        return {"image": {"format": fmt, "source": {"bytes": b.data}}}
+    if b.src_kind == SRC_VENDOR and b.data and b.data.startswith("s3://"):
+        return {"image": {"format": fmt, "source": {"s3Location": {"uri": b.data}}}}
+    return None
+
+
+cdef dict _document_json(Block b, int n):
+    cdef str name = _document_name(b.name, n)
+    fmt = DOC_FORMAT.get(b.media_type.lower()) if b.media_type else None
+    if b.src_kind == SRC_BASE64 and b.data:
+        if fmt is None:
+            return None
+        return {"document": {"format": fmt, "name": name, "source": {"bytes": b.data}}}
+    if b.src_kind == SRC_VENDOR and b.data and b.data.startswith("s3://") and fmt is not None:
+        return {"document": {"format": fmt, "name": name, "source": {"s3Location": {"uri": b.data}}}}
+    if b.text is not None and b.src_kind != SRC_URL and b.src_kind != SRC_VENDOR:
+        return {"document": {"format": fmt if fmt in ("txt", "md", "html", "csv") else "txt",
+                             "name": name, "source": {"text": b.text}}}
+    return None
+
+
+cdef void _write_block(Block b, list out, int* docs) except *:
+    """Appends the ContentBlock(s) of one IR block (and its cachePoint) to out."""
+    cdef dict item = None
+    cdef dict d
+    cdef list inner
+    cdef Block c
+    cdef int k = b.kind
+    if k == B_TEXT:
+        # Bedrock rejects blank text blocks ("The text field in the ContentBlock object is blank").
+        if b.text:
+            item = {"text": b.text}
+    elif k == B_TOOL_USE:
+        item = {"toolUse": {"toolUseId": b.id or "", "name": b.name or "",
+                            "input": b.input if b.input is not None else {}}}
+    elif k == B_TOOL_RESULT:
+        inner = []
+        for c in (b.content or ()):
+            if c.kind == B_TEXT:
+                inner.append({"text": c.text or ""})
+            elif c.kind == B_IMAGE:
+                d = _image_json(c)
+                if d is not None:
+                    inner.append(d)
+            elif c.kind == B_DOCUMENT:
+                docs[0] += 1
+                d = _document_json(c, docs[0])
+                if d is not None:
+                    inner.append(d)
+        d = {"toolUseId": b.id or "", "content": inner}
+        if b.is_error:
+            d["status"] = "error"
+        item = {"toolResult": d}
+    elif k == B_THINKING:
+        if b.redacted:
+            if b.data:
+                item = {"reasoningContent": {"redactedContent": b.data}}
+        else:
+            d = {"text": b.text or ""}
+            if b.signature:
+                d["signature"] = b.signature
+            item = {"reasoningContent": {"reasoningText": d}}
+    elif k == B_IMAGE:
+        item = _image_json(b)
+    elif k == B_DOCUMENT:
+        docs[0] += 1
+        item = _document_json(b, docs[0])
+    if item is None:
+        return
+    out.append(item)
+    if b.cache_control is not None:
+        out.append(_cache_point(b.cache_control))
+
+
+cpdef bytes write_request(Request req):
+    cdef dict body = {}
+    cdef list messages = []
+    cdef list content, system, tools
+    cdef dict cfg, amrf, prev = None
+    cdef Message m
+    cdef Block b
+    cdef Tool t
+    cdef int docs = 0
+    cdef str role
+    cdef object forced = forced_tool_name(req)
+
+    for m in req.messages:
+        content = []
+        for b in m.content:
+            _write_block(b, content, &docs)
+        if not content:
+            continue
+        role = "assistant" if m.role == ROLE_ASSISTANT else "user"
+        # Converse requires strictly alternating roles; the IR may hold two user turns in a row
+        # (OpenAI tool messages followed by a user message), and Bedrock wants them as one.
+        if prev is not None and prev["role"] == role:
+            (<list>prev["content"]).extend(content)
+            continue
+        prev = {"role": role, "content": content}
+        messages.append(prev)
+    body["messages"] = messages
+
+    system = []
+    for b in req.system:
+        if b.text:
+            system.append({"text": b.text})
+            if b.cache_control is not None:
+                system.append(_cache_point(b.cache_control))
+    if system:
+        body["system"] = system
+
+    cfg = {}
+    if req.max_tokens is not None:
+        cfg["maxTokens"] = req.max_tokens
+    if req.temperature is not None:
+        cfg["temperature"] = req.temperature
+    if req.top_p is not None:
+        cfg["topP"] = req.top_p
+    if req.stop:
+        cfg["stopSequences"] = list(req.stop)
+    if cfg:
+        body["inferenceConfig"] = cfg
+
+    tools = []
+    for t in req.tools:
+        d = {"name": t.name, "inputSchema": {"json": t.schema if t.schema is not None
+                                               else {"type": "object", "properties": {}}}}
+        if t.description:
+            d["description"] = t.description
+        tools.append({"toolSpec": d})
+        if t.cache_control is not None:
+            tools.append(_cache_point(t.cache_control))
+    if forced is not None:
+        schema = req.rf_schema if req.response_format == RF_JSON_SCHEMA and req.rf_schema is not None \
+            else {"type": "object"}
+        tools.append({"toolSpec": {"name": forced, "description": FORCED_TOOL_DESCRIPTION,
+                                   "inputSchema": {"json": schema}}})
+    if tools:
+        cfg = {"tools": tools}
+        if forced is not None:
+            cfg["toolChoice"] = {"tool": {"name": forced}}
+        elif req.tool_choice == TC_AUTO:
+            cfg["toolChoice"] = {"auto": {}}
+        elif req.tool_choice == TC_REQUIRED:
+            cfg["toolChoice"] = {"any": {}}
+        elif req.tool_choice == TC_TOOL and req.tool_choice_name:
+            cfg["toolChoice"] = {"tool": {"name": req.tool_choice_name}}
+        # TC_NONE has no Converse form (SPEC 1.5): the tools stay, the choice is dropped.
+        body["toolConfig"] = cfg
+
+    for key in EXTRA_FIELDS:
+        if key in req.extra:
+            body[key] = req.extra[key]
+
+    # Thinking rides in additionalModelRequestFields as Anthropic-on-Bedrock expects it. Not with a
+    # forced tool: Anthropic rejects thinking when tool_choice forces a tool, and the caller's
+    # structured output is the explicit ask.
+    if req.reasoning_budget is not None and forced is None:
+        v = body.get("additionalModelRequestFields")
+        amrf = dict(<dict>v) if isinstance(v, dict) else {}
+        amrf["thinking"] = {"type": "enabled", "budget_tokens": req.reasoning_budget}
+        body["additionalModelRequestFields"] = amrf
+    return orjson.dumps(body)
+
+
+cpdef str upstream_path(str model, bint stream):
+    # The model id is one path segment: `:` and `/` (inference profile ARNs) are escaped as
+    # botocore does, and SigV4 then signs this path encoded once more (busbar/upstream/sigv4.py).
+    return "/model/" + quote(model, safe="") + ("/converse-stream" if stream else "/converse")
+
+
+# ---------------------------------------------------------------------------------------------
+# Buffered responses
+
+
+cdef int _stop_of(object v):
+    if v is None:
+        return SR_UNSET
+    return STOP_OF.get(v, SR_OTHER) if isinstance(v, str) else SR_OTHER
+
+
+cdef str _stop_sequence_of(object fields):
+    """Claude on Bedrock names the matched stop sequence in additionalModelResponseFields."""
+    if isinstance(fields, dict):
+        return _s((<dict>fields).get("stop_sequence"))
+    return None
+
+
+cpdef Response read_response(bytes body):
+    cdef Response resp
+    cdef dict obj
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+    if not isinstance(raw, dict):
+        raise CodecError(UPSTREAM_NOT_JSON)
+    obj = raw
+    resp = Response()
+    out = obj.get("output")
+    msg = (<dict>out).get("message") if isinstance(out, dict) else None
+    if not isinstance(msg, dict):
+        raise CodecError("The upstream response has no output message.")
+    content = (<dict>msg).get("content")
+    resp.content = _read_content(content) if content is not None else []
+    resp.stop_reason = _stop_of(obj.get("stopReason"))
+    resp.stop_sequence = _stop_sequence_of(obj.get("additionalModelResponseFields"))
+    resp.usage = _usage_of(obj.get("usage"))
+    return resp
+
+
+cpdef bytes write_response(Response resp):
+    cdef list content = []
+    cdef Block b
+    cdef int docs = 0
+    cdef dict body
+    for b in resp.content:
+        _write_block(b, content, &docs)
+    body = {
+        "output": {"message": {"role": "assistant", "content": content}},
+        "stopReason": STOP_NAME.get(resp.stop_reason, "end_turn"),
+        "usage": _usage_json(resp.usage if resp.usage is not None else Usage()),
+        # Converse requires metrics; a translated answer has no Bedrock latency to report.
+        "metrics": {"latencyMs": 0},
+    }
+    if resp.stop_reason == SR_STOP_SEQUENCE and resp.stop_sequence:
+        body["additionalModelResponseFields"] = {"stop_sequence": resp.stop_sequence}
+    return orjson.dumps(body)
+
+
+cpdef Usage read_usage(bytes body):
+    """Usage of a same-protocol buffered body, parsing only the `usage` value."""
+    cdef dict spans
+    try:
+        spans = scan_top(body, (b"usage",))
+    except FramingError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+    span = spans.get(b"usage")
+    if span is None:
+        return _unknown_usage()
+    try:
+        return _usage_of(orjson.loads(body[<Py_ssize_t>span[0]:<Py_ssize_t>span[1]]))
+    except orjson.JSONDecodeError:
+        raise CodecError(UPSTREAM_NOT_JSON)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+
+
+cpdef str error_type(str kind):
+    """The exception name of a canonical kind, as the x-amzn-errortype header and `__type` carry
+    it (boto3 raises the named exception class only when the header is present)."""
+    return ERROR_TYPE.get(kind, "InternalServerException")
+
+
+cdef str _error_type_of_status(int status):
+    if status == 401 or status == 403:
+        return "AccessDeniedException"
+    if status == 404:
+        return "ResourceNotFoundException"
+    if status == 429:
+        return "ThrottlingException"
+    if status == 408 or status == 504:
+        return "ModelTimeoutException"
+    if status == 503:
+        return "ServiceUnavailableException"
+    if status >= 500:
+        return "InternalServerException"
+    return "ValidationException"
+
+
+cpdef bytes write_error(int status, str kind, str message, str request_id=None):
+    name = ERROR_TYPE.get(kind) if kind is not None else None
+    if name is None:
+        name = _error_type_of_status(status)
+    return orjson.dumps({"__type": name, "message": message})
+
+
+cpdef object read_error(bytes body):
+    try:
+        raw = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(raw, dict):
+        return None
+    msg = (<dict>raw).get("message")
+    if not isinstance(msg, str):
+        msg = (<dict>raw).get("Message")
+    return msg if isinstance(msg, str) and msg else None
+
+
+cpdef str mint_id():
+    """A request id (x-amzn-RequestId): Bedrock answers carry no body id, only this header."""
+    return str(uuid.uuid4())
+
+
+cdef str _kind_of_exception(object name):
+    if not isinstance(name, str):
+        return "api_error"
+    return KIND_OF_EXCEPTION.get((<str>name).lower(), "api_error")
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams: upstream frames -> IR
+
+
+cdef class StreamDecoder:
+
+    def __cinit__(self):
+        self.parser = EventStreamParser()
+        self.open_blocks = {}
+        self.open_kinds = {}
+        self.stop_reason = SR_UNSET
+
+    cpdef list feed(self, bytes chunk):
+        cdef list out = []
+        cdef list frames
+        cdef tuple frame
+        if self.done:
+            return out
+        try:
+            frames = self.parser.feed(chunk)
+        except EventStreamError:
+            raise CodecError(UPSTREAM_BAD_FRAME)
+        for frame in frames:
+            self._frame(<dict>frame[0], <bytes>frame[1], out)
+            if self.done:
+                break
+        return out
+
+    cpdef list close(self):
+        """Upstream EOF. usage arrives in `metadata` after messageStop; a stream that ends after
+        messageStop without it is still complete. Without messageStop the stream was cut, and the
+        engine reports that itself."""
+        cdef list out = []
+        if not self.done and self.stopped:
+            self._finish(out)
+        return out
+
+    cdef void _start(self, list out) except *:
+        if not self.started:
+            self.started = True
+            out.append(ev_message_start(None, None, _unknown_usage()))
+
+    cdef int _open(self, object wire, int kind, object block, list out) except -1:
+        cdef Block b
+        cdef int index = self.next_index
+        if block is None:
+            b = Block.__new__(Block)
+            b.kind = kind
+        else:
+            b = <Block>block
+        self.next_index += 1
+        self.open_blocks[wire] = index
+        self.open_kinds[index] = kind
+        out.append(ev_block_start(index, b))
+        return index
+
+    cdef void _close(self, object wire, list out) except *:
+        index = self.open_blocks.pop(wire, None)
+        if index is not None:
+            del self.open_kinds[index]
+            out.append(ev_block_stop(<int>index))
+
+    cdef void _finish(self, list out) except *:
+        for wire in list(self.open_blocks):
+            self._close(wire, out)
+        self._start(out)
+        out.append(ev_message_delta(self.stop_reason if self.stop_reason != SR_UNSET else SR_END_TURN,
+                                    self.stop_sequence,
+                                    self.usage if self.usage is not None else _unknown_usage()))
+        out.append(ev_message_stop())
+        self.done = True
+
+    cdef void _frame(self, dict headers, bytes payload, list out) except *:
+        cdef dict obj, delta, x
+        cdef Block b
+        cdef int index, kind
+        mtype = headers.get(":message-type")
+        if mtype == "exception":
+            try:
+                raw = orjson.loads(payload)
+            except orjson.JSONDecodeError:
+                raw = None
+            msg = None
+            if isinstance(raw, dict):
+                msg = _s((<dict>raw).get("message")) or _s((<dict>raw).get("Message"))
+            etype = headers.get(":exception-type")
+            out.append(ev_error(_kind_of_exception(etype),
+                                msg or _s(etype) or "The upstream reported an error."))
+            self.done = True
+            return
+        if mtype == "error":
+            out.append(ev_error(_kind_of_exception(headers.get(":error-code")),
+                                _s(headers.get(":error-message")) or "The upstream reported an error."))
+            self.done = True
+            return
+        if mtype != "event":
+            return
+        etype = headers.get(":event-type")
+        try:
+            raw = orjson.loads(payload)
+        except orjson.JSONDecodeError:
+            raise CodecError(UPSTREAM_BAD_EVENT)
+        if not isinstance(raw, dict):
+            raise CodecError(UPSTREAM_BAD_EVENT)
+        obj = raw
+        wire = obj.get("contentBlockIndex")
+        if not isinstance(wire, int) or isinstance(wire, bool):
+            wire = -1  # a frame without a usable index still belongs to the one unnamed block
+        if etype == "contentBlockDelta":
+            self._start(out)
+            v = obj.get("delta")
+            if not isinstance(v, dict):
+                return
+            delta = v
+            if "text" in delta:
+                text = _s(delta["text"])
+                if text is None:
+                    return
+                index = self.open_blocks.get(wire, -1)
+                if index < 0 or self.open_kinds[index] != B_TEXT:
+                    self._close(wire, out)
+                    index = self._open(wire, B_TEXT, None, out)
+                out.append(ev_block_delta(index, D_TEXT, text))
+            elif "toolUse" in delta:
+                v = delta["toolUse"]
+                text = _s((<dict>v).get("input")) if isinstance(v, dict) else None
+                if text is None:
+                    return
+                index = self.open_blocks.get(wire, -1)
+                if index < 0 or self.open_kinds[index] != B_TOOL_USE:
+                    self._close(wire, out)
+                    index = self._open(wire, B_TOOL_USE, None, out)
+                out.append(ev_block_delta(index, D_INPUT_JSON, text))
+            elif "reasoningContent" in delta:
+                v = delta["reasoningContent"]
+                if not isinstance(v, dict):
+                    return
+                x = v
+                index = self.open_blocks.get(wire, -1)
+                if "redactedContent" in x:
+                    data = _s(x["redactedContent"])
+                    if data is None or index >= 0:
+                        return
+                    b = Block.__new__(Block)
+                    b.kind = B_THINKING
+                    b.redacted = True
+                    b.data = data
+                    self._open(wire, B_THINKING, b, out)
+                    return
+                if index < 0 or self.open_kinds[index] != B_THINKING:
+                    self._close(wire, out)
+                    index = self._open(wire, B_THINKING, None, out)
+                if "text" in x:
+                    text = _s(x["text"])
+                    if text is not None:
+                        out.append(ev_block_delta(index, D_THINKING, text))
+                elif "signature" in x:
+                    text = _s(x["signature"])
+                    if text is not None:
+                        out.append(ev_block_delta(index, D_SIGNATURE, text))
+            elif "citation" in delta:
+                index = self.open_blocks.get(wire, -1)
+                if index < 0:
+                    index = self._open(wire, B_TEXT, None, out)
+                e = ev_block_delta(index, D_CITATION, None)
+                (<Event>e).data = delta["citation"]
+                out.append(e)
+        elif etype == "contentBlockStart":
+            self._start(out)
+            v = obj.get("start")
+            if isinstance(v, dict) and isinstance((<dict>v).get("toolUse"), dict):
+                x = (<dict>v)["toolUse"]
+                b = Block.__new__(Block)
+                b.kind = B_TOOL_USE
+                b.id = _s(x.get("toolUseId"))
+                b.name = _s(x.get("name"))
+                self._close(wire, out)
+                self._open(wire, B_TOOL_USE, b, out)
+        elif etype == "contentBlockStop":
+            self._close(wire, out)
+        elif etype == "messageStart":
+            self._start(out)
+        elif etype == "messageStop":
+            self._start(out)
+            for w in list(self.open_blocks):
+                self._close(w, out)
+            self.stopped = True
+            self.stop_reason = _stop_of(obj.get("stopReason"))
+            self.stop_sequence = _stop_sequence_of(obj.get("additionalModelResponseFields"))
+            if self.usage is not None:
+                self._finish(out)
+        elif etype == "metadata":
+            self.usage = _usage_of(obj.get("usage"))
+            if self.stopped:
+                self._finish(out)
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams: IR -> client frames
+
+
+cdef bytes _padded(dict payload):
+    cdef bytes raw = orjson.dumps(payload)
+    cdef Py_ssize_t n = len(raw)
+    cdef Py_ssize_t k = PAD_TO - (n + 7) % PAD_TO   # `,"p":""` is 7 bytes; k is 1..PAD_TO
+    return raw[:n - 1] + b',"p":"' + PAD[:k] + b'"}'
+
+
+cdef inline bytes _event(str etype, dict payload):
+    return encode_frame(<bytes>EVENT_HEADERS[etype], _padded(payload))
+
+
+cdef class StreamEncoder:
+
+    def __init__(self, str id, str model):
+        self.id = id
+        self.model = model
+        self.kinds = {}
+        self.wire = {}
+        self.input_sent = {}
+        self.signatures = {}
+        self.stop_reason = SR_UNSET
+
+    cdef void _start(self, bytearray out) except *:
+        if not self.started:
+            self.started = True
+            out += _event("messageStart", {"role": "assistant"})
+
+    cdef int _wire(self, int index) except -1:
+        w = self.wire.get(index)
+        if w is None:
+            w = self.next_index
+            self.next_index += 1
+            self.wire[index] = w
+        return <int>w
+
+    cdef void _stop_block(self, int index, bytearray out) except *:
+        kind = self.kinds.pop(index, None)
+        w = self.wire.pop(index, None)
+        sig = self.signatures.pop(index, None)
+        sent = self.input_sent.pop(index, False)
+        if w is None:
+            return
+        if kind == B_TOOL_USE and not sent:
+            # Clients join the input deltas and parse the result; a call without arguments still
+            # needs an object to parse.
+            out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                "delta": {"toolUse": {"input": "{}"}}})
+        if sig is not None:
+            out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                "delta": {"reasoningContent": {"signature": sig}}})
+        out += _event("contentBlockStop", {"contentBlockIndex": w})
+
+    cdef void _finish(self, bytearray out) except *:
+        cdef dict stop
+        self._start(out)
+        for index in list(self.kinds):
+            self._stop_block(<int>index, out)
+        stop = {"stopReason": STOP_NAME.get(self.stop_reason, "end_turn")}
+        if self.stop_reason == SR_STOP_SEQUENCE and self.stop_sequence:
+            stop["additionalModelResponseFields"] = {"stop_sequence": self.stop_sequence}
+        out += _event("messageStop", stop)
+        out += _event("metadata", {
+            "usage": _usage_json(self.usage if self.usage is not None else Usage()),
+            # A translated stream has no Bedrock latency; clients read the field, so it is present.
+            "metrics": {"latencyMs": 0},
+        })
+        self.done = True
+
+    cpdef bytes encode(self, list events):
+        cdef bytearray out = bytearray()
+        cdef Event ev
+        cdef Block b
+        cdef int k, w, kind
+        for ev in events:
+            if self.done:
+                break
+            k = ev.kind
+            if k == EV_BLOCK_DELTA:
+                self._start(out)
+                kind = self.kinds.get(ev.index, 0)
+                if ev.delta_kind == D_TEXT:
+                    if not ev.text or (kind != B_TEXT and kind != 0):
+                        continue
+                    w = self._wire(ev.index)
+                    self.kinds[ev.index] = B_TEXT
+                    out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                        "delta": {"text": ev.text}})
+                elif ev.delta_kind == D_INPUT_JSON:
+                    if kind != B_TOOL_USE or not ev.text or self.input_sent.get(ev.index) == 2:
+                        continue
+                    w = self._wire(ev.index)
+                    self.input_sent[ev.index] = 1
+                    out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                        "delta": {"toolUse": {"input": ev.text}}})
+                elif ev.delta_kind == D_THINKING:
+                    if not ev.text or (kind != B_THINKING and kind != 0):
+                        continue
+                    w = self._wire(ev.index)
+                    self.kinds[ev.index] = B_THINKING
+                    out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                        "delta": {"reasoningContent": {"text": ev.text}}})
+                elif ev.delta_kind == D_SIGNATURE:
+                    if kind == B_THINKING and ev.text:
+                        self.signatures[ev.index] = ev.text
+                # Citations: the IR carries other vendors' raw citation objects, which are not
+                # Bedrock CitationsDelta shapes; the cited text itself still streams.
+            elif k == EV_BLOCK_START:
+                self._start(out)
+                b = ev.block
+                if b is None:
+                    continue
+                if b.kind == B_TOOL_USE:
+                    w = self._wire(ev.index)
+                    self.kinds[ev.index] = B_TOOL_USE
+                    out += _event("contentBlockStart", {
+                        "contentBlockIndex": w,
+                        "start": {"toolUse": {"toolUseId": b.id or "", "name": b.name or ""}}})
+                    # Protocols whose calls arrive whole (Gemini) put the input on the start.
+                    if b.input is not None and b.input != {}:
+                        self.input_sent[ev.index] = 2
+                        out += _event("contentBlockDelta", {
+                            "contentBlockIndex": w,
+                            "delta": {"toolUse": {"input": b.input if isinstance(b.input, str)
+                                                  else orjson.dumps(b.input).decode()}}})
+                elif b.kind == B_TEXT:
+                    self.kinds[ev.index] = B_TEXT
+                    if b.text:
+                        w = self._wire(ev.index)
+                        out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                            "delta": {"text": b.text}})
+                elif b.kind == B_THINKING:
+                    self.kinds[ev.index] = B_THINKING
+                    if b.redacted:
+                        if b.data:
+                            w = self._wire(ev.index)
+                            out += _event("contentBlockDelta", {
+                                "contentBlockIndex": w,
+                                "delta": {"reasoningContent": {"redactedContent": b.data}}})
+                    else:
+                        if b.text:
+                            w = self._wire(ev.index)
+                            out += _event("contentBlockDelta", {
+                                "contentBlockIndex": w,
+                                "delta": {"reasoningContent": {"text": b.text}}})
+                        if b.signature:
+                            self.signatures[ev.index] = b.signature
+            elif k == EV_BLOCK_STOP:
+                self._stop_block(ev.index, out)
+            elif k == EV_MESSAGE_START:
+                self._start(out)
+            elif k == EV_MESSAGE_DELTA:
+                self.stop_reason = ev.stop_reason
+                self.stop_sequence = ev.stop_sequence
+                if ev.usage is not None:
+                    self.usage = ev.usage
+            elif k == EV_MESSAGE_STOP:
+                self._finish(out)
+            elif k == EV_ERROR:
+                out += self.error(ev.error_kind or "api_error", ev.message or "")
+        return bytes(out)
+
+    cpdef bytes error(self, str kind, str message):
+        """An exception frame, as ConverseStream ends a failed stream; nothing may follow it."""
+        if self.done:
+            return b""
+        self.done = True
+        return encode_frame(
+            encode_headers({":exception-type": STREAM_EXCEPTION.get(kind, "internalServerException"),
+                            ":content-type": "application/json", ":message-type": "exception"}),
+            orjson.dumps({"message": message}))
