@@ -381,6 +381,8 @@ cdef object _opt_int(dict d, str key):
     cdef object v = d.get(key)
     if v is None or _is_int(v):
         return v
+    if type(v) is float and v.is_integer():
+        return int(v)  # 1024.0 passes Anthropic's (pydantic, lax) validation too
     raise CodecError(f"{key}: Input should be a valid integer")
 
 

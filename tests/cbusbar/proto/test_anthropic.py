@@ -238,6 +238,11 @@ def test_read_request_full_shape():
         "mcp_servers": [{"type": "url", "url": "https://m.test"}]}
 
 
+def test_read_request_integral_floats_are_integers():
+    req = codec.read_request(body(max_tokens=1024.0, top_k=40.0))
+    assert (req.max_tokens, req.top_k) == (1024, 40) and type(req.max_tokens) is int
+
+
 def test_read_request_minimal_and_string_content():
     req = codec.read_request(orjson.dumps({"messages": [{"role": "user", "content": "hello"}]}))
     assert req.model is None and req.max_tokens is None and req.stream is False
