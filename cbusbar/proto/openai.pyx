@@ -555,6 +555,11 @@ cdef void _read_tools(Request req, dict obj) except *:
                 req.tools.append(_function_tool(fn, path + ".function", strict))
             else:
                 # custom (grammar) tools and future kinds have no IR form: same-protocol only.
+                if kind == "custom":
+                    fn = _opt_dict(t, "custom", path + ".custom")
+                    if fn is None:
+                        raise _missing(path + ".custom")
+                    _req_str(fn, "name", path + ".custom.name")
                 raw.append(t)
     v = obj.get("functions")  # the deprecated spelling of function tools
     if v is not None:
@@ -856,8 +861,9 @@ cpdef bytes write_request(Request req):
     cdef str effort
     if isinstance(raw_tools, list):
         for v in raw_tools:
-            if isinstance(v, dict) and v.get("type") == "custom" and isinstance(v.get("custom"), dict):
-                custom_names.add(v["custom"].get("name"))
+            if isinstance(v, dict) and v.get("type") == "custom" and isinstance(v.get("custom"), dict) \
+                    and isinstance(v["custom"].get("name"), str):
+                custom_names.add(v["custom"]["name"])
     for b in req.system:
         if b.kind == B_TEXT and b.text:
             system.append(b.text)
@@ -1407,10 +1413,11 @@ cdef class StreamDecoder:
             out.append(ev_block_start(index, b))
         self.last_tool = key
         args = fn.get("arguments")
-        if isinstance(args, str) and args:
-            # A fragment for a call whose block another delta already closed (interleaved
-            # parallel calls) still belongs to that call's index.
+        if isinstance(args, str) and args and index == self.open_index:
             out.append(ev_block_delta(index, D_INPUT_JSON, args))
+        # A fragment for a call whose block is already closed (calls interleaved, which OpenAI,
+        # vLLM and DeepSeek never do) cannot be placed without breaking the one-open-block order
+        # every encoder relies on, so it is dropped.
 
     cdef int _open(self, int kind, list out) except -1:
         """The IR index of an open block of `kind`, closing another kind and opening one first."""
