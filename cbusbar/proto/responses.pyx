@@ -1613,7 +1613,6 @@ cdef class StreamEncoder:
 cdef dict _item_json(_Item item, str status):
     """An output item as the client sees it; `status` is in_progress when announced."""
     cdef str text = "".join(item.parts) if status == "completed" else ""
-    cdef dict d
     if item.kind == B_TEXT:
         if status == "in_progress":
             return {"id": item.item_id, "type": "message", "status": status, "role": "assistant",
@@ -1621,5 +1620,4 @@ cdef dict _item_json(_Item item, str status):
         return _message_item(item.item_id, status, text, item.annotations, None)
     if item.kind == B_TOOL_USE:
         return _call_item(item.item_id, status, item.call_id, item.name, text)
-    d = _reasoning_item(item.item_id, text, item.signature)
-    return d
+    return _reasoning_item(item.item_id, text, item.signature)
