@@ -61,7 +61,7 @@ class Exchange:
                  "hops", "lane", "egress", "codec", "same", "upconn", "data", "t_send", "rtt",
                  "mode", "chunks", "size", "dec", "enc", "unwrap", "finished", "sent", "timer",
                  "status", "up_headers", "last_error", "closed", "forced", "model_span",
-                 "request_id")
+                 "request_id", "last_model")
 
     def __init__(self, gw, conn, req):
         self.gw = gw
@@ -175,6 +175,7 @@ class Exchange:
         codec = CODECS[proto]
         self.codec = codec
         wire = model.upstream_model
+        self.last_model = wire
         stream = self.stream
         extra = b""
         self.forced = None
@@ -456,6 +457,8 @@ class Exchange:
                 transform.unwrap_forced_tool(resp, self.forced)
             ing = self.ingress
             resp.id = ing.mint_id()
+            if not resp.model:
+                resp.model = self.last_model
             self.respond(200, b"application/json", ing.write_response(resp), self.ingress_headers())
 
     def on_upstream_error(self, reason):
