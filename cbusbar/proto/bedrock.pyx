@@ -55,6 +55,14 @@ cdef str UPSTREAM_BAD_EVENT = "The upstream sent an event stream frame that is n
 cdef str FORCED_TOOL = "structured_output"
 cdef str FORCED_TOOL_DESCRIPTION = "Respond with a JSON object that matches this schema."
 
+# SPEC 1.5: effort words -> thinking budgets (limits.reasoning_effort_budgets defaults), the same
+# table the anthropic codec uses; Claude's floor for budget_tokens and the answer room kept under
+# maxTokens; with thinking on Claude takes top_p only in [0.95, 1].
+cdef dict EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
+cdef long long MIN_BUDGET = 1024
+cdef long long MIN_ANSWER = 1024
+cdef double THINKING_MIN_TOP_P = 0.95
+
 # ConverseRequest members with no IR home, kept verbatim for a same-protocol hop.
 cdef tuple EXTRA_FIELDS = (
     "additionalModelRequestFields", "guardrailConfig", "performanceConfig", "promptVariables",
@@ -632,6 +640,42 @@ cpdef object forced_tool_name(Request req):
     return req.rf_name or FORCED_TOOL
 
 
+cdef inline bint _is_int(object v):
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+cdef object _thinking_budget(Request req):
+    """The thinking budget to ask for: the IR's budget, else the effort word's (SPEC 1.5 defaults;
+    Gemini's -1, "dynamic", counts as medium), else None."""
+    v = req.reasoning_budget
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return EFFORT_BUDGETS["medium"] if v < 0 else int(v)
+    if req.reasoning_effort is not None:
+        return EFFORT_BUDGETS.get(req.reasoning_effort)
+    return None
+
+
+cdef bint _tool_loop_without_thinking(list messages):
+    """True mid tool loop (the last turn holds tool results) when the assistant turn that called
+    the tools does not start with reasoning: Claude rejects enabling thinking then (history from a
+    non-thinking vendor looks like this)."""
+    cdef dict last, prev
+    cdef list content
+    if len(messages) < 2:
+        return False
+    last = messages[len(messages) - 1]
+    prev = messages[len(messages) - 2]
+    if last["role"] != "user" or prev["role"] != "assistant":
+        return False
+    for x in <list>last["content"]:
+        if "toolResult" in x:
+            break
+    else:
+        return False
+    content = prev["content"]
+    return not content or "reasoningContent" not in content[0]
+
+
 cdef dict _image_json(Block b):
     """An image as Bedrock takes it: base64 bytes, or an s3:// reference (native to Bedrock);
     URLs and other vendors' references have no Converse form, so they are dropped (None)."""
@@ -660,8 +704,9 @@ cdef dict _document_json(Block b, int n):
     return None
 
 
-cdef void _write_block(Block b, list out, int* docs) except *:
-    """Appends the ContentBlock(s) of one IR block (and its cachePoint) to out."""
+cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
+    """Appends the ContentBlock(s) of one IR block (and its cachePoint) to out. upstream: the
+    block goes into a request (history replayed to a model), not to a client."""
     cdef dict item = None
     cdef dict d
     cdef list inner
@@ -696,11 +741,13 @@ cdef void _write_block(Block b, list out, int* docs) except *:
         if b.redacted:
             if b.data:
                 item = {"reasoningContent": {"redactedContent": b.data}}
-        else:
-            d = {"text": b.text or ""}
-            if b.signature:
-                d["signature"] = b.signature
-            item = {"reasoningContent": {"reasoningText": d}}
+        elif b.signature:
+            item = {"reasoningContent": {"reasoningText": {"text": b.text or "",
+                                                           "signature": b.signature}}}
+        elif not upstream:
+            item = {"reasoningContent": {"reasoningText": {"text": b.text or ""}}}
+        # Unsigned reasoning replayed upstream (another vendor's) is dropped: Claude behind
+        # Converse rejects it, as Anthropic itself does.
     elif k == B_IMAGE:
         item = _image_json(b)
     elif k == B_DOCUMENT:
@@ -728,7 +775,7 @@ cpdef bytes write_request(Request req):
     for m in req.messages:
         content = []
         for b in m.content:
-            _write_block(b, content, &docs)
+            _write_block(b, content, &docs, True)
         if not content:
             continue
         role = "assistant" if m.role == ROLE_ASSISTANT else "user"
@@ -754,13 +801,13 @@ cpdef bytes write_request(Request req):
     if req.max_tokens is not None:
         cfg["maxTokens"] = req.max_tokens
     if req.temperature is not None:
-        cfg["temperature"] = req.temperature
+        # Converse's range is [0, 1] (InferenceConfigurationTemperatureFloat); OpenAI's and
+        # Gemini's go to 2.
+        cfg["temperature"] = 1.0 if req.temperature > 1 else (0.0 if req.temperature < 0 else req.temperature)
     if req.top_p is not None:
         cfg["topP"] = req.top_p
     if req.stop:
         cfg["stopSequences"] = list(req.stop)
-    if cfg:
-        body["inferenceConfig"] = cfg
 
     tools = []
     for t in req.tools:
@@ -771,36 +818,59 @@ cpdef bytes write_request(Request req):
         tools.append({"toolSpec": d})
         if t.cache_control is not None:
             tools.append(_cache_point(t.cache_control))
+    user_tools = len(req.tools) > 0
     if forced is not None:
         schema = req.rf_schema if req.response_format == RF_JSON_SCHEMA and req.rf_schema is not None \
             else {"type": "object"}
         tools.append({"toolSpec": {"name": forced, "description": FORCED_TOOL_DESCRIPTION,
                                    "inputSchema": {"json": schema}}})
+    choice = None
     if tools:
-        cfg = {"tools": tools}
         if forced is not None:
-            cfg["toolChoice"] = {"tool": {"name": forced}}
+            if user_tools and req.tool_choice == TC_TOOL and req.tool_choice_name:
+                choice = {"tool": {"name": req.tool_choice_name}}
+            elif user_tools and req.tool_choice != TC_NONE:
+                # The caller's tools stay callable; `any` makes the model either call one of them
+                # or answer through the schema tool, never in free text (as the anthropic codec).
+                choice = {"any": {}}
+            else:
+                choice = {"tool": {"name": forced}}
         elif req.tool_choice == TC_AUTO:
-            cfg["toolChoice"] = {"auto": {}}
+            choice = {"auto": {}}
         elif req.tool_choice == TC_REQUIRED:
-            cfg["toolChoice"] = {"any": {}}
-        elif req.tool_choice == TC_TOOL and req.tool_choice_name:
-            cfg["toolChoice"] = {"tool": {"name": req.tool_choice_name}}
+            choice = {"any": {}}
+        elif req.tool_choice == TC_TOOL:
+            choice = {"tool": {"name": req.tool_choice_name}} if req.tool_choice_name else {"any": {}}
         # TC_NONE has no Converse form (SPEC 1.5): the tools stay, the choice is dropped.
-        body["toolConfig"] = cfg
+        body["toolConfig"] = {"tools": tools, "toolChoice": choice} if choice is not None \
+            else {"tools": tools}
 
     for key in EXTRA_FIELDS:
         if key in req.extra:
             body[key] = req.extra[key]
 
-    # Thinking rides in additionalModelRequestFields as Anthropic-on-Bedrock expects it. Not with a
-    # forced tool: Anthropic rejects thinking when tool_choice forces a tool, and the caller's
-    # structured output is the explicit ask.
-    if req.reasoning_budget is not None and forced is None:
-        v = body.get("additionalModelRequestFields")
-        amrf = dict(<dict>v) if isinstance(v, dict) else {}
-        amrf["thinking"] = {"type": "enabled", "budget_tokens": req.reasoning_budget}
-        body["additionalModelRequestFields"] = amrf
+    # Thinking rides in additionalModelRequestFields as Anthropic-on-Bedrock expects it, under the
+    # rules the anthropic codec applies (Claude enforces the same ones behind Converse). A caller's
+    # own additionalModelRequestFields.thinking (same protocol) is left as sent.
+    v = body.get("additionalModelRequestFields")
+    budget = _thinking_budget(req)
+    if budget is not None and budget > 0 and not (isinstance(v, dict) and "thinking" in <dict>v) \
+            and not (choice is not None and ("any" in choice or "tool" in choice)) \
+            and not _tool_loop_without_thinking(messages):
+        if budget < MIN_BUDGET:
+            budget = MIN_BUDGET
+        if _is_int(req.max_tokens) and budget > req.max_tokens - MIN_ANSWER:
+            budget = req.max_tokens - MIN_ANSWER
+        if budget >= MIN_BUDGET:
+            amrf = dict(<dict>v) if isinstance(v, dict) else {}
+            amrf["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            body["additionalModelRequestFields"] = amrf
+            # Thinking is incompatible with a temperature change, and takes top_p only in [0.95, 1].
+            cfg.pop("temperature", None)
+            if cfg.get("topP") is not None and cfg["topP"] < THINKING_MIN_TOP_P:
+                del cfg["topP"]
+    if cfg:
+        body["inferenceConfig"] = cfg
     return orjson.dumps(body)
 
 
@@ -856,7 +926,7 @@ cpdef bytes write_response(Response resp):
     cdef int docs = 0
     cdef dict body
     for b in resp.content:
-        _write_block(b, content, &docs)
+        _write_block(b, content, &docs, False)
     body = {
         "output": {"message": {"role": "assistant", "content": content}},
         "stopReason": STOP_NAME.get(resp.stop_reason, "end_turn"),

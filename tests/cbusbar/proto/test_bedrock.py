@@ -490,19 +490,33 @@ def test_no_tool_choice_without_tools(choice):
     (ir.FORMAT_JSON_OBJECT, None, None, {"type": "object"}, "structured_output"),
 ])
 def test_structured_output_is_a_forced_tool(fmt, schema, name, want_schema, want_name):
-    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], tools=[ir.Tool("f")],
-                  tool_choice=ir.TOOL_CHOICE_AUTO, response_format=fmt, rf_schema=schema,
-                  rf_name=name, reasoning_budget=2048)
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], response_format=fmt,
+                  rf_schema=schema, rf_name=name, reasoning_budget=2048, max_tokens=8000)
     assert bedrock.forced_tool_name(req) == want_name
     body = bedrock.write_request(req)
     assert_valid_request(body)
     got = orjson.loads(body)
-    assert got["toolConfig"]["tools"][1] == {"toolSpec": {
+    assert got["toolConfig"] == {"tools": [{"toolSpec": {
         "name": want_name, "description": "Respond with a JSON object that matches this schema.",
-        "inputSchema": {"json": want_schema}}}
-    assert got["toolConfig"]["toolChoice"] == {"tool": {"name": want_name}}
-    # Anthropic rejects thinking together with a forced tool: the structured output wins.
+        "inputSchema": {"json": want_schema}}}], "toolChoice": {"tool": {"name": want_name}}}
+    # Claude rejects thinking together with a forced tool: the structured output wins.
     assert "additionalModelRequestFields" not in got
+
+
+@pytest.mark.parametrize("choice,name,want", [
+    (ir.TOOL_CHOICE_AUTO, None, {"any": {}}),
+    (ir.TOOL_CHOICE_UNSET, None, {"any": {}}),
+    (ir.TOOL_CHOICE_REQUIRED, None, {"any": {}}),
+    (ir.TOOL_CHOICE_TOOL, "f", {"tool": {"name": "f"}}),
+    (ir.TOOL_CHOICE_NONE, None, {"tool": {"name": "structured_output"}}),
+])
+def test_structured_output_beside_the_callers_tools(choice, name, want):
+    # The caller's tools stay callable; the model answers through one of them or the schema tool.
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], tools=[ir.Tool("f")],
+                  tool_choice=choice, tool_choice_name=name, response_format=ir.FORMAT_JSON_OBJECT)
+    cfg = orjson.loads(bedrock.write_request(req))["toolConfig"]
+    assert [t["toolSpec"]["name"] for t in cfg["tools"]] == ["f", "structured_output"]
+    assert cfg["toolChoice"] == want
 
 
 def test_no_forced_tool_for_text_formats():
@@ -514,15 +528,67 @@ def test_no_forced_tool_for_text_formats():
 
 def test_thinking_goes_in_additional_model_request_fields():
     req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], reasoning_budget=4096,
-                  max_tokens=8192)
+                  max_tokens=8192, temperature=0.3, top_p=0.5)
     got = orjson.loads(bedrock.write_request(req))
     assert got["additionalModelRequestFields"] == {"thinking": {"type": "enabled", "budget_tokens": 4096}}
-    # Same protocol: merged into the caller's own additional fields.
+    # Claude takes no temperature change and no top_p below 0.95 with thinking on.
+    assert got["inferenceConfig"] == {"maxTokens": 8192}
+    # Same protocol: merged into the caller's own additional fields, which stay untouched.
     req.extra = {"additionalModelRequestFields": {"anthropic_beta": ["b"]}}
     got = orjson.loads(bedrock.write_request(req))
     assert got["additionalModelRequestFields"] == {
         "anthropic_beta": ["b"], "thinking": {"type": "enabled", "budget_tokens": 4096}}
     assert req.extra == {"additionalModelRequestFields": {"anthropic_beta": ["b"]}}
+
+
+@pytest.mark.parametrize("budget,effort,max_tokens,want", [
+    (None, "low", None, 4096),
+    (None, "high", 20000, 16384),
+    (-1, None, None, 8192),          # Gemini's "dynamic"
+    (500, None, None, 1024),         # Claude's floor
+    (10000, None, 6000, 4976),       # leaves 1024 answer tokens under maxTokens
+    (10000, None, 1500, None),       # no room for thinking: dropped
+    (None, None, 5000, None),
+    (0, None, None, None),
+])
+def test_thinking_budget(budget, effort, max_tokens, want):
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], reasoning_budget=budget,
+                  reasoning_effort=effort, max_tokens=max_tokens)
+    got = orjson.loads(bedrock.write_request(req)).get("additionalModelRequestFields")
+    assert got == ({"thinking": {"type": "enabled", "budget_tokens": want}} if want else None)
+
+
+def test_no_thinking_when_claude_would_reject_it():
+    call = blk(ir.TOOL_USE, id="c1", name="f", input={})
+    result = blk(ir.TOOL_RESULT, id="c1", content=[ir.text_block("ok")])
+    # Mid tool loop, the calling turn has no reasoning (history from a non-thinking vendor).
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")]), ir.Message(ir.ASSISTANT, [call]),
+                            ir.Message(ir.USER, [result])], tools=[ir.Tool("f")], reasoning_budget=2048)
+    assert "additionalModelRequestFields" not in orjson.loads(bedrock.write_request(req))
+    # The calling turn started with signed reasoning: thinking stays on.
+    req.messages[1].content = [blk(ir.THINKING, text="t", signature="s"), call]
+    assert "additionalModelRequestFields" in orjson.loads(bedrock.write_request(req))
+    # A forcing tool choice.
+    for choice in (ir.TOOL_CHOICE_REQUIRED, ir.TOOL_CHOICE_TOOL):
+        req.tool_choice, req.tool_choice_name = choice, "f"
+        assert "additionalModelRequestFields" not in orjson.loads(bedrock.write_request(req))
+
+
+def test_unsigned_reasoning_is_not_replayed_upstream_but_reaches_clients():
+    thought = blk(ir.THINKING, text="from another vendor")
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")]),
+                            ir.Message(ir.ASSISTANT, [thought, ir.text_block("answer")])])
+    assert orjson.loads(bedrock.write_request(req))["messages"][1]["content"] == [{"text": "answer"}]
+    resp = ir.Response()
+    resp.content = [thought, ir.text_block("answer")]
+    assert orjson.loads(bedrock.write_response(resp))["output"]["message"]["content"] == [
+        {"reasoningContent": {"reasoningText": {"text": "from another vendor"}}}, {"text": "answer"}]
+
+
+@pytest.mark.parametrize("temperature,want", [(1.5, 1.0), (2, 1.0), (-0.5, 0.0), (0.7, 0.7), (0, 0)])
+def test_temperature_is_clamped_to_converse_range(temperature, want):
+    req = request(messages=[ir.Message(ir.USER, [ir.text_block("hi")])], temperature=temperature)
+    assert orjson.loads(bedrock.write_request(req))["inferenceConfig"] == {"temperature": want}
 
 
 def test_empty_turns_are_dropped():
