@@ -61,7 +61,7 @@ class Exchange:
                  "hops", "lane", "egress", "codec", "same", "upconn", "data", "t_send", "rtt",
                  "mode", "chunks", "size", "dec", "enc", "unwrap", "finished", "sent", "timer",
                  "status", "up_headers", "last_error", "closed", "forced", "model_span",
-                 "request_id", "last_model")
+                 "request_id", "last_model", "pending")
 
     def __init__(self, gw, conn, req):
         self.gw = gw
@@ -86,6 +86,7 @@ class Exchange:
         self.unwrap = None
         self.dec = None
         self.enc = None
+        self.pending = None
 
     # ================================================================== entry
     def start(self):
@@ -353,7 +354,7 @@ class Exchange:
     def on_upstream_body(self, chunk):
         mode = self.mode
         if mode == M_RELAY_STREAM:
-            self.conn.write(b"%x\r\n%b\r\n" % (len(chunk), chunk))
+            self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
             dec = self.dec
             if dec is not None:
                 try:
@@ -361,7 +362,7 @@ class Exchange:
                 except Exception:
                     self.dec = None     # the tap never breaks the relay
         elif mode == M_RELAY_BODY:
-            self.conn.write(chunk)
+            self._w(chunk)
             self._collect(chunk, self.gw.limits.request_body_max_bytes)
         elif mode == M_TRANSLATE_STREAM:
             try:
@@ -399,7 +400,7 @@ class Exchange:
             if k == ir.MESSAGE_STOP or k == ir.EVENT_ERROR:
                 self.finished = True
         if out:
-            self.conn.write(b"%x\r\n%b\r\n" % (len(out), out))
+            self._w(b"%x\r\n%b\r\n" % (len(out), out))
 
     def on_upstream_complete(self):
         self.upconn = None
@@ -422,7 +423,7 @@ class Exchange:
                     dec.close()
                 except Exception:
                     pass
-            self.conn.write(b"0\r\n\r\n")
+            self._w(b"0\r\n\r\n")
             self.done(True)
         elif mode == M_RELAY_BODY:
             self.done(True)
@@ -442,8 +443,8 @@ class Exchange:
             if not self.finished:
                 err = self.enc.error("api_error", STREAM_BROKE)
                 if err:
-                    self.conn.write(b"%x\r\n%b\r\n" % (len(err), err))
-            self.conn.write(b"0\r\n\r\n")
+                    self._w(b"%x\r\n%b\r\n" % (len(err), err))
+            self._w(b"0\r\n\r\n")
             self.done(True)
         elif mode == M_TRANSLATE_BODY:
             # Buffered translation: the body download is upstream time, not busbar's (BENCHMARK.md).
@@ -483,8 +484,8 @@ class Exchange:
             self.done(False)
             return
         if err:
-            self.conn.write(b"%x\r\n%b\r\n" % (len(err), err))
-        self.conn.write(b"0\r\n\r\n")
+            self._w(b"%x\r\n%b\r\n" % (len(err), err))
+        self._w(b"0\r\n\r\n")
         self.done(True)
 
     def final_error(self, status, body, headers, codec, same):
@@ -559,18 +560,27 @@ class Exchange:
     def head(self, status, ctype, length, extra=b""):
         self.sent = True
         ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
-        self.conn.write(b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
+        self.pending = (b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
             status_line(status), ctype, length, extra, self._timing(), ka))
 
     def head_chunked(self, status, ctype, extra=b""):
         self.sent = True
         ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
-        self.conn.write(b"%bContent-Type: %b\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n%b%b%b\r\n" % (
+        self.pending = (b"%bContent-Type: %b\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n%b%b%b\r\n" % (
             status_line(status), ctype, extra, self._timing(), ka))
+
+    def _w(self, data):
+        """Writes to the client; a head not yet written goes out in the same call, so a small
+        answer costs one send instead of two."""
+        p = self.pending
+        if p is not None:
+            self.pending = None
+            data = p + data
+        self.conn.write(data)
 
     def respond(self, status, ctype, body, extra=b""):
         self.head(status, ctype, len(body), extra)
-        self.conn.write(body)
+        self._w(body)
         self.done(True)
 
     def error(self, status, kind, message, retry_after=None):
@@ -585,6 +595,8 @@ class Exchange:
     def done(self, keep_alive):
         if self.closed:
             return
+        if self.pending is not None:
+            self._w(b"")
         self.closed = True
         self.release_lane()
         self.gw.inflight -= 1
