@@ -256,8 +256,8 @@ cdef bint _is_google_ref(str uri):
 
 
 cdef object _schema_to_json(object s, int depth):
-    """A Gemini Schema (OpenAPI 3.0 subset: upper-case types, `nullable`, snake_case keys when
-    the SDK dumped it) as JSON Schema, the IR's schema language."""
+    """A Gemini Schema (OpenAPI 3.0 subset: upper-case types, `nullable`, `example`, snake_case
+    keys when the SDK dumped it) as JSON Schema, the IR's schema language."""
     cdef dict out
     cdef object k2, t
     if not isinstance(s, dict) or depth > MAX_SCHEMA_DEPTH:
@@ -277,6 +277,12 @@ cdef object _schema_to_json(object s, int depth):
             v = [_schema_to_json(sub, depth + 1) for sub in <list>v]
         elif k2 == "$ref" and isinstance(v, str) and v.startswith("#/defs/"):
             v = "#/$defs/" + v[7:]
+        elif k2 == "propertyOrdering":
+            # Gemini-only; the order of `properties` carries it (responseJsonSchema follows it)
+            continue
+        elif k2 == "example":
+            k2 = "examples"
+            v = [v]
         out[k2] = v
     if out.pop("nullable", None) is True:
         t = out.get("type")

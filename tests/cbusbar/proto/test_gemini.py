@@ -200,8 +200,7 @@ def test_response_formats_and_other_tools():
         "response_schema": {"type": "OBJECT", "properties": {"a": {"type": "STRING"}},
                             "property_ordering": ["a"]}}))
     assert req.response_format == ir.FORMAT_JSON_SCHEMA
-    assert req.rf_schema == {"type": "object", "properties": {"a": {"type": "string"}},
-                             "propertyOrdering": ["a"]}
+    assert req.rf_schema == {"type": "object", "properties": {"a": {"type": "string"}}}
     req = g.read_request(_body(contents=[],
                                generationConfig={"responseMimeType": "application/json"}))
     assert req.response_format == ir.FORMAT_JSON_OBJECT
