@@ -13,6 +13,7 @@ The canonical URI is the request path as sent on the wire, percent-encoded once 
 `anthropic.claude-3-5-sonnet-20241022-v2:0` travels as `...v2%3A0` and is signed as `...v2%253A0`
 (botocore's `quote(normalize_url_path(path), safe='/~')`).
 """
+import functools
 import hashlib
 import hmac
 import time
@@ -22,6 +23,9 @@ ALGORITHM = "AWS4-HMAC-SHA256"
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 
 
+# A lane signs the same few paths over and over (one per model and stream flag): quote() is the
+# slowest step of a signature, so its result is kept.
+@functools.lru_cache(maxsize=1024)
 def _canonical_path(path):
     """botocore.utils.normalize_url_path, then quote(safe='/~'): dot segments and empty segments
     (`//`) go, a trailing slash stays, and every `%` of the wire path becomes `%25`."""
@@ -116,7 +120,7 @@ class SigV4Signer:
         scope = day + self._scope_tail
         to_sign = ALGORITHM + "\n" + amz_date + "\n" + scope + "\n" + \
             hashlib.sha256(canonical.encode()).hexdigest()
-        signature = hmac.new(self._signing_key(day), to_sign.encode(), "sha256").hexdigest()
+        signature = hmac.digest(self._signing_key(day), to_sign.encode(), "sha256").hex()
         out = [("X-Amz-Date", amz_date)]
         if self._token is not None:
             out.append(("X-Amz-Security-Token", self._token))

@@ -87,11 +87,14 @@ def test_aws_get_vanilla():
 def test_signing_key_is_cached_per_day():
     signer = SigV4Signer("AKID", "SECRET", region="eu-central-1")
     with mock.patch("busbar.upstream.sigv4.hmac.digest", wraps=__import__("hmac").digest) as d:
+        def derivations():
+            # A derivation starts with an HMAC keyed by "AWS4" + the secret key.
+            return sum(1 for c in d.call_args_list if c.args[0] == b"AWS4SECRET")
         signer.sign("POST", "h", "/", "", b"", "20240501T000000Z")
         signer.sign("POST", "h", "/", "", b"", "20240501T235959Z")
-        assert d.call_count == 4  # one derivation (date, region, service, aws4_request)
+        assert derivations() == 1
         signer.sign("POST", "h", "/", "", b"", "20240502T000001Z")
-        assert d.call_count == 8
+        assert derivations() == 2
     # Across midnight the signature must use the new day's key: compare with botocore.
     want = botocore_headers("POST", "https://h/", b"", "eu-central-1",
                             when=datetime.datetime(2024, 5, 2, 0, 0, 1))
