@@ -222,12 +222,14 @@ class Exchange:
                 ir_req.max_tokens = model.default_max_tokens or gw.limits.default_max_tokens
             else:
                 ir_req.max_tokens = self.ir_max_tokens
-            if model.reasoning:
+            if self.target.reasoning(lane):
                 ir_req.reasoning_effort = self.ir_effort
                 ir_req.reasoning_budget = self.ir_budget
             else:
                 ir_req.reasoning_effort = None
                 ir_req.reasoning_budget = None
+            if proto == "bedrock":
+                transform.clear_cache_control(ir_req)
             try:
                 body = codec.write_request(ir_req)
             except ir.CodecError as e:

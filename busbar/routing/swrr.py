@@ -14,25 +14,39 @@ _NO_LANES: frozenset = frozenset()
 
 class Lane:
     """One model on its provider, shared by every target that uses it, so `max_concurrent` is
-    lane-global: a permit taken through pool A is unavailable to pool B and to the direct route."""
+    lane-global: a permit taken through pool A is unavailable to pool B and to the direct route.
 
-    __slots__ = ("model", "name", "inflight", "limit")
+    With several worker processes the permit count lives in `shared` (cbusbar.shared, a mapping
+    every worker inherits from the parent and updates atomically), so the limit holds for the whole
+    gateway, not once per process. `inflight` always counts this process's own requests."""
 
-    def __init__(self, model: Model) -> None:
+    __slots__ = ("model", "name", "inflight", "limit", "_shared", "_slot")
+
+    def __init__(self, model: Model, shared=None, slot: int = -1) -> None:
         self.model = model
         self.name = model.name
         self.inflight = 0
         self.limit = model.max_concurrent  # None = unbounded
+        self._shared = shared if (shared is not None and self.limit is not None) else None
+        self._slot = slot
 
     def has_permit(self) -> bool:
         limit = self.limit
-        return limit is None or self.inflight < limit
+        if limit is None:
+            return True
+        if self._shared is not None:
+            return self._shared.value(self._slot) < limit
+        return self.inflight < limit
 
     def try_acquire(self) -> bool:
         """Takes a permit if one is free. A lane at capacity is skipped, never waited on."""
         limit = self.limit
-        if limit is not None and self.inflight >= limit:
-            return False
+        if limit is not None:
+            if self._shared is not None:
+                if not self._shared.try_acquire(self._slot, limit):
+                    return False
+            elif self.inflight >= limit:
+                return False
         self.inflight += 1
         return True
 
@@ -41,6 +55,8 @@ class Lane:
             # A double release would silently raise the lane's real concurrency above its limit.
             raise RuntimeError(f"lane {self.name!r}: release() without a matching acquire")
         self.inflight -= 1
+        if self._shared is not None:
+            self._shared.release(self._slot)
 
     def __repr__(self) -> str:
         limit = "unbounded" if self.limit is None else self.limit
@@ -76,9 +92,9 @@ class Target:
     def eligible(self, lane: Lane) -> bool:
         """Whether `lane` may take a request through this target right now. Today that is a free
         permit; the circuit breaker's per-(pool, lane) cell joins this check (the direct route
-        then uses the lane-default cell). Lane.has_permit() inlined: this runs per member per pick."""
-        limit = lane.limit
-        return limit is None or lane.inflight < limit
+        then uses the lane-default cell). This runs per member per pick: unbounded lanes return at
+        once."""
+        return lane.limit is None or lane.has_permit()
 
     def pick(self, exclude: frozenset | set = _NO_LANES) -> Lane | None:
         """The next lane by SWRR among eligible lanes not in `exclude`, with its permit already
@@ -86,9 +102,8 @@ class Target:
         lanes = self.lanes
         if len(lanes) == 1:
             lane = lanes[0]
-            if lane in exclude or not self.eligible(lane):
+            if lane in exclude or not self.eligible(lane) or not lane.try_acquire():
                 return None
-            lane.inflight += 1
             return lane
         current = self.current
         weights = self.weights
@@ -111,9 +126,10 @@ class Target:
             return None
         current[best] = best_weight - total
         lane = lanes[best]
-        # eligible() just saw a free permit and nothing can run in between (no await), so the
-        # acquire cannot fail here.
-        lane.inflight += 1
+        # eligible() just saw a free permit; only another worker process can take it in between
+        # (shared permits), in which case the next-best lane is tried.
+        if not lane.try_acquire():
+            return self.pick(frozenset(exclude) | {lane})
         return lane
 
     def reasoning(self, lane: Lane) -> bool:
@@ -131,9 +147,13 @@ class Router:
 
     __slots__ = ("config", "lanes", "_targets", "_names")
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, shared=None) -> None:
+        """shared: a cbusbar.shared.SharedCounters with one slot per model (in sorted name order),
+        created before the worker processes fork; None for a single process."""
         self.config = config
-        self.lanes: dict[str, Lane] = {name: Lane(model) for name, model in config.models.items()}
+        slots = {name: i for i, name in enumerate(sorted(config.models))}
+        self.lanes: dict[str, Lane] = {
+            name: Lane(model, shared, slots[name]) for name, model in config.models.items()}
         targets: dict[str, Target] = {
             name: Target(name, False, [(lane, 1, None)]) for name, lane in self.lanes.items()
         }

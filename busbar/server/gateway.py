@@ -25,11 +25,11 @@ log = logging.getLogger("busbar")
 class Gateway:
     """Per-process state: the routing table, the upstream pool, the open connections."""
 
-    def __init__(self, config, loop):
+    def __init__(self, config, loop, shared=None):
         self.loop = loop
         self.config = config
         self.limits = config.limits
-        self.router = Router(config)
+        self.router = Router(config, shared)
         self.egress = {name: Egress(p) for name, p in config.providers.items()}
         self.pool = UpstreamPool(loop, connect_timeout=self.limits.upstream_connect_timeout_secs,
                                  max_idle_per_host=self.limits.upstream_pool_max_idle_per_host,
@@ -122,12 +122,12 @@ def _install_uvloop():
     return uvloop.new_event_loop()
 
 
-def run_worker(config, sock, on_ready=None, extra=None, children=()):
+def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None):
     """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
     process forwards the signal to its `children` (the other workers)."""
     loop = _install_uvloop()
     asyncio.set_event_loop(loop)
-    gw = Gateway(config, loop)
+    gw = Gateway(config, loop, shared)
     stop = asyncio.Event()
 
     def _signal(signum):
@@ -167,6 +167,9 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
     # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
     first = bind(host, port, reuse_port=True)
     port = first.getsockname()[1]
+    # Lane permits shared by all workers, so max_concurrent is one limit for the whole gateway.
+    from cbusbar.shared import SharedCounters
+    shared = SharedCounters(len(config.models))
     children = []
     for i in range(n - 1):
         pid = os.fork()
@@ -174,12 +177,12 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
             first.close()
             code = 1
             try:
-                code = run_worker(config, bind(host, port, reuse_port=True), None, None)
+                code = run_worker(config, bind(host, port, reuse_port=True), None, None, (), shared)
             finally:
                 os._exit(code)
         children.append(pid)
 
-    code = run_worker(config, first, on_ready, extra, children)
+    code = run_worker(config, first, on_ready, extra, children, shared)
     for pid in children:
         try:
             _, status = os.waitpid(pid, 0)

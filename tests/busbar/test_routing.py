@@ -184,3 +184,29 @@ def test_member_reasoning_override():
     assert p.reasoning(r.lanes["b"]) is True
     assert r.resolve("a").reasoning(r.lanes["a"]) is True
     assert r.resolve("b").reasoning(r.lanes["b"]) is False
+
+
+def test_permits_shared_across_worker_processes():
+    # Two routers over one SharedCounters stand for two worker processes: max_concurrent: 2 holds
+    # for both together, and a release in one frees the permit for the other.
+    import os
+
+    from cbusbar.shared import SharedCounters
+
+    from busbar.config import load as _load
+    cfg = _load(text="providers: {ollama: }\nmodels: {a: {provider: ollama, max_concurrent: 2}, "
+                     "b: {provider: ollama}}\npools: {p: {members: [{model: a}, {model: b}]}}\n", env={})
+    shared = SharedCounters(len(cfg.models))
+    r1, r2 = Router(cfg, shared), Router(cfg, shared)
+    assert r1.resolve("a").pick() is r1.lanes["a"]
+    assert r2.resolve("a").pick() is r2.lanes["a"]
+    assert r1.resolve("a").pick() is None and r2.resolve("a").pick() is None
+    # the pool skips the full lane and takes b
+    assert r2.resolve("p").pick() is r2.lanes["b"]
+    pid = os.fork()
+    if pid == 0:  # a real other process releases its permit
+        r2.lanes["a"].release()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert shared.value(0) == 1
+    assert r1.resolve("a").pick() is r1.lanes["a"]
