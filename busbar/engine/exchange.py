@@ -594,6 +594,23 @@ class Exchange:
         body, hdrs = self.gw.error_body(proto, status, kind, message, self.rid())
         self.respond(status, b"application/json", body, extra + hdrs)
 
+    def crash(self, exc):
+        """An unexpected exception while handling this request: log it, free what it held and
+        answer 500 in the caller's shape (or cut the connection if the answer already started)."""
+        import logging
+        logging.getLogger("busbar").error("internal error on %s %s: %r", self.req.method.decode(
+            "latin-1"), self.req.path, exc, exc_info=exc)
+        if self.closed:
+            return
+        self.abandon_upstream()
+        self.release_lane()
+        if not self.sent:
+            self.pending = None
+            self.error(500, "api_error", "The server had an error while processing your request.")
+        else:
+            self.pending = None
+            self.done(False)
+
     def done(self, keep_alive):
         if self.closed:
             return

@@ -184,8 +184,11 @@ class HttpConnection(asyncio.Protocol):
     # ---------------------------------------------------------------- exchanges
     def _start(self, req):
         self._disarm()
-        self.exchange = self.gw.new_exchange(self, req)
-        self.exchange.start()
+        ex = self.exchange = self.gw.new_exchange(self, req)
+        try:
+            ex.start()
+        except Exception as e:  # a bug must cost this request only, never the process
+            ex.crash(e)
 
     def exchange_done(self, keep_alive: bool):
         """The current exchange wrote its last byte."""

@@ -51,6 +51,13 @@ class UpstreamConnection(asyncio.Protocol):
     def data_received(self, data):
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError as e:
+            # An exception inside an exchange's handler (a bug, or bytes a codec choked on).
+            h = self.handler
+            self.handler = None
+            self.close()
+            if h is not None:
+                h.crash(e.__context__ or e)
         except httptools.HttpParserError:
             self._fail("upstream sent a malformed HTTP response")
         except httptools.HttpParserUpgrade:
