@@ -59,7 +59,7 @@ class Exchange:
     __slots__ = ("gw", "conn", "req", "route", "proto", "ingress", "name", "target", "stream",
                  "ir", "ir_max_tokens", "ir_effort", "ir_budget", "include_usage", "tried",
                  "hops", "lane", "egress", "codec", "same", "upconn", "data", "t_send", "rtt",
-                 "mode", "chunks", "size", "dec", "enc", "unwrap", "finished", "sent", "timer",
+                 "mode", "chunks", "size", "dec", "enc", "unwrap", "finished", "sent", "_slot",
                  "status", "up_headers", "last_error", "closed", "forced", "model_span",
                  "request_id", "last_model", "pending")
 
@@ -76,7 +76,7 @@ class Exchange:
         self.chunks = None
         self.size = 0
         self.sent = False
-        self.timer = None
+        self._slot = None       # the gateway's deadline slot while an attempt's timeout runs
         self.last_error = None
         self.closed = False
         self.finished = False
@@ -256,7 +256,7 @@ class Exchange:
         ato = self.lane.model.attempt_timeout_ms
         if ato is not None and ato / 1000.0 < t:
             t = ato / 1000.0
-        self.timer = self.gw.loop.call_later(t, self._on_timeout)
+        self.gw.deadlines.arm(self, t)
         self.t_send = _perf_ns()
         conn.send(self, self.data)
 
@@ -266,8 +266,8 @@ class Exchange:
         self.last_error = None
         self.fail_over(reason)
 
-    def _on_timeout(self):
-        self.timer = None
+    def on_deadline(self):
+        """The attempt's timeout passed (called by the gateway's Deadlines sweep)."""
         if self.closed:
             return
         if self.upconn is not None:
@@ -290,10 +290,8 @@ class Exchange:
         if lane is not None:
             self.lane = None
             lane.release()
-        t = self.timer
-        if t is not None:
-            self.timer = None
-            t.cancel()
+        if self._slot is not None:
+            self.gw.deadlines.disarm(self)
 
     def exhausted(self):
         le = self.last_error
@@ -311,10 +309,9 @@ class Exchange:
         self.status = status
         self.up_headers = headers
         lim = self.gw.limits
-        if self.lane.model.attempt_timeout_ms is not None and self.timer is not None:
+        if self.lane.model.attempt_timeout_ms is not None and self._slot is not None:
             # attempt_timeout_ms caps connect + time to headers, never the body (SPEC §4.3).
-            self.timer.cancel()
-            self.timer = self.gw.loop.call_later(lim.upstream_request_timeout_secs, self._on_timeout)
+            self.gw.deadlines.arm(self, lim.upstream_request_timeout_secs)
         if status < 200 or status >= 300:
             self.mode = M_ERROR
             self.chunks = []

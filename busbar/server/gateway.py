@@ -22,6 +22,86 @@ from busbar.upstream.pool import UpstreamPool
 log = logging.getLogger("busbar")
 
 
+class Deadlines:
+    """Coarse timeouts for every connection and attempt of one gateway process: a timer wheel of
+    `resolution`-second slots swept by one periodic callback, instead of a loop timer armed and
+    cancelled per request (call_later + cancel measured ~1-2 µs each on the hot path; arming here is
+    two dict operations). A deadline fires between its time and one resolution later.
+
+    An owner (HttpConnection, Exchange) has a `_slot` attribute and an `on_deadline()` method; it is
+    in at most one slot, and leaves it when disarmed, so nothing is retained past its deadline."""
+
+    __slots__ = ("loop", "resolution", "slots", "swept", "handle")
+
+    def __init__(self, loop, resolution: float):
+        self.loop = loop
+        self.resolution = resolution
+        self.slots = {}        # slot number → {owner: None}
+        self.swept = 0         # every slot up to this number has fired
+        self.handle = None
+
+    def arm(self, owner, secs: float):
+        slot = owner._slot
+        if slot is not None:
+            del slot[owner]
+        now = self.loop.time()
+        # The first slot whose time is at or after the deadline.
+        n = int((now + secs) / self.resolution) + 1
+        slot = self.slots.get(n)
+        if slot is None:
+            slot = self.slots[n] = {}
+            if self.handle is None:
+                # No sweep pending means no other slot exists: the wheel restarts from now.
+                self.swept = int(now / self.resolution)
+                self.handle = self.loop.call_later(self.resolution, self._sweep)
+        slot[owner] = None
+        owner._slot = slot
+
+    @staticmethod
+    def disarm(owner):
+        slot = owner._slot
+        if slot is not None:
+            owner._slot = None
+            del slot[owner]
+
+    def _sweep(self):
+        self.handle = None
+        now = int(self.loop.time() / self.resolution)
+        slots = self.slots
+        n = self.swept
+        while n < now and slots:
+            n += 1
+            slot = slots.pop(n, None)
+            if slot:
+                for owner in list(slot):
+                    if owner._slot is slot:
+                        owner._slot = None
+                        try:
+                            owner.on_deadline()
+                        except Exception:  # one owner's bug must not stop the others' timeouts
+                            log.exception("timeout handler failed")
+        self.swept = now
+        if slots:
+            self.handle = self.loop.call_later(self.resolution, self._sweep)
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.cancel()
+            self.handle = None
+        self.slots.clear()
+
+
+def _resolution(config) -> float:
+    """A twentieth of the shortest configured timeout, between 5 ms and 100 ms."""
+    lim = config.limits
+    shortest = min(lim.header_read_timeout_secs, lim.idle_timeout_secs,
+                   lim.upstream_request_timeout_secs)
+    for m in config.models.values():
+        if m.attempt_timeout_ms is not None:
+            shortest = min(shortest, m.attempt_timeout_ms / 1000.0)
+    return min(0.1, max(0.005, shortest / 20))
+
+
 class Gateway:
     """Per-process state: the routing table, the upstream pool, the open connections."""
 
@@ -34,6 +114,7 @@ class Gateway:
         self.pool = UpstreamPool(loop, connect_timeout=self.limits.upstream_connect_timeout_secs,
                                  max_idle_per_host=self.limits.upstream_pool_max_idle_per_host,
                                  idle_timeout=self.limits.upstream_pool_idle_timeout_secs)
+        self.deadlines = Deadlines(loop, _resolution(config))
         self.server_timing = bool(config.server_timing)
         self.max_inbound = self.limits.max_inbound_concurrent
         self.max_hops = 3
@@ -103,6 +184,7 @@ class Gateway:
         for c in list(self.connections):
             c.transport.close()
         self.pool.close()
+        self.deadlines.close()
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:

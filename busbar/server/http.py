@@ -66,7 +66,8 @@ class HttpConnection(asyncio.Protocol):
         self._blen = 0
         self._t0 = 0
         self._in_message = False
-        self._timer = None
+        self._slot = None       # the gateway's deadline slot while a read/idle timeout runs
+        self._deadlines = gateway.deadlines
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport):
@@ -126,8 +127,8 @@ class HttpConnection(asyncio.Protocol):
         self._body = []
         self._blen = 0
         self._t0 = self.t_recv
-        if self._timer is None:
-            self._arm(self.limits.header_read_timeout_secs)
+        if self._slot is None:
+            self._deadlines.arm(self, self.limits.header_read_timeout_secs)
 
     def on_url(self, url):
         self._url.append(url)
@@ -143,7 +144,8 @@ class HttpConnection(asyncio.Protocol):
         self._headers[name.lower()] = value
 
     def on_headers_complete(self):
-        self._disarm()
+        if self._slot is not None:
+            self._deadlines.disarm(self)
         cl = self._headers.get(b"content-length")
         if cl is not None:
             try:
@@ -183,7 +185,8 @@ class HttpConnection(asyncio.Protocol):
 
     # ---------------------------------------------------------------- exchanges
     def _start(self, req):
-        self._disarm()
+        if self._slot is not None:
+            self._deadlines.disarm(self)
         ex = self.exchange = self.gw.new_exchange(self, req)
         try:
             ex.start()
@@ -213,7 +216,7 @@ class HttpConnection(asyncio.Protocol):
             self.closed = True
             self.transport.close()
         else:
-            self._arm(self.limits.idle_timeout_secs)
+            self._deadlines.arm(self, self.limits.idle_timeout_secs)
 
     # ---------------------------------------------------------------- writing
     def write(self, data):
@@ -240,18 +243,16 @@ class HttpConnection(asyncio.Protocol):
         self.gw.write_error_response(self, proto, status, kind, message, keep_alive=False,
                                      t0=self._t0 or self.t_recv)
 
-    # ---------------------------------------------------------------- timers
+    # ---------------------------------------------------------------- timeouts
     def _arm(self, secs):
-        self._disarm()
-        self._timer = self.gw.loop.call_later(secs, self._timeout)
+        self._deadlines.arm(self, secs)
 
     def _disarm(self):
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._slot is not None:
+            self._deadlines.disarm(self)
 
-    def _timeout(self):
-        self._timer = None
+    def on_deadline(self):
+        """The header-read or idle timeout passed (called by the gateway's Deadlines sweep)."""
         if self.closed or self.exchange is not None:
             return
         if self._in_message:
