@@ -1,0 +1,90 @@
+"""TLS to upstreams: certificates are verified by default (a self-signed upstream is refused), and a
+CA bundle given through SSL_CERT_FILE (what the single-file executable carries) is honoured."""
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import threading
+
+import pytest
+
+from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.integration.test_egress import OPENAI_REPLY, Capture
+
+
+class TlsCapture(Capture):
+    def __init__(self, ctx):
+        self.ctx = ctx
+        super().__init__()
+
+    def _conn(self, c):
+        try:
+            c = self.ctx.wrap_socket(c, server_side=True)
+        except (ssl.SSLError, OSError):
+            c.close()
+            return
+        super()._conn(c)
+
+
+@pytest.fixture(scope="module")
+def tls_upstream(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(key), "-out", str(cert)], check=True, capture_output=True, timeout=60)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    cap = TlsCapture(ctx)
+    yield cap, cert
+    cap.stopped = True
+
+
+def _gateway(tmp_path, cap, extra_env):
+    port = free_port()
+    cfg = tmp_path / "tls.yaml"
+    cfg.write_text(f"""
+listen: "127.0.0.1:{port}"
+providers:
+  o: {{protocol: openai, base_url: "https://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
+models:
+  up-model: {{provider: o}}
+""")
+    e = env()
+    e.update(extra_env)
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
+                            cwd=ROOT, env=e)
+    wait_http(port, proc)
+    return port, proc
+
+
+def _ask(port):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    c.request("POST", "/v1/chat/completions", json.dumps(
+        {"model": "up-model", "messages": [{"role": "user", "content": "tls"}]}),
+        {"content-type": "application/json"})
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
+
+
+def test_self_signed_upstream_is_refused_by_default(tls_upstream, tmp_path):
+    cap, _ = tls_upstream
+    port, proc = _gateway(tmp_path, cap, {"SSL_CERT_FILE": os.devnull})
+    try:
+        status, body = _ask(port)
+        assert status == 503 and json.loads(body)["error"]["message"].startswith("The service is temporarily")
+    finally:
+        stop(proc)
+
+
+def test_ca_bundle_from_ssl_cert_file_is_trusted(tls_upstream, tmp_path):
+    cap, cert = tls_upstream
+    port, proc = _gateway(tmp_path, cap, {"SSL_CERT_FILE": str(cert)})
+    try:
+        status, body = _ask(port)
+        assert status == 200 and body == OPENAI_REPLY
+    finally:
+        stop(proc)
