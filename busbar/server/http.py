@@ -12,6 +12,7 @@ import time
 import httptools
 
 from busbar.server import dispatch as _dispatch
+from cbusbar.http import parse_request as _fast_parse
 
 _perf_ns = time.perf_counter_ns
 
@@ -100,7 +101,27 @@ class HttpConnection(asyncio.Protocol):
         return self.exchange is not None or bool(self.queue)
 
     def data_received(self, data):
-        self.t_recv = _perf_ns()
+        self.t_recv = t = _perf_ns()
+        if not self._in_message and not self.closed:
+            # The common case, a whole plain request in the buffer, skips the parser callbacks;
+            # anything else (partial, chunked, unusual, over a limit) goes to httptools from the
+            # first byte that was not consumed here.
+            lim = self.limits
+            pos = 0
+            n = len(data)
+            while True:
+                r = _fast_parse(data, pos, lim.header_max_bytes, lim.header_count_max,
+                                lim.request_body_max_bytes)
+                if r is None:
+                    break
+                pos = r[6]
+                if self._slot is not None:
+                    self._deadlines.disarm(self)
+                self._deliver(Request(r[0], r[1], r[2], r[3], r[4], t, r[5]))
+                if pos == n or self.closed:
+                    return
+            if pos:
+                data = data[pos:]
         try:
             self.parser.feed_data(data)
         except _Abort as a:
@@ -173,8 +194,10 @@ class HttpConnection(asyncio.Protocol):
         except UnicodeDecodeError:
             raise _Abort(400, "Malformed request target.")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
-        req = Request(self.parser.get_method(), path, q, self._headers, body, self._t0,
-                      self.parser.should_keep_alive())
+        self._deliver(Request(self.parser.get_method(), path, q, self._headers, body, self._t0,
+                              self.parser.should_keep_alive()))
+
+    def _deliver(self, req):
         if self.exchange is None and not self.queue:
             self._start(req)
         else:

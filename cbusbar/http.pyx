@@ -1,0 +1,188 @@
+# cython: language_level=3
+"""Ingress request-head fast path: one complete, plain HTTP/1.1 request parsed straight from the
+receive buffer, with no parser callbacks.
+
+httptools drives a Python callback per URL piece, header and body chunk; for a small request that
+is ~3-4 µs of glue around ~0.4 µs of parsing. This parser handles only the common, unambiguous
+shape and answers None for everything else, which the caller then feeds to httptools (the
+authority). So it never rejects anything itself, and whenever it does answer, httptools would have
+parsed the same bytes to the same request (tests/cbusbar/test_http.py fuzzes it against httptools).
+
+Accepted: `GET` or `POST`, an origin-form target of visible ASCII without a fragment, `HTTP/1.1`,
+header names of token characters, header values of visible ASCII, space and tab with no trailing
+whitespace, at most one Content-Length (1-15 digits) and at most one Connection header (exactly
+`keep-alive` or `close`), the whole body present. Anything else (chunked, Upgrade, Expect, obs-fold,
+bare LF, obs-text, limits exceeded, a partial request, bytes after `Connection: close`) → None.
+"""
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.unicode cimport PyUnicode_DecodeASCII
+from libc.string cimport memcmp
+
+cdef bytes _GET = b"GET"
+cdef bytes _POST = b"POST"
+
+# RFC 9110 tchar: ! # $ % & ' * + - . ^ _ ` | ~ DIGIT ALPHA
+cdef unsigned char _TCHAR[256]
+cdef int _c
+for _c in range(256):
+    _TCHAR[_c] = 0
+for _c in b"!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ":
+    _TCHAR[_c] = 1
+
+
+cdef inline bint _eq_lower(const unsigned char* p, Py_ssize_t n, const char* lit, Py_ssize_t m):
+    """Whether p[:n], ASCII-lowercased, equals the lowercase literal lit[:m]."""
+    cdef Py_ssize_t k
+    cdef unsigned char c
+    if n != m:
+        return False
+    for k in range(n):
+        c = p[k]
+        if 65 <= c <= 90:
+            c += 32
+        if c != <unsigned char>lit[k]:
+            return False
+    return True
+
+
+cpdef tuple parse_request(bytes data, Py_ssize_t start, Py_ssize_t header_max_bytes,
+                          Py_ssize_t header_count_max, Py_ssize_t body_max):
+    """The request starting at data[start:] as (method, path, query, headers, body, keep_alive,
+    end), headers a dict of lowercased name → value (the last of repeated names wins), end the
+    offset just past the body; or None when httptools must decide (see the module docstring).
+
+    The limits are the same ones the httptools path enforces (URL + header name and value bytes,
+    header count, body bytes): a request over any of them is left to that path, which rejects it."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t i = start
+    cdef Py_ssize_t u0, u1, q, k0, k1, v0, v1, j, hbytes, count = 0
+    cdef long long cl = -1
+    cdef int ka = -1
+    cdef unsigned char c
+    cdef bytes method, name, value
+    cdef char* w
+    cdef dict headers
+
+    if start < 0 or start >= n:
+        return None
+    if n - i >= 5 and memcmp(p + i, b"POST ", 5) == 0:
+        method = _POST
+        i += 5
+    elif n - i >= 4 and memcmp(p + i, b"GET ", 4) == 0:
+        method = _GET
+        i += 4
+    else:
+        return None
+
+    u0 = i
+    if i >= n or p[i] != 47:     # '/'
+        return None
+    q = -1
+    while i < n:
+        c = p[i]
+        if c < 0x21 or c > 0x7E or c == 35:     # CTL, SP, DEL, obs-text, '#'
+            break
+        if c == 63 and q < 0:                     # '?'
+            q = i
+        i += 1
+    if i >= n or p[i] != 32:
+        return None
+    u1 = i
+    i += 1
+    if n - i < 10 or memcmp(p + i, b"HTTP/1.1\r\n", 10) != 0:
+        return None
+    i += 10
+    hbytes = u1 - u0
+    if hbytes > header_max_bytes:
+        return None
+
+    headers = {}
+    while True:
+        if i + 1 >= n:
+            return None
+        if p[i] == 13:
+            if p[i + 1] != 10:
+                return None
+            i += 2
+            break
+        k0 = i
+        while i < n and _TCHAR[p[i]]:
+            i += 1
+        if i >= n or p[i] != 58 or i == k0:      # ':' right after a non-empty name
+            return None
+        k1 = i
+        i += 1
+        while i < n and (p[i] == 32 or p[i] == 9):
+            i += 1
+        v0 = i
+        while i < n:
+            c = p[i]
+            if (c < 0x20 and c != 9) or c > 0x7E:
+                break
+            i += 1
+        if i + 1 >= n or p[i] != 13 or p[i + 1] != 10:
+            return None
+        v1 = i
+        if v1 > v0 and (p[v1 - 1] == 32 or p[v1 - 1] == 9):
+            return None
+        i += 2
+        count += 1
+        hbytes += (k1 - k0) + (v1 - v0)
+        if count > header_count_max or hbytes > header_max_bytes:
+            return None
+
+        j = k1 - k0
+        if j == 14 and _eq_lower(p + k0, j, b"content-length", 14):
+            if cl >= 0 or v1 == v0 or v1 - v0 > 15:
+                return None
+            cl = 0
+            for j in range(v0, v1):
+                c = p[j]
+                if c < 48 or c > 57:
+                    return None
+                cl = cl * 10 + (c - 48)
+        elif j == 10 and _eq_lower(p + k0, j, b"connection", 10):
+            if ka >= 0:
+                return None
+            if _eq_lower(p + v0, v1 - v0, b"keep-alive", 10):
+                ka = 1
+            elif _eq_lower(p + v0, v1 - v0, b"close", 5):
+                ka = 0
+            else:
+                return None
+        elif ((j == 17 and _eq_lower(p + k0, j, b"transfer-encoding", 17))
+              or (j == 7 and _eq_lower(p + k0, j, b"upgrade", 7))
+              or (j == 6 and _eq_lower(p + k0, j, b"expect", 6))):
+            return None
+
+        name = PyBytes_FromStringAndSize(NULL, k1 - k0)
+        w = PyBytes_AS_STRING(name)
+        for j in range(k1 - k0):
+            c = p[k0 + j]
+            if 65 <= c <= 90:
+                c += 32
+            w[j] = <char>c
+        value = PyBytes_FromStringAndSize(<const char*>p + v0, v1 - v0)
+        headers[name] = value
+
+    if cl < 0:
+        cl = 0
+    if cl > body_max or n - i < cl:
+        return None
+    if ka == 0 and i + cl != n:
+        # httptools refuses bytes after `Connection: close`; let it say so.
+        return None
+    if q < 0:
+        path = PyUnicode_DecodeASCII(<const char*>p + u0, u1 - u0, NULL)
+        query = ""
+    else:
+        path = PyUnicode_DecodeASCII(<const char*>p + u0, q - u0, NULL)
+        query = PyUnicode_DecodeASCII(<const char*>p + q + 1, u1 - q - 1, NULL)
+    if cl == 0:
+        body = b""
+    elif i == 0 and cl == n:
+        body = data
+    else:
+        body = PyBytes_FromStringAndSize(<const char*>p + i, cl)
+    return (method, path, query, headers, body, ka != 0, i + cl)
