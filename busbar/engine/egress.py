@@ -32,7 +32,7 @@ class Egress:
     """Everything needed to send one request to one provider."""
 
     __slots__ = ("provider", "protocol", "key", "host_header", "prefix", "head_json", "head_stream",
-                 "signer", "host")
+                 "signer", "host", "_lines")
 
     def __init__(self, provider):
         self.provider = provider
@@ -43,6 +43,7 @@ class Egress:
         self.host = host if provider.port == default_port else "%s:%d" % (host, provider.port)
         self.prefix = provider.path_prefix
         self.signer = None
+        self._lines = {}    # (path, stream) → request line + head, for unsigned requests
         lines = [b"Host: " + self.host.encode("ascii"),
                  b"User-Agent: " + USER_AGENTS.get(provider.protocol, b"okhttp/4.12.0"),
                  b"Content-Type: application/json"]
@@ -77,11 +78,19 @@ class Egress:
 
     def request(self, path: str, body: bytes, stream: bool, extra: bytes = b"") -> bytes:
         """The whole HTTP/1.1 request: request line, headers, body."""
+        if self.signer is None:
+            # Paths come from the configured upstream models, so this cache is bounded.
+            k = (path, stream)
+            head = self._lines.get(k)
+            if head is None:
+                head = self._lines[k] = b"".join((
+                    b"POST ", (self.prefix + path).encode("ascii"), b" HTTP/1.1\r\n",
+                    self.head_stream if stream else self.head_json))
+            return b"".join((head, extra, b"Content-Length: %d\r\n\r\n" % len(body), body))
         full = self.prefix + path
         head = self.head_stream if stream else self.head_json
-        if self.signer is not None:
-            p, _, q = full.partition("?")
-            for name, value in self.signer.sign("POST", self.host, p, q, body):
-                extra += b"%s: %s\r\n" % (name.encode("ascii"), value.encode("ascii"))
+        p, _, q = full.partition("?")
+        for name, value in self.signer.sign("POST", self.host, p, q, body):
+            extra += b"%s: %s\r\n" % (name.encode("ascii"), value.encode("ascii"))
         return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n", head, extra,
                          b"Content-Length: %d\r\n\r\n" % len(body), body))

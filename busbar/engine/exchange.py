@@ -30,6 +30,7 @@ class _Codecs(dict):
 
 
 CODECS = _Codecs()
+_WIRE_JSON = {}     # upstream model name → its JSON string (names come from config: bounded)
 BODY_MODEL = frozenset(("openai", "responses", "cohere", "anthropic"))
 
 # Response modes once upstream headers arrived
@@ -190,8 +191,14 @@ class Exchange:
                     i = body.index(b"{") + 1
                     body = body[:i] + b'"model":' + _dumps(wire) + (
                         b"," if body[i:].strip() != b"}" else b"") + body[i:]
-                elif _loads(body[span[0]:span[1]]) != wire:
-                    body = splice(body, span[0], span[1], _dumps(wire))
+                else:
+                    wj = _WIRE_JSON.get(wire)
+                    if wj is None:
+                        wj = _WIRE_JSON[wire] = _dumps(wire)
+                    # Bytes compare, no parse: a client spelling of the same name with escapes
+                    # just gets the canonical spelling spliced in.
+                    if body[span[0]:span[1]] != wj:
+                        body = splice(body, span[0], span[1], wj)
             betas = gw.beta_headers.get(proto)
             if betas:
                 h = self.req.headers
@@ -326,7 +333,6 @@ class Exchange:
                 cl = _header(headers, b"content-length")
                 if cl is not None and _header(headers, b"content-encoding") is None:
                     self.mode = M_RELAY_BODY
-                    self.chunks = []
                     ct = _header(headers, b"content-type") or b"application/json"
                     self.head(200, ct, int(cl), self.same_protocol_headers(headers))
                 else:
@@ -362,7 +368,6 @@ class Exchange:
                     self.dec = None     # the tap never breaks the relay
         elif mode == M_RELAY_BODY:
             self._w(chunk)
-            self._collect(chunk, self.gw.limits.request_body_max_bytes)
         elif mode == M_TRANSLATE_STREAM:
             try:
                 events = self.dec.feed(chunk)

@@ -79,7 +79,19 @@ def _bedrock(path: str, method: bytes) -> Route:
     return Route(UNSUPPORTED, "bedrock", model)
 
 
+# The four fixed body-model paths answered with POST: their Route never varies, so one shared
+# (never mutated) instance each saves building it per request.
+_FIXED_CHAT = {path: Route(CHAT, proto) for path, proto in (
+    ("/v1/chat/completions", "openai"), ("/v1/responses", "responses"), ("/v2/chat", "cohere"),
+    ("/v1/messages", "anthropic"))}
+
+
 def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
+    r = _FIXED_CHAT.get(path)
+    if r is not None and method == b"POST":
+        by_header = header_protocol(headers)
+        if by_header is None or by_header == r.protocol:
+            return r
     if path == "/healthz":
         return Route(HEALTH, None)
     if path in ("/v1/models", "/v1beta/models"):

@@ -285,5 +285,11 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
 
+_STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in REASONS.items()}
+
+
 def status_line(status: int) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))
+    line = _STATUS_LINES.get(status)
+    if line is None:
+        line = b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))
+    return line
