@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Builds dist/busbar: one static executable (no Python, no libc needed where it runs).
+#
+#   packaging/build.sh           # reuses dist/busbar when its inputs are unchanged
+#   packaging/build.sh --force   # always rebuilds
+#
+# 1. PyInstaller (packaging/busbar.spec) freezes busbar, the compiled cbusbar extensions of the
+#    work tree, uvloop, httptools, orjson, PyYAML, providers.yaml and a CA bundle into one stripped
+#    file (the interpreter and its libraries inside).
+# 2. staticx wraps that file with the libc, libm and loader it needs and a static bootloader, so
+#    `ldd dist/busbar` says "not a dynamic executable". It runs with --no-compress: the archive is
+#    recompressed by packaging/sxpack.py instead (xz for the libraries, stored for the
+#    already-compressed PyInstaller payload), which keeps start-up fast and the file small.
+#
+# Needs the compiled extensions (`make build`), Python 3.11 in .venv, and binutils, libc-bin and
+# ca-certificates from Debian; it installs what is missing (apt-get, and packaging/requirements.txt
+# into .venv).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VENV:-.venv}
+PY="$VENV/bin/python"
+OUT=dist/busbar
+WORK=build/pyinstaller
+export PATH="$PWD/$VENV/bin:$PATH"
+FORCE=0
+[[ "${1:-}" == "--force" ]] && FORCE=1
+
+say() { printf 'build.sh: %s\n' "$*" >&2; }
+
+# --- tools --------------------------------------------------------------------------------------
+need_apt=()
+for tool in objcopy strip readelf; do command -v "$tool" >/dev/null || need_apt+=(binutils); done
+command -v ldd >/dev/null || need_apt+=(libc-bin)
+[[ -f ${BUSBAR_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt} ]] || need_apt+=(ca-certificates)
+if ((${#need_apt[@]})); then
+    say "installing Debian packages: ${need_apt[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u)
+fi
+if [[ ! -x $PY ]]; then
+    say "no $PY: run 'make build' first"
+    exit 1
+fi
+if ! "$PY" - <<'EOF' 2>/dev/null
+import re, sys
+from importlib import metadata
+for line in open("packaging/requirements.txt"):
+    m = re.match(r"([\w.-]+)==(\S+)", line)
+    if m and metadata.version(m.group(1)) != m.group(2):
+        sys.exit(1)
+EOF
+then
+    say "installing packaging/requirements.txt into $VENV"
+    "$PY" -m pip install -q --disable-pip-version-check -r packaging/requirements.txt
+fi
+
+# --- inputs -------------------------------------------------------------------------------------
+# Every .pyx must have its extension, built after the source was last changed: a missing or older
+# .so would be frozen as it is. Building them is `make build`'s job (it compiles the whole tree).
+stale=()
+while IFS= read -r pyx; do
+    so=$(ls "${pyx%.pyx}".cpython-*.so 2>/dev/null | head -n1 || true)
+    if [[ -z $so || $so -ot $pyx ]]; then stale+=("$pyx"); fi
+done < <(find cbusbar -name '*.pyx' | sort)
+if ((${#stale[@]})); then
+    say "extensions missing or older than their source: ${stale[*]}"
+    say "run 'make build' first"
+    exit 1
+fi
+
+digest=$("$PY" packaging/inputs.py)
+if ((!FORCE)) && [[ -x $OUT && -f dist/busbar.inputs && $(cat dist/busbar.inputs) == "$digest" ]]; then
+    say "$OUT is current ($(stat -c %s "$OUT") bytes)"
+    exit 0
+fi
+
+# --- build --------------------------------------------------------------------------------------
+# PyInstaller reads a snapshot of the sources: extensions rebuilt in the work tree while it runs
+# would otherwise end up half-copied in the archive. The snapshot is taken until it matches the
+# digest computed on either side of it.
+mkdir -p dist "$WORK"
+rm -f dist/busbar.inputs
+SRC="$WORK/src"
+for attempt in 1 2 3; do
+    rm -rf "$SRC"
+    mkdir -p "$SRC"
+    find busbar cbusbar -not -path '*/__pycache__/*' \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.so' -o -path 'busbar/data/*.yaml' \) -print0 \
+        | tar --null -T - -cf - | tar -xf - -C "$SRC"
+    after=$("$PY" packaging/inputs.py)
+    [[ $after == "$digest" ]] && break
+    digest=$after
+    ((attempt < 3)) || { say "sources keep changing under the build; try again"; exit 1; }
+done
+say "PyInstaller"
+BUSBAR_SRC="$PWD/$SRC" PYINSTALLER_ZLIB_COMPRESSION_LEVEL=9 "$PY" -m PyInstaller --noconfirm --log-level WARN \
+    --distpath "$WORK/dist" --workpath "$WORK/work" packaging/busbar.spec
+say "staticx"
+staticx --strip --no-compress "$WORK/dist/busbar" "$WORK/busbar.static"
+"$PY" packaging/sxpack.py "$WORK/busbar.static" >&2
+chmod 0755 "$WORK/busbar.static"
+
+# The result must be static and must run.
+ldd_says=$(ldd "$WORK/busbar.static" 2>&1 || true)
+if [[ $ldd_says != *"not a dynamic executable"* ]]; then
+    say "staticx output is still dynamic"; exit 1
+fi
+version=$(env -i "$WORK/busbar.static" --version)
+mv -f "$WORK/busbar.static" "$OUT"
+echo "$digest" > dist/busbar.inputs
+say "$OUT: $version, $(stat -c %s "$OUT") bytes"

@@ -1,0 +1,340 @@
+"""dist/busbar, the static one-file executable, run as a user would: no Python, an empty environment.
+
+The build (packaging/build.sh) takes ~20 s on two cores and is skipped when dist/busbar is current
+for today's inputs (packaging/inputs.py). The executable then serves calls routed to its own mock
+(`busbar mock`), translating in both directions, and drains on SIGTERM.
+"""
+from __future__ import annotations
+
+import http.client
+import http.server
+import io
+import json
+import lzma
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+
+import pytest
+
+import busbar
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXE = os.path.join(ROOT, "dist", "busbar")
+BUILD_TIMEOUT = 900
+
+
+@pytest.fixture(scope="module")
+def exe():
+    r = subprocess.run([os.path.join(ROOT, "packaging", "build.sh")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=BUILD_TIMEOUT)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return EXE
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "exited early with %s: %s" % (proc.returncode, proc.stderr.read())
+        try:
+            status, body = get(port, "/healthz")
+            if status == 200:
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise AssertionError("no /healthz on port %d within %.0f s" % (port, timeout))
+
+
+def get(port: int, path: str):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        c.request("GET", path)
+        r = c.getresponse()
+        return r.status, r.read()
+    finally:
+        c.close()
+
+
+def post(port: int, path: str, body: dict, headers=(), timeout: float = 10):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request("POST", path, json.dumps(body), {"content-type": "application/json", **dict(headers)})
+        r = c.getresponse()
+        return r.status, r.getheader("content-type"), r.read()
+    finally:
+        c.close()
+
+
+@pytest.fixture()
+def gateway(exe, tmp_path):
+    """The mock and a gateway with an OpenAI and an Anthropic lane on it, both the executable,
+    both started with an empty environment."""
+    mock_port, port = free_port(), free_port()
+    mock = subprocess.Popen([exe, "mock", "--port", str(mock_port)], env={}, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        'listen: "127.0.0.1:%d"\n'
+        "providers:\n"
+        '  mock-openai: {protocol: openai, base_url: "http://127.0.0.1:%d"}\n'
+        '  mock-anthropic: {protocol: anthropic, base_url: "http://127.0.0.1:%d"}\n'
+        "models:\n"
+        "  gpt-4o-mini: {provider: mock-openai}\n"
+        "  claude-haiku-4-5: {provider: mock-anthropic}\n"
+        "advanced: {worker_threads: 1}\n" % (port, mock_port, mock_port))
+    gw = subprocess.Popen([exe, "serve", "--config", str(config)], env={}, cwd=tmp_path,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(mock_port, mock)
+        wait_healthy(port, gw)
+        yield gw, port
+    finally:
+        for p in (gw, mock):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+
+
+def test_static_and_version(exe):
+    ldd = subprocess.run(["ldd", exe], capture_output=True, text=True)
+    assert "not a dynamic executable" in ldd.stdout + ldd.stderr
+    r = subprocess.run([exe, "--version"], env={}, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "busbar " + busbar.__version__
+    assert os.path.getsize(exe) < 16 * 1024 * 1024
+
+
+def test_validate_image_default_config(exe, tmp_path):
+    # The image's layout: /etc/busbar/config.yaml with providers.yaml beside it.
+    shutil.copy(os.path.join(ROOT, "packaging", "config.default.yaml"), tmp_path / "config.yaml")
+    shutil.copy(os.path.join(ROOT, "busbar", "data", "providers.yaml"), tmp_path / "providers.yaml")
+    r = subprocess.run([exe, "validate", "--config", str(tmp_path / "config.yaml")], env={},
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("providers: {}\nmodels: {m: {provider: nowhere}}\n")
+    r = subprocess.run([exe, "validate", "--config", str(bad)], env={}, capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 1
+    assert "nowhere" in r.stderr
+
+
+def test_openai_and_anthropic_calls(gateway):
+    gw, port = gateway
+    status, body = get(port, "/healthz")
+    assert status == 200
+
+    # OpenAI Chat in, Anthropic lane out: both codecs, loaded by name inside the executable.
+    status, ctype, body = post(port, "/v1/chat/completions", {
+        "model": "claude-haiku-4-5", "messages": [{"role": "user", "content": "Hello there"}]})
+    assert status == 200, body
+    doc = json.loads(body)
+    assert doc["object"] == "chat.completion"
+    assert doc["choices"][0]["message"]["content"].startswith("mock: Hello there w1")
+    assert doc["usage"]["completion_tokens"] > 0
+
+    # Anthropic Messages in, OpenAI lane out, streamed.
+    status, ctype, body = post(port, "/v1/messages", {
+        "model": "gpt-4o-mini", "max_tokens": 64, "stream": True,
+        "messages": [{"role": "user", "content": "Hi"}]}, {"anthropic-version": "2023-06-01"})
+    assert status == 200, body
+    assert ctype.startswith("text/event-stream")
+    events = [line[len("event: "):] for line in body.decode().splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    text = "".join(json.loads(line[len("data: "):])["delta"].get("text", "")
+                   for line in body.decode().splitlines()
+                   if line.startswith("data: ") and '"content_block_delta"' in line)
+    assert text.startswith("mock: Hi w1")
+
+
+def inner_archive(exe: str, tmp_path) -> str:
+    """The PyInstaller program inside the staticx wrapper, written to a file."""
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
+    try:
+        import sxpack
+    finally:
+        sys.path.pop(0)
+    raw = lzma.decompress(sxpack.read_section(exe))
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tar:
+        data = tar.extractfile("busbar").read()
+    path = tmp_path / "inner"
+    path.write_bytes(data)
+    return str(path)
+
+
+def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
+    from PyInstaller.archive.readers import CArchiveReader
+
+    ar = CArchiveReader(inner_archive(exe, tmp_path))
+    with open(os.environ.get("BUSBAR_CA_BUNDLE", "/etc/ssl/certs/ca-certificates.crt"), "rb") as f:
+        assert ar.extract("certs/ca-certificates.crt") == f.read()
+    with open(os.path.join(ROOT, "busbar", "data", "providers.yaml"), "rb") as f:
+        assert ar.extract("busbar/data/providers.yaml") == f.read()
+    assert ar.toc["launcher"][-1] == "s"          # the entry script
+    names = set(ar.toc)
+    assert not any("botocore" in n or "_codecs_jp" in n for n in names)
+
+
+def test_launcher_points_openssl_at_the_bundle(tmp_path, monkeypatch):
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
+    try:
+        import launcher
+    finally:
+        sys.path.pop(0)
+    (tmp_path / "certs").mkdir()
+    (tmp_path / "certs" / "ca-certificates.crt").write_text("roots")
+    monkeypatch.setattr(sys, "_MEIPASS", str(tmp_path), raising=False)
+    env = {}
+    launcher.use_bundled_roots(env)
+    assert env == {"SSL_CERT_FILE": str(tmp_path / "certs" / "ca-certificates.crt")}
+    env = {"SSL_CERT_FILE": "/mine.pem"}
+    launcher.use_bundled_roots(env)
+    assert env == {"SSL_CERT_FILE": "/mine.pem"}
+
+
+class _TLSUpstream(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    ANSWER = json.dumps({
+        "id": "chatcmpl-tls", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "over tls"},
+                     "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}).encode()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", "0")))
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(self.ANSWER)))
+        self.end_headers()
+        self.wfile.write(self.ANSWER)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_tls_upstream_verifies(exe, tmp_path):
+    """TLS from the static executable: OpenSSL, the hostname's IDNA encoding, verification on.
+    A lane whose certificate the operator's SSL_CERT_FILE trusts answers; with the executable's
+    own bundle (public roots only) the same lane is refused."""
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "2", "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost"],
+                   check=True, capture_output=True)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    upstream = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _TLSUpstream)
+    upstream.socket = ctx.wrap_socket(upstream.socket, server_side=True)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = free_port()
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        'listen: "127.0.0.1:%d"\n'
+        "providers:\n"
+        '  tls: {protocol: openai, base_url: "https://localhost:%d", api_key: {env: TLS_KEY}}\n'
+        "models:\n"
+        "  m: {provider: tls}\n"
+        "advanced: {worker_threads: 1}\n" % (port, upstream.server_address[1]))
+    try:
+        for env, want in (({"TLS_KEY": "k", "SSL_CERT_FILE": str(cert)}, 200), ({"TLS_KEY": "k"}, None)):
+            gw = subprocess.Popen([exe, "serve", "--config", str(config)], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            try:
+                wait_healthy(port, gw)
+                status, ctype, body = post(port, "/v1/chat/completions", {
+                    "model": "m", "messages": [{"role": "user", "content": "hi"}]})
+            finally:
+                gw.send_signal(signal.SIGTERM)
+                assert gw.wait(timeout=15) == 0
+            if want == 200:
+                assert status == 200, body
+                assert json.loads(body)["choices"][0]["message"]["content"] == "over tls"
+            else:
+                assert status >= 500, body
+                assert "error" in json.loads(body)
+    finally:
+        upstream.shutdown()
+        upstream.server_close()
+
+
+def test_sigterm_drains_and_exits_zero(gateway):
+    gw, port = gateway
+    result = {}
+
+    def slow_call():
+        result["r"] = post(port, "/v1/chat/completions", {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "user", "content": "slow #mock:delay_ms=1500"}]}, timeout=20)
+
+    t = threading.Thread(target=slow_call)
+    t.start()
+    time.sleep(0.4)                         # the call is in flight, waiting on the mock
+    gw.send_signal(signal.SIGTERM)
+
+    # Stops accepting: new connections are refused while the in-flight call still runs.
+    deadline = time.monotonic() + 1.0
+    refused = False
+    while time.monotonic() < deadline and not refused:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            time.sleep(0.02)
+        except ConnectionRefusedError:
+            refused = True
+    assert refused
+    assert t.is_alive()
+
+    t.join(20)
+    status, ctype, body = result["r"]
+    assert status == 200, body
+    assert json.loads(body)["choices"][0]["message"]["content"].startswith("mock: slow")
+    assert gw.wait(timeout=15) == 0
+    assert "unknown reason" not in gw.stderr.read()
+
+
+def test_sigint_exits_zero(exe):
+    port = free_port()
+    p = subprocess.Popen([exe, "serve", "--demo", "--listen", "127.0.0.1:%d" % port], env={},
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(port, p)
+    finally:
+        p.send_signal(signal.SIGINT)
+        assert p.wait(timeout=15) == 0
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0,
+                    reason="needs root and util-linux unshare for a PID namespace")
+def test_sigterm_as_pid_1(exe):
+    """As a container's PID 1 (the static launcher then gets no default signal actions)."""
+    port = free_port()
+    p = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", exe, "serve", "--demo",
+                          "--listen", "127.0.0.1:%d" % port], env={}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(port, p)
+        with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+            pid1 = int(f.read().split()[0])
+        os.kill(pid1, signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+        assert "unknown reason" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
