@@ -12,6 +12,7 @@ import io
 import json
 import lzma
 import os
+import re
 import shutil
 import signal
 import socket
@@ -334,6 +335,50 @@ def test_sigterm_as_pid_1(exe):
         os.kill(pid1, signal.SIGTERM)
         assert p.wait(timeout=15) == 0
         assert "unknown reason" not in p.stderr.read()
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or shutil.which("chroot") is None
+                    or os.geteuid() != 0, reason="needs root, unshare and chroot")
+def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
+    """The image's file tree (packaging/oci_image.py --rootfs) run as a container runs it: PID 1
+    of its own PID namespace, root filesystem read-only, a tmpfs on /tmp, user 65532, only the
+    image's environment, its Entrypoint + Cmd (plus a loopback listen address)."""
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
+    try:
+        import oci_image
+    finally:
+        sys.path.pop(0)
+    rootfs = tmp_path / "rootfs"
+    assert oci_image.main(["--executable", exe, "--rootfs", str(rootfs)]) == 0
+    (rootfs / "proc").mkdir()                      # a runtime's mount point, not in the image
+    port = free_port()
+    argv = oci_image.ENTRYPOINT + oci_image.CMD + ["--listen", "127.0.0.1:%d" % port]
+    script = (
+        "set -e; r=%s; mount --bind $r $r; mount -t proc proc $r/proc; "
+        "mount -o remount,bind,ro $r; mount -t tmpfs -o mode=1777,size=64m tmpfs $r/tmp; "
+        "exec env -i %s %s --userspec=65532:65532 $r %s"
+        % (rootfs, " ".join(oci_image.ENV), shutil.which("chroot"), " ".join(argv)))
+    p = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
+                          "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+    try:
+        wait_healthy(port, p)
+        with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
+            pid1 = int(f.read().split()[0])
+        with open("/proc/%d/status" % pid1) as f:
+            assert re.search(r"^Uid:\s+65532\s", f.read(), re.M)
+        # The default config's lane (a loopback Ollama) is absent here: a native error, no crash.
+        status, ctype, body = post(port, "/v1/chat/completions", {
+            "model": "default", "messages": [{"role": "user", "content": "hi"}]})
+        assert status >= 500 and "error" in json.loads(body)
+        os.kill(pid1, signal.SIGTERM)
+        assert p.wait(timeout=15) == 0
+        out = p.stdout.read()
+        assert "listening on 127.0.0.1:%d" % port in out
     finally:
         if p.poll() is None:
             p.kill()

@@ -1,0 +1,36 @@
+# busbar's container image: one static executable on an empty base.
+#
+#   docker build -t busbar .
+#   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:exec busbar
+#   docker run --rm -p 8080:8080 busbar serve --demo --listen 0.0.0.0:8080     # the built-in mock
+#
+# The build stage compiles the Cython extensions and runs packaging/build.sh (PyInstaller, then
+# staticx); the final stage holds only what packaging/oci_image.py lists, which also writes this same
+# image without Docker (dist/busbar-image.tar for `docker load`). /tmp must be writable and allow
+# exec: the executable unpacks itself there at start (about 35 MB).
+
+FROM python:3.11.7-slim-bookworm AS build
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev make binutils ca-certificates \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+# Dependencies first, in their own layer: a source change does not reinstall them.
+COPY requirements.txt requirements-build.txt ./
+COPY packaging/requirements.txt packaging/
+RUN python3 -m venv .venv \
+ && .venv/bin/pip install -q --disable-pip-version-check \
+      -r requirements.txt -r requirements-build.txt -r packaging/requirements.txt
+COPY . .
+RUN .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
+ && packaging/build.sh \
+ && .venv/bin/python packaging/oci_image.py --rootfs /rootfs
+
+FROM scratch
+COPY --from=build /rootfs/ /
+ENV PATH=/ \
+    SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
+    BUSBAR_CONFIG=/etc/busbar/config.yaml
+USER 65532
+EXPOSE 8080
+ENTRYPOINT ["/busbar"]
+CMD ["serve"]
