@@ -8,12 +8,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import pathlib
 import signal
+import sys
 
 import httptools
 import uvloop
 
-from busbar.upstream.pool import UpstreamPool
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+from busbar.upstream.pool import UpstreamPool  # noqa: E402  (the repo root is put on the path first)
+
+
+REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+           404: b"Not Found", 413: b"Payload Too Large", 429: b"Too Many Requests",
+           500: b"Internal Server Error", 502: b"Bad Gateway", 503: b"Service Unavailable"}
 
 
 class Floor(asyncio.Protocol):
@@ -76,12 +84,16 @@ class Floor(asyncio.Protocol):
 
 
 class _Relay:
-    """One upstream exchange: response head and body relayed as they come (chunked)."""
-    __slots__ = ("front", "conn")
+    """One upstream exchange. A response with a length is relayed as one write with the same length
+    (as busbar relays a same-protocol buffered answer); one without (a stream) is relayed chunk by
+    chunk as it comes, chunked to the client."""
+    __slots__ = ("front", "conn", "head", "parts", "length")
 
     def __init__(self, front, conn, data):
         self.front = front
         self.conn = conn
+        self.parts = []
+        self.length = -1
         conn.send(self, data)
 
     def on_upstream_headers(self, status, headers):
@@ -89,14 +101,25 @@ class _Relay:
         for k, v in headers:
             if k == b"content-type":
                 ct = v
-        self.front.transport.write(b"HTTP/1.1 %d OK\r\nContent-Type: %s\r\nTransfer-Encoding: chunked\r\n\r\n"
-                                   % (status, ct))
+            elif k == b"content-length":
+                self.length = int(v)
+        line = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\n" % (status, REASONS.get(status, b"Status"), ct)
+        if self.length >= 0:
+            self.head = line + b"Content-Length: %d\r\n\r\n" % self.length
+        else:
+            self.front.transport.write(line + b"Transfer-Encoding: chunked\r\n\r\n")
 
     def on_upstream_body(self, chunk):
-        self.front.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+        if self.length >= 0:
+            self.parts.append(chunk)
+        else:
+            self.front.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
 
     def on_upstream_complete(self):
-        self.front.transport.write(b"0\r\n\r\n")
+        if self.length >= 0:
+            self.front.transport.write(b"".join([self.head] + self.parts))
+        else:
+            self.front.transport.write(b"0\r\n\r\n")
         self.front._next()
 
     def on_upstream_error(self, reason):

@@ -1,0 +1,790 @@
+"""busbar's benchmark: busbar, the floor and LiteLLM's proxy against the same mock, same load, same run.
+
+    .venv/bin/python bench/run.py [--quick] [--duration S] [--connections N] [--no-litellm]
+
+Prints one markdown table (with a header line naming the commit, CPU, date and command, and a footer
+saying how the cores were shared) and writes it, the raw JSON and every process log under
+bench/results/<timestamp>/. What each number means: bench/README.md. The rules: BENCHMARK.md.
+
+It installs what it lacks (wrk from Debian, LiteLLM into bench/.venv-litellm), starts every process
+it needs on 127.0.0.1 only, pinned with taskset (gateway under test on one core; mock, wrk and this
+script on the other), and stops every one of them by pid when it ends, however it ends.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import http.client
+import json
+import math
+import os
+import pathlib
+import platform
+import resource
+import secrets
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+BENCH = pathlib.Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+
+try:
+    import payloads  # noqa: E402
+    import procs  # noqa: E402
+    import ttfb  # noqa: E402
+except ImportError as _e:  # orjson, httptools, uvloop: busbar's own venv has them
+    sys.exit("bench: %s; run it with busbar's venv: .venv/bin/python bench/run.py" % (_e,))
+
+PY = sys.executable
+LITELLM_VENV = BENCH / ".venv-litellm"
+LITELLM_BIN = LITELLM_VENV / "bin" / "litellm"
+LITELLM_MARK = LITELLM_VENV / ".bench-installed"
+LOAD_LUA = BENCH / "load.lua"
+
+# busbar's lanes, one per egress protocol, all on the mock (model names are the lanes').
+LANES = {"openai": "oai-model", "responses": "resp-model", "anthropic": "ant-model",
+         "gemini": "gem-model", "cohere": "coh-model", "bedrock": "bed-model"}
+PROTO_NAMES = {"openai": "OpenAI Chat", "responses": "Responses", "anthropic": "Anthropic",
+               "gemini": "Gemini", "cohere": "Cohere v2", "bedrock": "Bedrock"}
+
+BUSBAR_CONFIG = """\
+listen: "127.0.0.1:{port}"
+providers:
+  m-openai:    {{protocol: openai,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-responses: {{protocol: responses, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_AWS}}, region: us-east-1}}
+models:
+  oai-model:  {{provider: m-openai,    upstream_model: gpt-4o-mini}}
+  resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}
+  ant-model:  {{provider: m-anthropic, upstream_model: claude-haiku-4-5}}
+  gem-model:  {{provider: m-gemini,    upstream_model: gemini-2.5-flash}}
+  coh-model:  {{provider: m-cohere,    upstream_model: command-r}}
+  bed-model:  {{provider: m-bedrock,   upstream_model: "amazon.nova-lite-v1:0"}}
+advanced:
+  response_headers:
+    server_timing: true
+"""
+
+SIZES = [("~8 tok / ~100 B", 100), ("~1k tok / ~4 KB", 4096), ("~12k tok / ~32 KB", 32768)]
+ONE_K = SIZES[1]
+
+
+class Case:
+    def __init__(self, ingress, egress, size, litellm):
+        self.ingress = ingress
+        self.egress = egress
+        self.size_label, self.size = size
+        self.litellm = litellm
+        self.key = "%s-%s-%d" % (ingress, egress, self.size)
+
+    @property
+    def label(self):
+        return "%s → %s, %s" % (PROTO_NAMES[self.ingress], PROTO_NAMES[self.egress], self.size_label)
+
+
+def plan_cases(quick: bool):
+    cases = []
+    for pair in (("openai", "openai"), ("anthropic", "anthropic"), ("anthropic", "openai")):
+        for size in SIZES:
+            # LiteLLM serves OpenAI-compatible lanes: the OpenAI and the Anthropic-in rows (in quick
+            # mode only at ~1k tokens, to stay in its time bound).
+            lite = pair[1] == "openai" and (not quick or size == ONE_K)
+            cases.append(Case(pair[0], pair[1], size, lite))
+    for proto in ("responses", "gemini", "cohere", "bedrock"):
+        cases.append(Case(proto, proto, ONE_K, False))
+    return cases
+
+
+STREAM_CASES = [("openai", "openai"), ("anthropic", "openai")]
+
+
+# --------------------------------------------------------------------------------------- small utils
+
+def log(msg):
+    print("[bench %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
+
+
+def pct(sorted_vals, p):
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_vals:
+        return None
+    k = max(0, min(len(sorted_vals) - 1, math.ceil(p / 100.0 * len(sorted_vals)) - 1))
+    return sorted_vals[k]
+
+
+def git_head():
+    try:
+        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (head or "unknown") + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def children_cpu_s():
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+# --------------------------------------------------------------------------------------- installs
+
+def ensure_wrk():
+    if shutil.which("wrk"):
+        return
+    log("wrk is missing: apt-get install -y wrk")
+    cmd = ["apt-get", "install", "-y", "-q", "wrk"]
+    ok = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                        timeout=300).returncode == 0
+    if not ok:
+        subprocess.run(["apt-get", "update", "-q"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=300)
+        subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=300)
+    if not shutil.which("wrk"):
+        sys.exit("bench: wrk could not be installed (apt-get install -y wrk failed); it is the load "
+                 "driver, nothing can be measured without it")
+
+
+def ensure_taskset():
+    if not shutil.which("taskset"):
+        subprocess.run(["apt-get", "install", "-y", "-q", "util-linux"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=300)
+    if not shutil.which("taskset"):
+        sys.exit("bench: taskset (util-linux) is missing and could not be installed")
+
+
+def ensure_litellm(log_dir, timeout):
+    """None when LiteLLM's proxy is installed in bench/.venv-litellm, else why not."""
+    if LITELLM_MARK.exists() and LITELLM_BIN.exists():
+        return None
+    log("installing LiteLLM into %s (pip install 'litellm[proxy]', bounded at %d s)"
+        % (LITELLM_VENV.relative_to(ROOT), timeout))
+    out = open(os.path.join(log_dir, "litellm-install.log"), "wb")
+    deadline = time.monotonic() + timeout
+    try:
+        if not (LITELLM_VENV / "bin" / "python").exists():
+            subprocess.run([PY, "-m", "venv", str(LITELLM_VENV)], stdout=out, stderr=out,
+                           check=True, timeout=120)
+        rest = max(10, deadline - time.monotonic())
+        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"],
+                       stdout=out, stderr=out, check=True, timeout=rest)
+    except subprocess.TimeoutExpired:
+        return "install did not finish within %d s" % timeout
+    except (subprocess.CalledProcessError, OSError) as e:
+        return "install failed (%s; see litellm-install.log)" % (e,)
+    finally:
+        out.close()
+    if not LITELLM_BIN.exists():
+        return "install finished but %s is missing" % LITELLM_BIN.relative_to(ROOT)
+    LITELLM_MARK.write_text("ok\n")
+    return None
+
+
+# --------------------------------------------------------------------------------------- the bench
+
+class Target:
+    """One gateway (or the mock itself, "direct") as the load driver sees it."""
+
+    def __init__(self, name, port, started, headers_extra=None):
+        self.name = name
+        self.port = port
+        self.started = started          # procs.Started whose CPU/RSS is measured
+        self.headers_extra = headers_extra or {}
+        self.failed = None              # why it is not measured at all
+        self.rss_idle = 0
+
+
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.duration = args.duration or (1 if self.quick else 5)
+        self.rounds = 2
+        self.conns = args.connections
+        self.bound = 180.0 if self.quick else 600.0
+        cores = sorted(os.sched_getaffinity(0))
+        self.gw_core = cores[0]
+        self.load_core = cores[1] if len(cores) > 1 else cores[0]
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+        self.out_dir = BENCH / "results" / stamp
+        self.log_dir = self.out_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.procs = procs.Processes(str(self.log_dir))
+        self.sampler = procs.RssSampler()
+        self.targets = {}
+        self.mock = None
+        self.results = {"cases": [], "stream": [], "notes": []}
+        self.started_at = time.monotonic()
+        self.deadline = None
+        self.after_times = {}
+
+    # ---------------------------------------------------------------- processes
+    def env(self):
+        e = dict(os.environ)
+        e["PYTHONPATH"] = str(ROOT)
+        e["BENCH_MOCK_KEY"] = "sk-bench-upstream"
+        e["BENCH_MOCK_AWS"] = "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"
+        e["NO_PROXY"] = e["no_proxy"] = "127.0.0.1,localhost"
+        e.setdefault("BUSBAR_LOG", "WARNING")
+        return e
+
+    def start_all(self, litellm_ready):
+        env = self.env()
+        mock_port, bb_port, floor_port = procs.free_port(), procs.free_port(), procs.free_port()
+        # --require-auth: each request must carry its protocol's credential (Bedrock: a SigV4
+        # Authorization header), so a gateway that skipped signing would fail rather than look fast.
+        self.mock = self.procs.start("mock", [PY, "-m", "busbar.cli", "mock", "--port", str(mock_port),
+                                              "--require-auth"], self.load_core, env, str(ROOT))
+        cfg = self.log_dir / "busbar.yaml"
+        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port))
+        bb = self.procs.start("busbar", [PY, "-m", "busbar.cli", "serve", "--config", str(cfg),
+                                         "--workers", "1"], self.gw_core, env, str(ROOT))
+        fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
+                                        "127.0.0.1:%d" % floor_port, "--upstream",
+                                        "127.0.0.1:%d" % mock_port], self.gw_core, env, str(ROOT))
+        for name, port, s in (("mock", mock_port, self.mock), ("busbar", bb_port, bb),
+                              ("floor", floor_port, fl)):
+            why = procs.wait_http(port, s.proc, "/healthz", 30)
+            if why:
+                raise SystemExit("bench: %s %s; log: %s" % (name, why, s.log_tail()))
+        self.targets["busbar"] = Target("busbar", bb_port, bb)
+        self.targets["floor"] = Target("floor", floor_port, fl)
+        self.targets["direct"] = Target("direct", mock_port, self.mock)
+        lt = Target("LiteLLM", 0, None)
+        self.targets["LiteLLM"] = lt
+        if litellm_ready is not None:
+            lt.failed = litellm_ready
+        else:
+            port = procs.free_port()
+            key = "sk-" + secrets.token_hex(24)
+            lenv = dict(env, BENCH_MOCK_OPENAI_BASE="http://127.0.0.1:%d/v1" % mock_port,
+                        LITELLM_MASTER_KEY=key, LITELLM_LOCAL_MODEL_COST_MAP="True",
+                        LITELLM_LOG="ERROR")
+            lenv.pop("PYTHONPATH", None)
+            s = self.procs.start("litellm", [str(LITELLM_BIN), "--config", str(BENCH / "litellm.yaml"),
+                                             "--host", "127.0.0.1", "--port", str(port),
+                                             "--num_workers", "1"], self.gw_core, lenv, str(BENCH))
+            bound = 60 if self.quick else 90
+            log("waiting for LiteLLM's proxy to start (bounded at %d s)" % bound)
+            t0 = time.monotonic()
+            why = procs.wait_http(port, s.proc, "/health/liveliness", bound)
+            if why:
+                lt.failed = "%s (log: %s)" % (why, s.log_tail(3)[:300])
+            else:
+                log("LiteLLM up after %.1f s" % (time.monotonic() - t0))
+                lt.port, lt.started = port, s
+                lt.headers_extra = {"Authorization": "Bearer " + key}
+        # Idle RSS: everything up, nothing sent yet. A moment first, so start-up work has settled.
+        time.sleep(2.0)
+        for t in self.targets.values():
+            if t.started is not None and not t.failed:
+                t.started.refresh()
+                t.rss_idle = t.started.rss_kib()
+                if t.name != "direct":
+                    self.sampler.watch(t.name, t.started)
+        self.sampler.start()
+
+    # ---------------------------------------------------------------- requests
+    def headers_for(self, target, proto):
+        h = payloads.headers(proto)
+        if target.headers_extra:
+            # LiteLLM authenticates callers with its master key (Bearer), whatever the protocol.
+            for k in ("Authorization", "x-api-key", "x-goog-api-key"):
+                h.pop(k, None)
+            h.update(target.headers_extra)
+        return h
+
+    def preflight(self, target, path, headers, template):
+        """None if one request answers 2xx, else why not (status and the start of the body)."""
+        body = template.replace(b"@SEQ@", b"preflight")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", target.port, timeout=60)
+            c.request("POST", path, body=body, headers=headers)
+            r = c.getresponse()
+            data = r.read()
+            c.close()
+        except (OSError, http.client.HTTPException) as e:
+            return "request failed: %s" % (e,)
+        if not 200 <= r.status < 300:
+            return "HTTP %d: %s" % (r.status, data[:200].decode("utf-8", "replace"))
+        return None
+
+    def wrk(self, target, case, tag, path, headers, template, duration):
+        """One wrk run against `target`; a dict of what it measured."""
+        ckey = case.key if case else "warmup"
+        base = self.log_dir / ("%s-%s-%s" % (ckey, target.name, tag))
+        body_file = self.log_dir / ("%s.body" % ckey)
+        hdr_file = self.log_dir / ("%s-%s.headers" % (ckey, target.name))
+        if not body_file.exists():
+            body_file.write_bytes(template)
+        hdr_file.write_text("".join("%s: %s\n" % kv for kv in headers.items()))
+        base.with_suffix(".json").unlink(missing_ok=True)
+        env = dict(os.environ, BENCH_BODY=str(body_file), BENCH_PATH=path,
+                   BENCH_HEADERS=str(hdr_file), BENCH_OUT=str(base))
+        others = [t for t in self.targets.values()
+                  if t is not target and t.started is not None and t.name != "direct" and not t.failed]
+        for t in [target] + others:
+            if t.started is not None:
+                t.started.refresh()
+        cpu0 = target.started.cpu_ticks()
+        other0 = {t.name: t.started.cpu_ticks() for t in others}
+        mock0 = self.mock.cpu_ticks()
+        ch0 = children_cpu_s()
+        t0 = time.monotonic()
+        cmd = ["taskset", "-c", str(self.load_core), "wrk", "-t1", "-c", str(self.conns),
+               "-d", "%ds" % duration, "--timeout", "10s", "-s", str(LOAD_LUA),
+               "http://127.0.0.1:%d" % target.port]
+        try:
+            p = subprocess.run(cmd, env=env, capture_output=True, timeout=duration + 60)
+        except subprocess.TimeoutExpired:
+            return {"error": "wrk did not finish within %g s" % (duration + 60)}
+        t1 = time.monotonic()
+        cpu1 = target.started.cpu_ticks()
+        mock1 = self.mock.cpu_ticks()
+        wrk_cpu = children_cpu_s() - ch0
+        target.started.settle()
+        base.with_suffix(".wrk.txt").write_bytes(p.stdout + p.stderr)
+        try:
+            w = json.loads(base.with_suffix(".json").read_text())
+        except (OSError, ValueError):
+            return {"error": "wrk failed (exit %d): %s" % (p.returncode,
+                                                           (p.stderr or p.stdout)[-300:].decode("utf-8", "replace"))}
+        try:
+            # One Server-Timing value per response: summarised below, not kept (tens of MB a run).
+            durs = [float(x) for x in base.with_suffix(".dur").read_text().split()]
+            base.with_suffix(".dur").unlink()
+        except OSError:
+            durs = []
+        wall = t1 - t0
+        req = w["requests"]
+        if not req:
+            return {"error": "no request completed in %d s (errors: %s)" % (duration, w["errors"])}
+        tick_us = 1e6 / procs.CLK_TCK
+        cpu_us = (cpu1 - cpu0) * tick_us
+        mock_us = (mock1 - mock0) * tick_us
+        errs = w["errors"]
+        sock_errors = errs["connect"] + errs["read"] + errs["write"] + errs["timeout"]
+        run = {
+            "gateway": target.name, "tag": tag, "t_start": t0, "t_end": t1,
+            "requests": req, "duration_s": w["duration_us"] / 1e6,
+            "rps": req / (w["duration_us"] / 1e6) if w["duration_us"] else 0.0,
+            "non2xx": w["non2xx"], "first_bad": w["first_bad"], "errors": errs,
+            "socket_errors": sock_errors,
+            "latency_us": w["latency_us"],
+            "cpu_us": cpu_us, "cpu_us_per_req": cpu_us / req if req else None,
+            "mock_cpu_us_per_req": mock_us / req if req else None,
+            "gateway_core_busy": cpu_us / 1e6 / wall if wall else None,
+            "load_core_busy": (mock_us / 1e6 + wrk_cpu) / wall if wall else None,
+            "others_cpu_ms": {n: (t.started.cpu_ticks() - other0[n]) * tick_us / 1000
+                              for n, t in ((t.name, t) for t in others)},
+            "durs_ms": durs,
+        }
+        return run
+
+    # ---------------------------------------------------------------- phases
+    def warmup(self):
+        proto = "openai"
+        template = payloads.body(proto, LANES[proto], ONE_K[1])
+        for t in self.targets.values():
+            if t.name == "direct" or t.failed:
+                continue
+            path = payloads.path(proto, LANES[proto])
+            why = self.preflight(t, path, self.headers_for(t, proto), template)
+            if why:
+                log("warmup preflight for %s failed: %s" % (t.name, why))
+                continue
+            self.wrk(t, None, "warm", path, self.headers_for(t, proto), template,
+                     2 if t.name == "LiteLLM" else 1)
+
+    def run_case(self, case):
+        log("case %s" % case.label)
+        model = LANES[case.egress]
+        template = payloads.body(case.ingress, model, case.size)
+        path = payloads.path(case.ingress, model)
+        entry = {"key": case.key, "label": case.label, "ingress": case.ingress,
+                 "egress": case.egress, "body_bytes": len(template) - len(payloads.MARK),
+                 "path": path, "rows": {}, "runs": []}
+        names = ["busbar", "floor"] + (["LiteLLM"] if case.litellm else []) + ["direct"]
+        skip = {}
+        for n in names:
+            t = self.targets[n]
+            if t.failed:
+                skip[n] = "not measured: " + t.failed
+                continue
+            if t.started is not None and not t.started.alive():
+                skip[n] = "process exited (code %s): %s" % (t.started.proc.returncode,
+                                                            t.started.log_tail(3))
+                continue
+            why = self.preflight(t, path, self.headers_for(t, case.ingress), template)
+            if why:
+                skip[n] = "failed preflight: " + why
+        order = []
+        for r in range(self.rounds):
+            order += [n for n in names if n != "direct" and n not in skip]
+            if r == 0 and "direct" not in skip:
+                order.append("direct")
+        for i, n in enumerate(order):
+            if time.monotonic() > self.deadline:
+                self.results["notes"].append("time bound reached: later runs of %s were skipped"
+                                             % case.label)
+                break
+            t = self.targets[n]
+            run = self.wrk(t, case, "r%d" % i, path, self.headers_for(t, case.ingress), template,
+                           self.duration)
+            if "error" in run:
+                skip.setdefault(n, run["error"])
+                continue
+            entry["runs"].append(run)
+        for n in names:
+            entry["rows"][n] = self.summarise(case, n, entry["runs"], skip.get(n))
+        for run in entry["runs"]:
+            run["durs_count"] = len(run.pop("durs_ms"))
+        self.results["cases"].append(entry)
+
+    def summarise(self, case, name, runs, skipped):
+        mine = [r for r in runs if r["gateway"] == name]
+        if not mine:
+            return {"skipped": skipped or "not run"}
+        req = sum(r["requests"] for r in mine)
+        secs = sum(r["duration_s"] for r in mine)
+        durs = sorted(d for r in mine for d in r["durs_ms"])
+        bad = sum(r["non2xx"] for r in mine)
+        sock = sum(r["socket_errors"] for r in mine)
+        row = {
+            "runs": len(mine), "requests": req, "rps": req / secs if secs else 0.0,
+            "non2xx": bad, "socket_errors": sock,
+            "first_bad": next((r["first_bad"] for r in mine if r["first_bad"]), ""),
+            "cpu_us_per_req": sum(r["cpu_us"] for r in mine) / req if req else None,
+            "dur_us": _dur_summary(durs),
+            "latency_ms": {"p50": statistics.mean(r["latency_us"]["p50"] for r in mine) / 1000,
+                           "p99": statistics.mean(r["latency_us"]["p99"] for r in mine) / 1000},
+            "gateway_core_busy": statistics.mean(r["gateway_core_busy"] for r in mine),
+            "load_core_busy": statistics.mean(r["load_core_busy"] for r in mine),
+            "mock_cpu_us_per_req": statistics.mean(r["mock_cpu_us_per_req"] for r in mine),
+        }
+        if skipped:
+            row["partial"] = skipped
+        if name != "direct":
+            row["rss_load_kib"] = max(self.sampler.peak(name, r["t_start"], r["t_end"]) for r in mine)
+            t_after = max(r["t_end"] for r in mine) + 5.0
+            row["rss_after_at"] = t_after
+            self.after_times.setdefault(name, []).append((case.key, t_after))
+        return row
+
+    def fill_rss_after(self):
+        """RSS ~5 s after each gateway's last run of a case: sampled while the others ran."""
+        if self.after_times:
+            last = max(t for v in self.after_times.values() for _, t in v)
+            wait = last + 0.3 - time.monotonic()
+            if wait > 0:
+                log("waiting %.1f s for the last after-load RSS sample" % wait)
+                time.sleep(wait)
+        for entry in self.results["cases"]:
+            for name, row in entry["rows"].items():
+                if "rss_after_at" in row:
+                    row["rss_after_kib"] = self.sampler.at(name, row.pop("rss_after_at"))
+
+    def run_streams(self):
+        n = 100 if self.quick else 200
+        for ingress, egress in STREAM_CASES:
+            if time.monotonic() > self.deadline:
+                self.results["notes"].append("time bound reached: streaming TTFB skipped")
+                return
+            model = LANES[egress]
+            label = "stream TTFB: %s → %s, %s" % (PROTO_NAMES[ingress], PROTO_NAMES[egress],
+                                                  ONE_K[0])
+            log(label)
+            template = payloads.body(ingress, model, ONE_K[1], stream=True)
+            path = payloads.path(ingress, model, stream=True)
+            names = ["direct", "busbar", "floor"] + (["LiteLLM"] if not self.targets["LiteLLM"].failed else [])
+            targets = {}
+            for name in names:
+                t = self.targets[name]
+                targets[name] = (t.port, path, self.headers_for(t, ingress), template)
+            for t in self.targets.values():
+                if t.started is not None and not t.failed:
+                    t.started.refresh()
+            # Few requests: on-CPU ns from schedstat, as clock ticks would be too coarse here.
+            cpu0 = {nm: self.targets[nm].started.cpu_ns() for nm in names}
+            warm = 5
+            quiet_on = {nm: [self.targets[nm].started, self.mock] for nm in names}
+
+            def quiet(name):
+                # Sequential requests must not overlap: LiteLLM goes on working (and reading the
+                # mock's stream) after its last byte reached the client, which showed up as ~0.8 ms
+                # on whichever request came next. Wait until the gateway and the mock are idle.
+                procs.wait_idle(quiet_on[name], window=0.005, bound=0.5)
+            samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet)
+            cpu1 = {nm: self.targets[nm].started.cpu_ns() for nm in names}
+            direct = samples.get("direct", [])
+            entry = {"label": label, "ingress": ingress, "egress": egress, "n": n, "rows": {}}
+            for name in names[1:] + names[:1]:     # direct last, as in the other rows
+                s = samples.get(name, [])
+                row = {"samples": len(s), "kernel_stamped": sum(1 for x in s if x[5])}
+                if name in errors:
+                    row["error"] = errors[name]
+                bad = [x for x in s if not 200 <= x[2] < 300]
+                if bad:
+                    row["non2xx"] = len(bad)
+                    row["first_bad"] = "%d %s" % (bad[0][2], bad[0][4][:200].decode("utf-8", "replace"))
+                if s:
+                    tt = sorted(x[0] / 1000 for x in s)
+                    row["ttfb_us"] = {"p50": pct(tt, 50), "p99": pct(tt, 99)}
+                    if name != "direct" and direct:
+                        k = min(len(s), len(direct))
+                        diffs = sorted((s[i][0] - direct[i][0]) / 1000 for i in range(k))
+                        row["added_ttfb_us_median"] = statistics.median(diffs)
+                    timings = sorted(_server_timing_ms(x[3]) for x in s if x[3])
+                    if timings:
+                        row["dur_us"] = _dur_summary(timings)
+                    row["cpu_us_per_req"] = (cpu1[name] - cpu0[name]) / 1000 / (n + warm)
+                entry["rows"][name] = row
+            self.results["stream"].append(entry)
+
+    # ---------------------------------------------------------------- whole run
+    def estimate(self, cases):
+        per = self.duration + 0.4
+        runs = sum(self.rounds * (3 if c.litellm else 2) + 1 for c in cases)
+        return runs * per + 40 + (20 if self.quick else 40)
+
+    def run(self):
+        cases = plan_cases(self.quick)
+        if self.args.only:
+            cases = [c for c in cases if any(k in c.key for k in self.args.only.split(","))]
+        est = self.estimate(cases)
+        self.bound = max(self.bound, est * 1.3)
+        log("plan: %d cases, %d rounds, %d s per run; ~%.0f s of measuring (bound %.0f s)"
+            % (len(cases), self.rounds, self.duration, est, self.bound))
+        log("results: %s" % self.out_dir.relative_to(ROOT))
+        ensure_taskset()
+        ensure_wrk()
+        lite_why = "skipped (--no-litellm)" if self.args.no_litellm else ensure_litellm(
+            str(self.log_dir), self.args.install_timeout)
+        if lite_why:
+            log("LiteLLM not measured: " + lite_why)
+        self.setup_s = time.monotonic() - self.started_at
+        self.started_at = time.monotonic()
+        self.deadline = self.started_at + self.bound - (15 if self.quick else 30)
+        self.start_all(lite_why)
+        self.warmup()
+        for case in cases:
+            self.run_case(case)
+        self.run_streams()
+        self.fill_rss_after()
+        self.sampler.stop()
+        self.elapsed = time.monotonic() - self.started_at
+
+
+def _us(ms):
+    return None if ms is None else ms * 1000.0
+
+
+def _dur_summary(sorted_ms):
+    """Server-Timing percentiles in µs; a tail percentile only when there are enough samples to
+    have one (p99 from 100, p99.9 from 1000)."""
+    if not sorted_ms:
+        return None
+    n = len(sorted_ms)
+    return {"samples": n, "p50": _us(pct(sorted_ms, 50)),
+            "p99": _us(pct(sorted_ms, 99)) if n >= 100 else None,
+            "p999": _us(pct(sorted_ms, 99.9)) if n >= 1000 else None}
+
+
+def _server_timing_ms(value: bytes):
+    for part in value.decode("latin-1").split(","):
+        part = part.strip()
+        if part.startswith("busbar"):
+            for p in part.split(";"):
+                if p.strip().startswith("dur="):
+                    return float(p.strip()[4:])
+    return float("nan")
+
+
+# --------------------------------------------------------------------------------------- the table
+
+def _f(v, fmt="%.0f"):
+    return "—" if v is None else fmt % v
+
+
+def _mib(kib):
+    return "—" if not kib else "%.1f" % (kib / 1024.0)
+
+
+def render(bench: Bench):
+    r = bench.results
+    lines = []
+    cmd = shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv))
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines.append("busbar benchmark — commit `%s` — %s (%d cores) — %s — `%s`"
+                 % (git_head(), cpu_model(), os.cpu_count() or 0, now, cmd))
+    lines.append("")
+    lines.append("| case | gateway | req/s | busbar;dur p50/p99/p99.9 (µs) | CPU µs/req | ratio to floor "
+                 "| RSS idle/load/after (MiB) | wrk latency p50/p99 (ms) |")
+    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
+    marks = set()
+    failed_notes = []
+    for entry in r["cases"]:
+        floor = entry["rows"].get("floor", {})
+        floor_cpu = floor.get("cpu_us_per_req")
+        for name, row in entry["rows"].items():
+            gw = "direct (mock)" if name == "direct" else name
+            if "skipped" in row:
+                lines.append("| %s | %s | %s | | | | | |" % (entry["label"], gw, row["skipped"]
+                                                             .replace("|", "/")[:160]))
+                continue
+            t = bench.targets[name]
+            if row["non2xx"] or row["socket_errors"]:
+                rps = "FAIL: %d non-2xx, %d socket errors" % (row["non2xx"], row["socket_errors"])
+                if row["first_bad"]:
+                    failed_notes.append("%s / %s: first bad response: %s" % (
+                        entry["label"], gw, row["first_bad"][:200].replace("|", "/").replace("\n", " ")))
+            else:
+                rps = "%.0f" % row["rps"]
+                if (name != "direct" and row["gateway_core_busy"] < 0.85
+                        and row["load_core_busy"] > 0.85):
+                    rps += " ‡"
+                    marks.add("‡")
+            d = row.get("dur_us")
+            dur = "%s / %s / %s" % (_f(d["p50"]), _f(d["p99"]), _f(d["p999"])) if d else "—"
+            if name == "direct":
+                cpu = "mock: %s" % _f(row["mock_cpu_us_per_req"])
+                ratio = "—"
+                rss = "—"
+            else:
+                cpu = _f(row["cpu_us_per_req"])
+                c = row["cpu_us_per_req"]
+                ratio = ("%.2f×" % (c / floor_cpu)) if (c and floor_cpu) else "—"
+                rss = "%s / %s / %s" % (_mib(t.rss_idle), _mib(row.get("rss_load_kib")),
+                                        _mib(row.get("rss_after_kib")))
+            lat = "%.2f / %.2f" % (row["latency_ms"]["p50"], row["latency_ms"]["p99"])
+            if row.get("partial"):
+                rps += " (partial: %s)" % row["partial"][:80]
+            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |"
+                         % (entry["label"], gw, rps, dur, cpu, ratio, rss, lat))
+    for entry in r["stream"]:
+        floor_cpu = entry["rows"].get("floor", {}).get("cpu_us_per_req")
+        for name, row in entry["rows"].items():
+            gw = "direct (mock)" if name == "direct" else name
+            if not row.get("samples"):
+                lines.append("| %s | %s | %s | | | | | |" % (entry["label"], gw,
+                                                             "failed: " + row.get("error", "no samples")))
+                continue
+            if name == "direct":
+                lines.append("| %s | %s | stream ×%d | — | — | — | — | TTFB p50 %.2f ms |" % (
+                    entry["label"], gw, row["samples"], row["ttfb_us"]["p50"] / 1000))
+                continue
+            d = row.get("dur_us")
+            dur = "%s / %s / %s" % (_f(d["p50"]), _f(d["p99"]), _f(d["p999"])) if d else "—"
+            c = row.get("cpu_us_per_req")
+            ratio = ("%.2f×" % (c / floor_cpu)) if (c and floor_cpu) else "—"
+            status = "stream ×%d" % row["samples"]
+            if row.get("non2xx") or row.get("error"):
+                status = "FAIL: %d non-2xx%s" % (row.get("non2xx", 0),
+                                                 ", " + row["error"] if row.get("error") else "")
+                if row.get("first_bad"):
+                    failed_notes.append("%s / %s: %s" % (entry["label"], name, row["first_bad"][:200]))
+            lat = "TTFB p50 %.2f ms, %+.0f µs vs direct" % (
+                row["ttfb_us"]["p50"] / 1000, row.get("added_ttfb_us_median", float("nan")))
+            lines.append("| %s | %s | %s | %s | %s | %s | — | %s |"
+                         % (entry["label"], name, status, dur, _f(c), ratio, lat))
+    lines.append("")
+    g, l = bench.gw_core, bench.load_core
+    lines.append(
+        "Pinning (%d cores): the gateway under test (busbar `--workers 1`, the floor, LiteLLM "
+        "`--num_workers 1`) on core %d (`taskset -c %d`); the mock, wrk (1 thread, %d keep-alive "
+        "connections, a unique body per request), run.py and its stream-TTFB client share core %d "
+        "(`taskset -c %d`). "
+        "Runs interleaved per case: busbar, floor[, LiteLLM], direct, busbar, floor[, LiteLLM], %d s "
+        "each; ratio = CPU µs/req ÷ the floor's in the same case. busbar;dur = Server-Timing "
+        "(busbar's own time, upstream wait excluded; p99 from ≥100 samples, p99.9 from ≥1000). "
+        "CPU µs/req = utime+stime of the gateway process ÷ requests (direct row: the mock's; stream "
+        "rows: schedstat on-CPU ns). RSS: idle before any load / peak during the case / ~5 s after "
+        "its last run. wrk latency: mean of the runs' p50/p99. Stream rows: %s streamed requests "
+        "per gateway, interleaved with direct; TTFB = request written → first body byte's arrival "
+        "(kernel receive timestamp); \"vs direct\" = median of the paired differences."
+        % (os.cpu_count() or 0, g, g, bench.conns, l, l, bench.duration,
+           r["stream"][0]["n"] if r["stream"] else "N"))
+    if "‡" in marks:
+        lines.append("")
+        lines.append("‡ core %d (mock + wrk) was ≥ 85 %% busy while the gateway's core was not: the "
+                     "gateway had headroom, so this req/s is the load side's limit; compare CPU µs/req."
+                     % bench.load_core)
+    for note in failed_notes + r["notes"]:
+        lines.append("")
+        lines.append("Note: " + note)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="shorter runs, LiteLLM only at ~1k tokens "
+                    "(under ~3 minutes)")
+    ap.add_argument("--duration", type=int, help="whole seconds per wrk run (default 5, quick 1)")
+    ap.add_argument("--connections", type=int, default=32, help="wrk keep-alive connections")
+    ap.add_argument("--no-litellm", action="store_true", help="do not install or run LiteLLM")
+    ap.add_argument("--only", help="comma-separated substrings of case keys to run "
+                    "(e.g. openai-openai-4096)")
+    ap.add_argument("--install-timeout", type=int, default=420,
+                    help="bound on installing LiteLLM the first time (seconds)")
+    args = ap.parse_args(argv)
+    if sys.platform != "linux":
+        sys.exit("bench: needs Linux (/proc, taskset)")
+    # This script (the sampler, the TTFB client) stays off the gateway's core.
+    bench = Bench(args)
+    os.sched_setaffinity(0, {bench.load_core})
+
+    def _stop(signum, frame):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGHUP, _stop)
+    try:
+        bench.run()
+    except KeyboardInterrupt:
+        log("interrupted: stopping every process this run started")
+        raise SystemExit(130)
+    finally:
+        # Processes first: nothing below may keep a started process alive.
+        bench.procs.stop_all()
+        if bench.sampler.is_alive():
+            bench.sampler.stop()
+    table = render(bench)
+    (bench.out_dir / "table.md").write_text(table)
+    meta = {"commit": git_head(), "cpu": cpu_model(), "cores": os.cpu_count(),
+            "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "duration_s": bench.duration, "rounds": bench.rounds, "connections": bench.conns,
+            "gateway_core": bench.gw_core, "load_core": bench.load_core,
+            "setup_s": round(bench.setup_s, 1), "elapsed_s": round(bench.elapsed, 1),
+            "rss_idle_kib": {n: t.rss_idle for n, t in bench.targets.items()},
+            "not_measured": {n: t.failed for n, t in bench.targets.items() if t.failed}}
+    (bench.out_dir / "results.json").write_text(json.dumps(dict(meta=meta, **bench.results),
+                                                           indent=1, default=str))
+    print(table, end="")
+    log("wrote %s and results.json (%.0f s measuring, %.0f s setup)"
+        % ((bench.out_dir / "table.md").relative_to(ROOT), bench.elapsed, bench.setup_s))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Streaming time to first byte: N sequential streamed requests per target, interleaved target by
+target (direct, busbar, floor, ... then again), each target on its own keep-alive connection.
+
+TTFB here is the time from writing the request to the arrival of the first byte of the response
+*body* (the first stream frame), not of the headers: a gateway that answered headers at once and the
+model's first token later would otherwise look free.
+
+"Arrival" is the kernel's receive timestamp of the segment holding that byte (SO_TIMESTAMPNS), not
+the moment this client got around to reading it. On two cores the client has to share one with the
+mock or the gateway, and both write a stream's frames in a burst: a client timing its own reads
+measured the scheduler (the same direct request read at 90 µs or 340 µs depending on where it ran).
+The head is read a byte at a time so that the timestamp belongs to the segment of the first body
+byte; the rest of the stream is read in large reads.
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import time
+
+import httptools
+
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)   # Linux; SCM_TIMESTAMPNS is the same value
+_CMSG_SPACE = socket.CMSG_SPACE(16)
+
+
+class _Response:
+    """httptools callbacks for one response."""
+
+    def __init__(self):
+        self.status = 0
+        self.timing = None
+        self.body_seen = False
+        self.complete = False
+        self.head = []
+        self.parser = None
+
+    def on_header(self, name, value):
+        if name.lower() == b"server-timing":
+            self.timing = value
+
+    def on_headers_complete(self):
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body):
+        self.body_seen = True
+        if len(self.head) < 4:
+            self.head.append(body)
+
+    def on_message_complete(self):
+        self.complete = True
+
+
+class _Conn:
+    def __init__(self, port):
+        self.port = port
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+
+    def _recv_one(self):
+        """One byte, the kernel's arrival time of its segment (ns, CLOCK_REALTIME), and whether
+        that time is the kernel's (else it is the time of this read)."""
+        data, anc, _, _ = self.sock.recvmsg(1, _CMSG_SPACE)
+        if not data:
+            raise ConnectionError("connection closed before the response ended")
+        for level, kind, payload in anc:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= 16:
+                sec, nsec = struct.unpack("qq", payload[:16])
+                return data, sec * 1_000_000_000 + nsec, True
+        return data, time.time_ns(), False
+
+    def request(self, data: bytes):
+        """(ttfb_ns, total_ns, status, server_timing header or None, body head, kernel-stamped)."""
+        r = _Response()
+        r.parser = p = httptools.HttpResponseParser(r)
+        t0 = time.time_ns()
+        self.sock.sendall(data)
+        t_first, stamped = 0, False
+        try:
+            while not r.body_seen and not r.complete:
+                byte, ts, stamped = self._recv_one()
+                p.feed_data(byte)
+                if r.body_seen or r.complete:
+                    t_first = ts
+            while not r.complete:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    raise ConnectionError("connection closed before the response ended")
+                p.feed_data(chunk)
+        except httptools.HttpParserError as e:
+            raise ConnectionError("malformed response: %s" % (e,))
+        t_end = time.time_ns()
+        return t_first - t0, t_end - t0, r.status, r.timing, b"".join(r.head)[:300], stamped
+
+    def close(self):
+        self.sock.close()
+
+
+def _request_bytes(port: int, path: str, headers: dict, body: bytes) -> bytes:
+    lines = ["POST %s HTTP/1.1" % path, "Host: 127.0.0.1:%d" % port]
+    lines += ["%s: %s" % kv for kv in headers.items()]
+    lines.append("Content-Length: %d" % len(body))
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def measure(targets: dict, n: int, warmup: int = 5, after_each=None):
+    """targets: name -> (port, path, headers, body template with @SEQ@). after_each(name), if
+    given, is called after each request (to wait until that target has gone idle).
+
+    Returns (name -> list of samples (ttfb_ns, total_ns, status, server_timing, body head,
+    kernel-stamped),
+    name -> error text for a target that failed and was dropped)."""
+    conns, errors = {}, {}
+    out = {name: [] for name in targets}
+    try:
+        for name, (port, _, _, _) in targets.items():
+            try:
+                conns[name] = _Conn(port)
+            except OSError as e:
+                errors[name] = "connect failed: %s" % (e,)
+        seq = 0
+        for i in range(warmup + n):
+            for name, (port, path, headers, template) in targets.items():
+                if name in errors:
+                    continue
+                seq += 1
+                data = _request_bytes(port, path, headers, template.replace(b"@SEQ@", b"t%d" % seq))
+                try:
+                    sample = conns[name].request(data)
+                except OSError as e:
+                    errors[name] = "request %d failed: %s" % (i + 1, e or e.__class__.__name__)
+                    continue
+                if i >= warmup:
+                    out[name].append(sample)
+                if after_each is not None:
+                    after_each(name)
+        return out, errors
+    finally:
+        for c in conns.values():
+            c.close()
