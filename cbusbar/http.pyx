@@ -186,3 +186,108 @@ cpdef tuple parse_request(bytes data, Py_ssize_t start, Py_ssize_t header_max_by
     else:
         body = PyBytes_FromStringAndSize(<const char*>p + i, cl)
     return (method, path, query, headers, body, ka != 0, i + cl)
+
+
+cpdef tuple parse_response(bytes data):
+    """A whole upstream response that is exactly data, as (status, headers, body, keep_alive),
+    headers a list of (lowercased name, value) in order; or None when httptools must decide.
+
+    Accepted: `HTTP/1.1`, a status 200-599 other than 204 and 304 with a reason of visible ASCII,
+    space and tab, the same header rules as parse_request, exactly one Content-Length and the whole
+    body, nothing after it. Anything else (chunked, close-delimited, partial, 1xx, Upgrade, bytes
+    past the body) → None. Body size limits stay with the exchange, which sees the body either way."""
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef Py_ssize_t i = 0, k0, k1, v0, v1, j
+    cdef long long cl = -1
+    cdef int ka = -1, status
+    cdef unsigned char c
+    cdef bytes name, value
+    cdef char* w
+    cdef list headers
+
+    if n < 17 or memcmp(p, b"HTTP/1.1 ", 9) != 0:
+        return None
+    for j in range(9, 12):
+        if p[j] < 48 or p[j] > 57:
+            return None
+    status = (p[9] - 48) * 100 + (p[10] - 48) * 10 + (p[11] - 48)
+    if status < 200 or status > 599 or status == 204 or status == 304 or p[12] != 32:
+        return None
+    i = 13
+    while i < n:
+        c = p[i]
+        if (c < 0x20 and c != 9) or c > 0x7E:
+            break
+        i += 1
+    if i + 1 >= n or p[i] != 13 or p[i + 1] != 10:
+        return None
+    i += 2
+
+    headers = []
+    while True:
+        if i + 1 >= n:
+            return None
+        if p[i] == 13:
+            if p[i + 1] != 10:
+                return None
+            i += 2
+            break
+        k0 = i
+        while i < n and _TCHAR[p[i]]:
+            i += 1
+        if i >= n or p[i] != 58 or i == k0:
+            return None
+        k1 = i
+        i += 1
+        while i < n and (p[i] == 32 or p[i] == 9):
+            i += 1
+        v0 = i
+        while i < n:
+            c = p[i]
+            if (c < 0x20 and c != 9) or c > 0x7E:
+                break
+            i += 1
+        if i + 1 >= n or p[i] != 13 or p[i + 1] != 10:
+            return None
+        v1 = i
+        if v1 > v0 and (p[v1 - 1] == 32 or p[v1 - 1] == 9):
+            return None
+        i += 2
+
+        j = k1 - k0
+        if j == 14 and _eq_lower(p + k0, j, b"content-length", 14):
+            if cl >= 0 or v1 == v0 or v1 - v0 > 15:
+                return None
+            cl = 0
+            for j in range(v0, v1):
+                c = p[j]
+                if c < 48 or c > 57:
+                    return None
+                cl = cl * 10 + (c - 48)
+        elif j == 10 and _eq_lower(p + k0, j, b"connection", 10):
+            if ka >= 0:
+                return None
+            if _eq_lower(p + v0, v1 - v0, b"keep-alive", 10):
+                ka = 1
+            elif _eq_lower(p + v0, v1 - v0, b"close", 5):
+                ka = 0
+            else:
+                return None
+        elif ((j == 17 and _eq_lower(p + k0, j, b"transfer-encoding", 17))
+              or (j == 7 and _eq_lower(p + k0, j, b"upgrade", 7))):
+            return None
+
+        name = PyBytes_FromStringAndSize(NULL, k1 - k0)
+        w = PyBytes_AS_STRING(name)
+        for j in range(k1 - k0):
+            c = p[k0 + j]
+            if 65 <= c <= 90:
+                c += 32
+            w[j] = <char>c
+        value = PyBytes_FromStringAndSize(<const char*>p + v0, v1 - v0)
+        headers.append((name, value))
+
+    if cl < 0 or n - i != cl:
+        return None
+    return (status, headers, PyBytes_FromStringAndSize(<const char*>p + i, cl), ka != 0)

@@ -20,12 +20,14 @@ import time
 
 import httptools
 
+from cbusbar.http import parse_response as _fast_parse
+
 __all__ = ["UpstreamPool", "UpstreamConnection"]
 
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("pool", "key", "transport", "parser", "handler", "headers", "idle_since",
-                 "closed", "_status", "_reusable")
+                 "closed", "_status", "_reusable", "_partial")
 
     def __init__(self, pool: "UpstreamPool", key):
         self.pool = pool
@@ -37,6 +39,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.idle_since = 0.0
         self.closed = False
         self._reusable = True
+        self._partial = False   # httptools holds part of a response
 
     # -- asyncio.Protocol
     def connection_made(self, transport):
@@ -49,6 +52,25 @@ class UpstreamConnection(asyncio.Protocol):
                 pass
 
     def data_received(self, data):
+        h = self.handler
+        if h is not None and not self._partial:
+            # A whole plain response in one read (the common small answer) skips the parser
+            # callbacks; anything else is httptools' (cbusbar/http.pyx says what is accepted).
+            r = _fast_parse(data)
+            if r is not None:
+                status, headers, body, keep = r
+                try:
+                    h.on_upstream_headers(status, headers)
+                    if body and self.handler is h:
+                        h.on_upstream_body(body)
+                    if self.handler is h:
+                        self._complete(keep)
+                except Exception as e:  # a bug in the exchange costs its request only
+                    if self.handler is h:
+                        self.handler = None
+                    self.close()
+                    h.crash(e)
+                return
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError as e:
@@ -81,6 +103,9 @@ class UpstreamConnection(asyncio.Protocol):
         pass
 
     # -- httptools callbacks
+    def on_message_begin(self):
+        self._partial = True
+
     def on_header(self, name, value):
         self.headers.append((name.lower(), value))
 
@@ -95,10 +120,14 @@ class UpstreamConnection(asyncio.Protocol):
             h.on_upstream_body(body)
 
     def on_message_complete(self):
+        self._partial = False
+        self._complete(self.parser.should_keep_alive())
+
+    def _complete(self, keep_alive):
         h = self.handler
         self.handler = None
         self.headers = []
-        keep = self.parser.should_keep_alive() and self._reusable
+        keep = keep_alive and self._reusable
         if keep:
             self.pool.release(self)
         else:

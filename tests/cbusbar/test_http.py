@@ -228,3 +228,107 @@ def test_fuzz_every_truncation_and_single_byte_change_of_an_sdk_request():
     for i in range(len(SDK_REQUEST)):
         for c in rnd.sample(range(256), 24):
             check(SDK_REQUEST[:i] + bytes([c]) + SDK_REQUEST[i + 1:])
+
+
+# ------------------------------------------------------------------------------ responses
+from cbusbar.http import parse_response  # noqa: E402
+
+
+def response_oracle(data):
+    msgs = []
+
+    class Rec:
+        def on_message_begin(self):
+            self.h, self.body = [], b""
+
+        def on_header(self, n, v):
+            self.h.append((n.lower(), v))
+
+        def on_headers_complete(self):
+            self.status = p.get_status_code()
+
+        def on_body(self, b):
+            self.body += b
+
+        def on_message_complete(self):
+            msgs.append((self.status, self.h, self.body, p.should_keep_alive()))
+
+    p = httptools.HttpResponseParser(Rec())
+    try:
+        p.feed_data(data)
+    except (httptools.HttpParserUpgrade, httptools.HttpParserError):
+        return "error"
+    return msgs
+
+
+def check_response(data):
+    r = parse_response(data)
+    if r is not None:
+        msgs = response_oracle(data)
+        assert msgs != "error" and len(msgs) == 1, (data, r, msgs)
+        assert r == msgs[0], (data, r, msgs)
+    return r
+
+
+MOCK_RESPONSE = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n"
+                 b"Date: Mon, 01 Jan 2024 00:00:00 GMT\r\nX-Request-Id: a\r\n\r\n{}")
+
+
+def test_a_plain_response_takes_the_fast_path():
+    r = check_response(MOCK_RESPONSE)
+    assert r == (200, [(b"content-type", b"application/json"), (b"content-length", b"2"),
+                       (b"date", b"Mon, 01 Jan 2024 00:00:00 GMT"), (b"x-request-id", b"a")], b"{}", True)
+    assert check_response(b"HTTP/1.1 429 \r\nConnection: close\r\nContent-Length: 0\r\n\r\n") == (
+        429, [(b"connection", b"close"), (b"content-length", b"0")], b"", False)
+
+
+@pytest.mark.parametrize("data", [
+    MOCK_RESPONSE[:-1], MOCK_RESPONSE + b"x", MOCK_RESPONSE[:30],
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\n\r\n",                                  # close-delimited body
+    b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx",
+])
+def test_unusual_responses_are_left_to_httptools(data):
+    assert parse_response(data) is None
+
+
+def _response(rnd):
+    clean = rnd.random() < 0.5
+    odd = 0.0 if clean else 0.03
+    status = rnd.choice([200, 200, 201, 400, 429, 500, 529] if clean else [100, 101, 199, 204, 304, 600, 999, 200, 42])
+    reason = rnd.choice([b"OK", b"", b"Too Many Requests", b"x\ty"] if clean else [b"OK", b"\x01", b"caf\xc3\xa9", b"\r"])
+    body = bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 2, 30])))
+    lines = []
+    for _ in range(rnd.randrange(0, 8)):
+        name = _token(rnd, rnd.randrange(1 if clean else 0, 12), odd)
+        value = bytes(_pick(rnd, b"abc xyz/=;,-09\t\"", ODD, odd) for _ in range(rnd.randrange(0, 20)))
+        if clean:
+            value = value.strip(b" \t")
+        lines.append(name + rnd.choice([b": ", b":"] if clean else [b": ", b" : ", b":\t"]) + value)
+    if clean or rnd.random() < 0.7:
+        lines.insert(rnd.randrange(len(lines) + 1), b"Content-Length: %d" % len(body))
+    for _ in range(rnd.randrange(0, 1 if clean else 3)):
+        lines.insert(rnd.randrange(len(lines) + 1), rnd.choice([
+            b"Connection: close", b"Connection: keep-alive", b"Transfer-Encoding: chunked",
+            b"Content-Length: 5", b"Upgrade: h2c", b"connection: Keep-Alive, x", b"Content-Length: 0%d" % len(body)]))
+    version = b"HTTP/1.1" if clean else rnd.choice([b"HTTP/1.1", b"HTTP/1.0", b"HTTP/1.1 "])
+    return (version + b" %d " % status + reason + b"\r\n" + b"".join(x + b"\r\n" for x in lines)
+            + b"\r\n" + body)
+
+
+def test_fuzz_responses_against_httptools():
+    rnd = random.Random(99)
+    accepted = 0
+    for _ in range(30000):
+        data = _response(rnd)
+        if rnd.random() < 0.4:
+            data = _mutate(rnd, data)
+        if rnd.random() < 0.1:
+            data = data[:rnd.randrange(len(data) + 1)]
+        if check_response(data) is not None:
+            accepted += 1
+    assert accepted > 5000
