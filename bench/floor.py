@@ -36,9 +36,20 @@ class Floor(asyncio.Protocol):
         self.body = []
         self.queue = []
         self.busy = False
+        self.closed = False
 
     def connection_made(self, transport):
         self.transport = transport
+
+    def connection_lost(self, exc):
+        # A client that leaves mid-answer (wrk does, at the end of a run): the upstream answer is
+        # still read to its end, so the pooled connection stays usable; it is just not written.
+        self.closed = True
+        self.queue.clear()
+
+    def write(self, data):
+        if not self.closed:
+            self.transport.write(data)
 
     def data_received(self, data):
         try:
@@ -79,7 +90,7 @@ class Floor(asyncio.Protocol):
         self.pool.acquire(self.key, lambda c: _Relay(self, c, data), lambda r: self._fail())
 
     def _fail(self):
-        self.transport.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+        self.write(b"HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
         self._next()
 
 
@@ -107,22 +118,26 @@ class _Relay:
         if self.length >= 0:
             self.head = line + b"Content-Length: %d\r\n\r\n" % self.length
         else:
-            self.front.transport.write(line + b"Transfer-Encoding: chunked\r\n\r\n")
+            self.front.write(line + b"Transfer-Encoding: chunked\r\n\r\n")
 
     def on_upstream_body(self, chunk):
         if self.length >= 0:
             self.parts.append(chunk)
         else:
-            self.front.transport.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            self.front.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
 
     def on_upstream_complete(self):
         if self.length >= 0:
-            self.front.transport.write(b"".join([self.head] + self.parts))
+            self.front.write(b"".join([self.head] + self.parts))
         else:
-            self.front.transport.write(b"0\r\n\r\n")
+            self.front.write(b"0\r\n\r\n")
         self.front._next()
 
     def on_upstream_error(self, reason):
+        self.front.transport.close()
+
+    def crash(self, exc):
+        """The pool's report of an exception raised inside one of the callbacks above."""
         self.front.transport.close()
 
 

@@ -177,6 +177,7 @@ class Processes:
     def __init__(self, log_dir):
         self.log_dir = log_dir
         self.started = []
+        self.history = []           # every process ever started, for its log after the run
 
     def start(self, name, argv, core, env, cwd):
         log_path = os.path.join(self.log_dir, name + ".log")
@@ -189,6 +190,7 @@ class Processes:
         log.close()
         s = Started(name, proc, log_path)
         self.started.append(s)
+        self.history.append(s)
         return s
 
     def stop_all(self):

@@ -768,6 +768,16 @@ def main(argv=None):
         bench.procs.stop_all()
         if bench.sampler.is_alive():
             bench.sampler.stop()
+    # A gateway that logged tracebacks or errors during the run says so under the table.
+    for st in bench.procs.history:
+        try:
+            text = pathlib.Path(st.log_path).read_text(errors="replace")
+        except OSError:
+            continue
+        n = text.count("Traceback (most recent call last)") + text.count(" ERROR ")
+        if n:
+            bench.results["notes"].append("%s logged %d traceback(s)/error(s) during the run: see %s"
+                                          % (st.name, n, pathlib.Path(st.log_path).relative_to(ROOT)))
     table = render(bench)
     (bench.out_dir / "table.md").write_text(table)
     meta = {"commit": git_head(), "cpu": cpu_model(), "cores": os.cpu_count(),
