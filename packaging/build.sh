@@ -4,6 +4,9 @@
 #   packaging/build.sh           # reuses dist/busbar when its inputs are unchanged
 #   packaging/build.sh --force   # always rebuilds
 #
+# Also writes the container image around it (packaging/oci_image.py): dist/oci/ (an OCI image
+# layout) and dist/busbar-image.tar (`docker load -i dist/busbar-image.tar`).
+#
 # 1. PyInstaller (packaging/busbar.spec) freezes busbar, the compiled cbusbar extensions of the
 #    work tree, uvloop, httptools, orjson, PyYAML, providers.yaml and a CA bundle into one stripped
 #    file (the interpreter and its libraries inside).
@@ -69,9 +72,13 @@ if ((${#stale[@]})); then
     exit 1
 fi
 
+# The container image around the executable (same as the Dockerfile's; seconds, reproducible).
+image() { "$PY" packaging/oci_image.py --executable "$OUT" >&2; }
+
 digest=$("$PY" packaging/inputs.py)
 if ((!FORCE)) && [[ -x $OUT && -f dist/busbar.inputs && $(cat dist/busbar.inputs) == "$digest" ]]; then
     say "$OUT is current ($(stat -c %s "$OUT") bytes)"
+    image
     exit 0
 fi
 
@@ -110,3 +117,4 @@ version=$(env -i "$WORK/busbar.static" --version)
 mv -f "$WORK/busbar.static" "$OUT"
 echo "$digest" > dist/busbar.inputs
 say "$OUT: $version, $(stat -c %s "$OUT") bytes"
+image
