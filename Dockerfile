@@ -30,7 +30,7 @@ COPY --from=build /rootfs/ /
 ENV PATH=/ \
     SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt \
     BUSBAR_CONFIG=/etc/busbar/config.yaml
-USER 65532
+USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/busbar"]
 CMD ["serve"]

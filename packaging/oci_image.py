@@ -35,7 +35,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-USER = "65532"
+USER = "65532:65532"  # uid and gid: with no /etc/passwd a bare uid would run as gid 0
 PORT = "8080/tcp"
 ENV = (
     "PATH=/",

@@ -345,7 +345,7 @@ def test_sigterm_as_pid_1(exe):
                     or os.geteuid() != 0, reason="needs root, unshare and chroot")
 def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
     """The image's file tree (packaging/oci_image.py --rootfs) run as a container runs it: PID 1
-    of its own PID namespace, root filesystem read-only, a tmpfs on /tmp, user 65532, only the
+    of its own PID namespace, root filesystem read-only, a tmpfs on /tmp, user and group 65532, only the
     image's environment, its Entrypoint + Cmd (plus a loopback listen address)."""
     sys.path.insert(0, os.path.join(ROOT, "packaging"))
     try:
@@ -360,8 +360,8 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
     script = (
         "set -e; r=%s; mount --bind $r $r; mount -t proc proc $r/proc; "
         "mount -o remount,bind,ro $r; mount -t tmpfs -o mode=1777,size=64m tmpfs $r/tmp; "
-        "exec env -i %s %s --userspec=65532:65532 $r %s"
-        % (rootfs, " ".join(oci_image.ENV), shutil.which("chroot"), " ".join(argv)))
+        "exec env -i %s %s --userspec=%s $r %s"
+        % (rootfs, " ".join(oci_image.ENV), shutil.which("chroot"), oci_image.USER, " ".join(argv)))
     p = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
                           "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -370,7 +370,9 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
         with open("/proc/%d/task/%d/children" % (p.pid, p.pid)) as f:
             pid1 = int(f.read().split()[0])
         with open("/proc/%d/status" % pid1) as f:
-            assert re.search(r"^Uid:\s+65532\s", f.read(), re.M)
+            status = f.read()
+        assert re.search(r"^Uid:\s+65532\s", status, re.M)
+        assert re.search(r"^Gid:\s+65532\s", status, re.M)
         # The default config's lane (a loopback Ollama) is absent here: a native error, no crash.
         status, ctype, body = post(port, "/v1/chat/completions", {
             "model": "default", "messages": [{"role": "user", "content": "hi"}]})

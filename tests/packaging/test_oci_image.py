@@ -80,7 +80,7 @@ def test_layout_index_manifest_config(written):
     config = json.loads(config_bytes)
     assert config["architecture"] == "amd64" and config["os"] == "linux"
     c = config["config"]
-    assert c["User"] == "65532"
+    assert c["User"] == "65532:65532"
     assert c["ExposedPorts"] == {"8080/tcp": {}}
     assert c["Entrypoint"] == ["/busbar"]
     assert c["Cmd"] == ["serve"]
@@ -147,7 +147,7 @@ def test_docker_load_archive(written):
     [entry] = json.loads(files["manifest.json"])
     assert entry["RepoTags"] == ["busbar:" + oci_image.version()]
     config = json.loads(files[entry["Config"]])
-    assert config["config"]["User"] == "65532"
+    assert config["config"]["User"] == "65532:65532"
     [layer_path] = entry["Layers"]
     assert files[layer_path] == layer_of(layout)
 
@@ -188,7 +188,7 @@ def test_dockerfile_final_stage_matches():
     final = text[text.rindex("\nFROM "):]
     assert final.splitlines()[1] == "FROM scratch"
     assert "COPY --from=build /rootfs/ /" in final
-    assert re.search(r"^USER 65532$", final, re.M)
+    assert re.search(r"^USER 65532:65532$", final, re.M)
     assert re.search(r"^EXPOSE 8080$", final, re.M)
     assert re.search(r'^ENTRYPOINT \["/busbar"\]$', final, re.M)
     assert re.search(r'^CMD \["serve"\]$', final, re.M)
