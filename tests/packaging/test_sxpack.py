@@ -49,6 +49,14 @@ def test_random_member_stored_text_compressed():
     assert [kind for _, _, kind in ranges] == [True, None, True, None, True]
 
 
+def test_large_member_stored():
+    big = b"compressible library " * 60_000          # 1.26 MB, over STORE_OVER
+    assert len(big) > sxpack.STORE_OVER
+    stream = sxpack.xz_stream(make_tar([("libc.so.6", big), ("libm.so.6", b"m" * 100_000)]))
+    assert len(big) < len(stream) < len(big) + 40_000
+    assert lzma.decompress(stream) == make_tar([("libc.so.6", big), ("libm.so.6", b"m" * 100_000)])
+
+
 def test_dict_size_byte():
     assert sxpack._dict_size_byte(4096) == 0
     assert sxpack._dict_size_byte(1 << 23) == 22
