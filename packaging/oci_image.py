@@ -18,7 +18,8 @@ The layer:
     /etc/busbar/config.yaml             0644  packaging/config.default.yaml, boots with no keys
     /tmp/                               1777  where the one-file launchers unpack themselves
 The image runs as user 65532, exposes 8080/tcp, and starts `/busbar serve`; it works with a
-read-only root filesystem when /tmp is a tmpfs that allows exec (`--tmpfs /tmp:exec`).
+read-only root filesystem when /tmp is a tmpfs that allows exec (`--tmpfs /tmp:rw,exec,size=64m`;
+the executable unpacks 31 MB there and removes it at exit).
 """
 from __future__ import annotations
 
