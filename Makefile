@@ -21,6 +21,14 @@ demo: build
 test: build
 	$(BIN)/python -m pytest
 
+# One static executable (dist/busbar) and its container image (dist/busbar-image.tar, dist/oci/).
+dist: build
+	packaging/build.sh
+
+# The benchmark table (bench/README.md): busbar vs the floor proxy vs LiteLLM, same mock, same run.
+bench: build
+	$(BIN)/python bench/run.py
+
 clean:
 	rm -rf build dist *.egg-info $(VENV)
 	find cbusbar -name '*.so' -delete -o -name '*.c' -delete
