@@ -27,7 +27,7 @@ __all__ = ["UpstreamPool", "UpstreamConnection"]
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("pool", "key", "transport", "parser", "handler", "headers", "idle_since",
-                 "closed", "_status", "_reusable", "_partial")
+                 "closed", "_status", "_reusable", "_partial", "_body")
 
     def __init__(self, pool: "UpstreamPool", key):
         self.pool = pool
@@ -40,6 +40,7 @@ class UpstreamConnection(asyncio.Protocol):
         self.closed = False
         self._reusable = True
         self._partial = False   # httptools holds part of a response
+        self._body = None       # body pieces of the current read, not yet handed on
 
     # -- asyncio.Protocol
     def connection_made(self, transport):
@@ -84,6 +85,17 @@ class UpstreamConnection(asyncio.Protocol):
             self._fail("upstream sent a malformed HTTP response")
         except httptools.HttpParserUpgrade:
             self._fail("upstream tried to upgrade the connection")
+        else:
+            if self._body is not None:
+                h = self.handler
+                try:
+                    self._deliver()
+                except Exception as e:  # a bug in the exchange costs its request only
+                    if self.handler is h:
+                        self.handler = None
+                    self.close()
+                    if h is not None:
+                        h.crash(e)
 
     def eof_received(self):
         return False
@@ -115,12 +127,26 @@ class UpstreamConnection(asyncio.Protocol):
             h.on_upstream_headers(self.parser.get_status_code(), self.headers)
 
     def on_body(self, body):
+        # Body pieces parsed from one read (a streaming upstream sends one chunk per SSE frame,
+        # often many per read) reach the exchange as one piece: one client write, not one per
+        # frame.
+        b = self._body
+        if b is None:
+            self._body = [body]
+        else:
+            b.append(body)
+
+    def _deliver(self):
+        b = self._body
+        self._body = None
         h = self.handler
         if h is not None:
-            h.on_upstream_body(body)
+            h.on_upstream_body(b[0] if len(b) == 1 else b"".join(b))
 
     def on_message_complete(self):
         self._partial = False
+        if self._body is not None:
+            self._deliver()
         self._complete(self.parser.should_keep_alive())
 
     def _complete(self, keep_alive):
@@ -148,6 +174,11 @@ class UpstreamConnection(asyncio.Protocol):
         self.close()
 
     def _fail(self, reason):
+        if self._body is not None:
+            try:
+                self._deliver()     # what arrived intact before the broken bytes still counts
+            except Exception:
+                self._body = None
         h = self.handler
         self.handler = None
         self.close()
