@@ -5,6 +5,8 @@ Sans-IO: bytes in, bytes out."""
 
 from cpython.bytearray cimport PyByteArray_AS_STRING
 
+import orjson
+
 # Deepest JSON nesting accepted. Real chat bodies nest < 20 deep (a tool schema inside a tool inside
 # the request); 128 leaves room for deep schemas while bounding the scanner's recursion.
 cdef int MAX_DEPTH = 128
@@ -266,3 +268,16 @@ cpdef bint is_json(bytes body):
 cpdef bytes splice(bytes body, Py_ssize_t start, Py_ssize_t end, bytes replacement):
     """body with body[start:end] replaced."""
     return body[:start] + replacement + body[end:]
+
+
+cpdef object top_field(bytes body, bytes key):
+    """The parsed value of one top-level field of a JSON object body, without parsing the rest
+    (the codecs' usage taps read only `usage`); None when the field is absent. FramingError when
+    the body is not a JSON object."""
+    cdef tuple span = scan_top(body, (key,)).get(key)
+    if span is None:
+        return None
+    try:
+        return orjson.loads(body[<Py_ssize_t>span[0]:<Py_ssize_t>span[1]])
+    except orjson.JSONDecodeError:
+        raise FramingError("bad value")

@@ -13,7 +13,7 @@ import orjson
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import FramingError, SSEParser, scan_top
+from cbusbar.framing import FramingError, SSEParser, scan_top, top_field
 
 NAME = "anthropic"
 CONTENT_TYPE = b"application/json"
@@ -1063,19 +1063,10 @@ cpdef bytes write_response(ir.Response resp):
 cpdef ir.Usage read_usage(bytes body):
     """Usage of a buffered same-protocol body without parsing the content: only the `usage` field's
     bytes are parsed."""
-    cdef dict spans
-    cdef tuple span
     try:
-        spans = scan_top(body, (b"usage",))
+        return _read_usage_obj(top_field(body, b"usage"))
     except FramingError:
         raise CodecError("The upstream response is not a JSON object.")
-    span = spans.get(b"usage")
-    if span is None:
-        return _read_usage_obj(None)
-    try:
-        return _read_usage_obj(orjson.loads(body[span[0]:span[1]]))
-    except ValueError:
-        return _read_usage_obj(None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from cbusbar.ir cimport (
 from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
 from cbusbar.ir import CodecError
 from cbusbar.eventstream import EventStreamError
-from cbusbar.framing import FramingError, scan_top
+from cbusbar.framing import FramingError, scan_top, top_field
 
 NAME = "bedrock"
 CONTENT_TYPE = b"application/json"
@@ -941,18 +941,11 @@ cpdef bytes write_response(Response resp):
 
 cpdef Usage read_usage(bytes body):
     """Usage of a same-protocol buffered body, parsing only the `usage` value."""
-    cdef dict spans
     try:
-        spans = scan_top(body, (b"usage",))
+        usage = top_field(body, b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON)
-    span = spans.get(b"usage")
-    if span is None:
-        return _unknown_usage()
-    try:
-        return _usage_of(orjson.loads(body[<Py_ssize_t>span[0]:<Py_ssize_t>span[1]]))
-    except orjson.JSONDecodeError:
-        raise CodecError(UPSTREAM_NOT_JSON)
+    return _unknown_usage() if usage is None else _usage_of(usage)
 
 
 # ---------------------------------------------------------------------------------------------

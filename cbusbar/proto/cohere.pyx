@@ -24,7 +24,7 @@ import uuid
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event
+from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event, top_field
 from cbusbar.ir import CodecError
 
 from cbusbar.ir cimport (
@@ -853,18 +853,13 @@ cpdef Usage read_usage(bytes body):
     """Usage of a buffered Cohere body without parsing the whole of it."""
     cdef Usage u
     try:
-        spans = scan_top(body, (b"usage",))
+        usage = top_field(body, b"usage")
     except FramingError:
         raise CodecError(BAD_UPSTREAM)
-    span = spans.get(b"usage")
-    if span is None:
+    if usage is None:
         u = Usage()
         u.input_known = False
         return u
-    try:
-        usage = orjson.loads(body[span[0]:span[1]])
-    except ValueError:
-        raise CodecError(BAD_UPSTREAM)
     return _read_usage_obj(usage)
 
 

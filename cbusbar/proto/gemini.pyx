@@ -30,7 +30,7 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING, D_SIGNATURE,
 )
 from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, scan_top
+from cbusbar.framing import SSEParser, FramingError, scan_top, top_field
 
 NAME = "gemini"
 CONTENT_TYPE = b"application/json"
@@ -1062,18 +1062,10 @@ cpdef bytes write_response(Response resp):
 
 
 cpdef Usage read_usage(bytes body):
-    cdef dict spans
     cdef object um
     try:
-        spans = scan_top(body, (b"usageMetadata",))
+        um = top_field(body, b"usageMetadata")
     except FramingError:
-        raise CodecError("The upstream response is not valid JSON.")
-    if b"usageMetadata" not in spans:
-        return Usage()
-    start, end = spans[b"usageMetadata"]
-    try:
-        um = orjson.loads(body[start:end])
-    except orjson.JSONDecodeError:
         raise CodecError("The upstream response is not valid JSON.")
     return _usage_from(um) if isinstance(um, dict) else Usage()
 

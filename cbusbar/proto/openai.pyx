@@ -31,7 +31,7 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING,
 )
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, scan_top
+from cbusbar.framing import SSEParser, FramingError, scan_top, top_field
 
 NAME = "openai"
 CONTENT_TYPE = b"application/json"
@@ -1197,19 +1197,11 @@ cpdef bytes write_response(Response resp):
 
 cpdef Usage read_usage(bytes body):
     """Usage of a same-protocol buffered body, parsing only the `usage` value."""
-    cdef dict spans
-    cdef object span
     try:
-        spans = scan_top(body, (b"usage",))
+        usage = top_field(body, b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON)
-    span = spans.get(b"usage")
-    if span is None:
-        return _unknown_usage()
-    try:
-        return _usage_of(orjson.loads(body[span[0]:span[1]]))
-    except orjson.JSONDecodeError:
-        raise CodecError(UPSTREAM_NOT_JSON)
+    return _unknown_usage() if usage is None else _usage_of(usage)
 
 
 # ---------------------------------------------------------------------------------------------

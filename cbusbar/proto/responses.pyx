@@ -11,7 +11,7 @@ import time
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event
+from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
 
 from cbusbar.ir cimport (
@@ -878,19 +878,10 @@ cpdef Response read_response(bytes body):
 
 
 cpdef Usage read_usage(bytes body):
-    cdef dict spans
-    cdef tuple span
     try:
-        spans = scan_top(body, (b"usage",))
+        return _usage(top_field(body, b"usage"))
     except FramingError:
         raise CodecError("The upstream response is not a JSON object.") from None
-    span = spans.get(b"usage")
-    if span is None:
-        return _usage(None)
-    try:
-        return _usage(orjson.loads(body[span[0]:span[1]]))
-    except orjson.JSONDecodeError:
-        return _usage(None)
 
 
 cdef str _item_id(str prefix, str base, int index):

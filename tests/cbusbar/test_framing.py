@@ -85,3 +85,11 @@ def test_scan_top_agrees_with_json_on_random_mutations():
             scan_ok = False
         if json_ok:
             assert scan_ok, b  # never rejects valid JSON
+
+
+def test_top_field_parses_one_top_level_value():
+    body = b'{"choices": [{"usage": 1}], "usage": {"prompt_tokens": 3}, "z": "x"}'
+    assert F.top_field(body, b"usage") == {"prompt_tokens": 3}
+    assert F.top_field(body, b"missing") is None
+    with pytest.raises(F.FramingError):
+        F.top_field(b"[1]", b"usage")
