@@ -13,7 +13,7 @@ import orjson
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import FramingError, SSEParser, scan_top, top_field
+from cbusbar.framing import FramingError, SSEParser, top_field
 
 NAME = "anthropic"
 CONTENT_TYPE = b"application/json"

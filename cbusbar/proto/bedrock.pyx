@@ -39,7 +39,7 @@ from cbusbar.ir cimport (
 from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
 from cbusbar.ir import CodecError
 from cbusbar.eventstream import EventStreamError
-from cbusbar.framing import FramingError, scan_top, top_field
+from cbusbar.framing import FramingError, top_field
 
 NAME = "bedrock"
 CONTENT_TYPE = b"application/json"

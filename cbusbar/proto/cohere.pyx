@@ -24,7 +24,7 @@ import uuid
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event, top_field
+from cbusbar.framing import FramingError, SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError
 
 from cbusbar.ir cimport (

@@ -30,7 +30,7 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING, D_SIGNATURE,
 )
 from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, scan_top, top_field
+from cbusbar.framing import SSEParser, FramingError, top_field
 
 NAME = "gemini"
 CONTENT_TYPE = b"application/json"

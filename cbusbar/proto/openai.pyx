@@ -31,7 +31,7 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING,
 )
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, scan_top, top_field
+from cbusbar.framing import SSEParser, FramingError, top_field
 
 NAME = "openai"
 CONTENT_TYPE = b"application/json"

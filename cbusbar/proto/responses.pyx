@@ -11,7 +11,7 @@ import time
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, scan_top, sse_event, top_field
+from cbusbar.framing import FramingError, SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
 
 from cbusbar.ir cimport (
