@@ -139,7 +139,10 @@ def test_body_too_large_is_413_native_and_closes(gateway, path, headers, shape):
         else:
             assert doc["type"] == "error" and doc["error"]["type"] == "request_too_large"
         s.settimeout(5)
-        assert s.recv(10) == b""
+        try:
+            assert s.recv(10) == b""
+        except ConnectionResetError:
+            pass  # closed with unread bytes: a reset instead of EOF, still closed
 
 
 def test_malformed_http_is_400_and_server_keeps_serving(gateway):
