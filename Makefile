@@ -11,9 +11,16 @@ $(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
-# Compiles every cbusbar extension in place (editable install; no pure-Python fallback).
-build: $(STAMP)
+BUILT := $(VENV)/.built
+CYTHON_SOURCES := $(shell find cbusbar -name '*.pyx' -o -name '*.pxd')
+
+# Compiles every cbusbar extension in place (editable install; no pure-Python fallback). Redone
+# only when a Cython source or the build files change.
+build: $(BUILT)
+
+$(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml
 	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+	touch $@
 
 demo: build
 	$(BIN)/busbar serve --demo
