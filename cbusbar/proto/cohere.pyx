@@ -39,7 +39,7 @@ from cbusbar.ir cimport (
     TC_NONE, TC_REQUIRED, TC_TOOL,
     Block, Event, Message, Request, Response, Tool, Usage,
     ev_block_delta, ev_block_start, ev_block_stop, ev_error, ev_message_delta, ev_message_start,
-    ev_message_stop,
+    ev_message_stop, text_block,
 )
 
 NAME = "cohere"
@@ -195,13 +195,6 @@ cdef Block _image_block(str url):
     return b
 
 
-cdef Block _text(str text):
-    cdef Block b = Block.__new__(Block)
-    b.kind = B_TEXT
-    b.text = text
-    return b
-
-
 cdef Block _thinking(str text):
     cdef Block b = Block.__new__(Block)
     b.kind = B_THINKING
@@ -223,7 +216,7 @@ cdef list _text_parts(object content, str path):
     cdef list out = []
     cdef Py_ssize_t i
     if isinstance(content, str):
-        out.append(_text(content))
+        out.append(text_block(content))
         return out
     if not isinstance(content, list):
         raise _bad_type(path, "a string or an array of content parts")
@@ -231,7 +224,7 @@ cdef list _text_parts(object content, str path):
         if not isinstance(part, dict):
             raise _bad_type("%s[%d]" % (path, i), "an object")
         if part.get("type", "text") == "text":
-            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
     return out
 
 
@@ -242,7 +235,7 @@ cdef list _user_parts(object content, str path):
     cdef Py_ssize_t i
     cdef str kind, url
     if isinstance(content, str):
-        out.append(_text(content))
+        out.append(text_block(content))
         return out
     if not isinstance(content, list):
         raise _bad_type(path, "a string or an array of content parts")
@@ -251,7 +244,7 @@ cdef list _user_parts(object content, str path):
             raise _bad_type("%s[%d]" % (path, i), "an object")
         kind = _string(part.get("type"), "%s[%d].type" % (path, i))
         if kind == "text":
-            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
         elif kind == "image_url":
             image = part.get("image_url")
             # Accept the bare-string spelling some OpenAI-style clients send, as Cohere does.
@@ -270,7 +263,7 @@ cdef list _tool_result_parts(object content, str path):
     cdef Py_ssize_t i
     cdef str kind
     if isinstance(content, str):
-        out.append(_text(content))
+        out.append(text_block(content))
         return out
     if not isinstance(content, list):
         raise _bad_type(path, "a string or an array of content parts")
@@ -279,13 +272,13 @@ cdef list _tool_result_parts(object content, str path):
             raise _bad_type("%s[%d]" % (path, i), "an object")
         kind = _string(part.get("type"), "%s[%d].type" % (path, i))
         if kind == "text":
-            out.append(_text(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
         elif kind == "document":
             data = _get(part.get("document"), "data")
             if isinstance(data, str):
-                out.append(_text(data))
+                out.append(text_block(data))
             elif data is not None:
-                out.append(_text(orjson.dumps(data).decode()))
+                out.append(text_block(orjson.dumps(data).decode()))
     return out
 
 
@@ -299,10 +292,10 @@ cdef Message _assistant(dict m, str path):
     content = m.get("content")
     plan = _string(m.get("tool_plan"), path + ".tool_plan")
     if plan:
-        text.append(_text(plan))
+        text.append(text_block(plan))
     if isinstance(content, str):
         if content:
-            text.append(_text(content))
+            text.append(text_block(content))
     elif isinstance(content, list):
         for i, part in enumerate(content):
             if not isinstance(part, dict):
@@ -311,7 +304,7 @@ cdef Message _assistant(dict m, str path):
             if kind == "text":
                 s = _string(part.get("text"), "%s.content[%d].text" % (path, i))
                 if s:
-                    text.append(_text(s))
+                    text.append(text_block(s))
             elif kind == "thinking":
                 s = _string(part.get("thinking"), "%s.content[%d].thinking" % (path, i))
                 if s:
@@ -687,7 +680,7 @@ cpdef Response read_response(bytes body):
     resp.id = doc.get("id") if isinstance(doc.get("id"), str) else None
     s = _get(msg, "tool_plan") if isinstance(_get(msg, "tool_plan"), str) else None
     if s:
-        plan = _text(s)
+        plan = text_block(s)
         text.append(plan)
     content = _get(msg, "content")
     if isinstance(content, str):
@@ -697,7 +690,7 @@ cpdef Response read_response(bytes body):
             b = None
             kind = _get(part, "type")
             if kind == "text" and isinstance(_get(part, "text"), str):
-                b = _text(part["text"])
+                b = text_block(part["text"])
                 text.append(b)
             elif kind == "thinking" and isinstance(_get(part, "thinking"), str):
                 b = _thinking(part["thinking"])
@@ -1044,7 +1037,7 @@ cdef class StreamDecoder:
         if not isinstance(plan, str) or not plan:
             return
         if self.open_src != SRC_PLAN:
-            self._open(out, SRC_PLAN, None, _text(None))
+            self._open(out, SRC_PLAN, None, text_block(None))
         out.append(ev_block_delta(self.open_index, D_TEXT, plan))
 
     cdef void _tool_start(self, list out, dict doc):
