@@ -45,6 +45,38 @@ cdef inline bint _eq_lower(const unsigned char* p, Py_ssize_t n, const char* lit
     return True
 
 
+cdef bint _framing_header(const unsigned char* p, Py_ssize_t k0, Py_ssize_t k1, Py_ssize_t v0,
+                          Py_ssize_t v1, long long* cl, int* ka, bint is_request) noexcept:
+    """The headers that decide message framing, shared by both fast paths: one Content-Length of
+    1-15 digits, one Connection of exactly keep-alive/close; Transfer-Encoding, Upgrade (and in a
+    request Expect) send the message to httptools. False means: leave this message to httptools."""
+    cdef Py_ssize_t j = k1 - k0
+    cdef unsigned char c
+    if j == 14 and _eq_lower(p + k0, j, b"content-length", 14):
+        if cl[0] >= 0 or v1 == v0 or v1 - v0 > 15:
+            return False
+        cl[0] = 0
+        for j in range(v0, v1):
+            c = p[j]
+            if c < 48 or c > 57:
+                return False
+            cl[0] = cl[0] * 10 + (c - 48)
+    elif j == 10 and _eq_lower(p + k0, j, b"connection", 10):
+        if ka[0] >= 0:
+            return False
+        if _eq_lower(p + v0, v1 - v0, b"keep-alive", 10):
+            ka[0] = 1
+        elif _eq_lower(p + v0, v1 - v0, b"close", 5):
+            ka[0] = 0
+        else:
+            return False
+    elif ((j == 17 and _eq_lower(p + k0, j, b"transfer-encoding", 17))
+          or (j == 7 and _eq_lower(p + k0, j, b"upgrade", 7))
+          or (is_request and j == 6 and _eq_lower(p + k0, j, b"expect", 6))):
+        return False
+    return True
+
+
 cpdef tuple parse_request(bytes data, Py_ssize_t start, Py_ssize_t header_max_bytes,
                           Py_ssize_t header_count_max, Py_ssize_t body_max):
     """The request starting at data[start:] as (method, path, query, headers, body, keep_alive,
@@ -132,28 +164,7 @@ cpdef tuple parse_request(bytes data, Py_ssize_t start, Py_ssize_t header_max_by
         if count > header_count_max or hbytes > header_max_bytes:
             return None
 
-        j = k1 - k0
-        if j == 14 and _eq_lower(p + k0, j, b"content-length", 14):
-            if cl >= 0 or v1 == v0 or v1 - v0 > 15:
-                return None
-            cl = 0
-            for j in range(v0, v1):
-                c = p[j]
-                if c < 48 or c > 57:
-                    return None
-                cl = cl * 10 + (c - 48)
-        elif j == 10 and _eq_lower(p + k0, j, b"connection", 10):
-            if ka >= 0:
-                return None
-            if _eq_lower(p + v0, v1 - v0, b"keep-alive", 10):
-                ka = 1
-            elif _eq_lower(p + v0, v1 - v0, b"close", 5):
-                ka = 0
-            else:
-                return None
-        elif ((j == 17 and _eq_lower(p + k0, j, b"transfer-encoding", 17))
-              or (j == 7 and _eq_lower(p + k0, j, b"upgrade", 7))
-              or (j == 6 and _eq_lower(p + k0, j, b"expect", 6))):
+        if not _framing_header(p, k0, k1, v0, v1, &cl, &ka, True):
             return None
 
         name = PyBytes_FromStringAndSize(NULL, k1 - k0)
@@ -255,27 +266,7 @@ cpdef tuple parse_response(bytes data):
             return None
         i += 2
 
-        j = k1 - k0
-        if j == 14 and _eq_lower(p + k0, j, b"content-length", 14):
-            if cl >= 0 or v1 == v0 or v1 - v0 > 15:
-                return None
-            cl = 0
-            for j in range(v0, v1):
-                c = p[j]
-                if c < 48 or c > 57:
-                    return None
-                cl = cl * 10 + (c - 48)
-        elif j == 10 and _eq_lower(p + k0, j, b"connection", 10):
-            if ka >= 0:
-                return None
-            if _eq_lower(p + v0, v1 - v0, b"keep-alive", 10):
-                ka = 1
-            elif _eq_lower(p + v0, v1 - v0, b"close", 5):
-                ka = 0
-            else:
-                return None
-        elif ((j == 17 and _eq_lower(p + k0, j, b"transfer-encoding", 17))
-              or (j == 7 and _eq_lower(p + k0, j, b"upgrade", 7))):
+        if not _framing_header(p, k0, k1, v0, v1, &cl, &ka, False):
             return None
 
         name = PyBytes_FromStringAndSize(NULL, k1 - k0)
