@@ -67,6 +67,11 @@ class Limits:
     default_max_tokens: int = 4096
     # Upstream error bodies are buffered to be classified and re-enveloped (SPEC §8: 256 KiB).
     error_body_max_bytes: int = 256 * _KiB
+    # Reading an upstream error body once its status arrived: the status already says what
+    # happened, so a body that stalls must not hold the request (and the failover) for the whole
+    # upstream_request_timeout. Real error bodies are < 1 KiB and arrive with the head; 5 s covers
+    # a slow link without making a caller wait long for the next lane.
+    upstream_error_body_timeout_secs: float = 5.0
     # SIGTERM waits this long for in-flight requests; Kubernetes' default
     # terminationGracePeriodSeconds is 30 s, after which the pod is killed anyway.
     drain_timeout_secs: float = 30.0
@@ -88,6 +93,7 @@ LIMIT_SECONDS: tuple[str, ...] = (
     "idle_timeout_secs",
     "upstream_connect_timeout_secs",
     "upstream_request_timeout_secs",
+    "upstream_error_body_timeout_secs",
     "upstream_pool_idle_timeout_secs",
     "drain_timeout_secs",
 )

@@ -1,8 +1,18 @@
 """One client request from parse to last byte: route, attempt, fail over, relay or translate.
 
 A state machine driven by callbacks from the ingress connection and the upstream pool; no task per
-request. Failover is possible only until the first response byte is written to the client; after
-that an upstream failure ends the client's stream with the ingress protocol's native error event.
+request. It reads configuration only from the snapshot it captured when it started.
+
+Two exits, each taken exactly once:
+- `end_attempt(fault, reason)` ends the current upstream attempt, whatever happened: it frees the
+  lane's permit, stops the attempt's deadline, abandons an upstream connection whose response was
+  not read whole, and hands the `Attempt` to the site's attempt hooks.
+- `finish(outcome)` ends the request: it flushes the answer, builds the `RequestRecord` (usage read
+  on every path) and hands it to the site's finish hooks, then gives the connection back.
+
+Failover stays possible until the first byte of the answer is actually written to the client
+(`sent`); a response head that is only queued does not count. After that an upstream failure ends
+the client's answer with the ingress protocol's native error event.
 """
 from __future__ import annotations
 
@@ -11,41 +21,46 @@ import time
 
 import orjson
 
-from cbusbar import ir, transform
+from cbusbar import ir
 from cbusbar.framing import FramingError, scan_top, splice
-from cbusbar.proto import codec as _codec
-from busbar.server import dispatch as D
-from busbar.server.http import status_line
+
+from busbar.engine import route as R
+from busbar.engine.records import (
+    Attempt, RequestRecord, F_CANCELLED, F_CONNECT, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
+    F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
+    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR)
+from busbar.engine.status import status_line
+from busbar.engine.translate import (
+    CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
 
 _perf_ns = time.perf_counter_ns
 _loads = orjson.loads
 _dumps = orjson.dumps
 
-class _Codecs(dict):
-    """protocol name → codec module, imported on first use."""
-
-    def __missing__(self, name):
-        mod = self[name] = _codec(name)
-        return mod
-
-
-CODECS = _Codecs()
-_WIRE_JSON = {}     # upstream model name → its JSON string (names come from config: bounded)
-BODY_MODEL = frozenset(("openai", "responses", "cohere", "anthropic"))
-
 # Response modes once upstream headers arrived
 M_NONE = 0
 M_RELAY_STREAM = 1     # same protocol, streamed: bytes through, chunked to the client
-M_RELAY_BODY = 2       # same protocol, buffered, upstream gave a length: bytes through
-M_BUFFER = 3           # same protocol, buffered without a length: collect, then answer
-M_TRANSLATE_STREAM = 4
-M_TRANSLATE_BODY = 5
-M_ERROR = 6            # upstream non-2xx: collect (bounded), then fail over or answer
+M_BUFFER = 2           # same protocol, buffered: collected, checked, then answered whole
+M_TRANSLATE_STREAM = 3
+M_TRANSLATE_BODY = 4
+M_ERROR = 5            # upstream non-2xx: collect (bounded), then fail over or answer
 
 PARSE_ERROR = "We could not parse the JSON body of your request."
 MISSING_MODEL = "Missing required parameter: 'model'."
-OVERLOADED = "The service is temporarily overloaded. Please retry shortly."
 STREAM_BROKE = "The upstream stream ended unexpectedly."
+STREAM_TIMEOUT = "The upstream timed out."
+
+# What the caller is told when every lane failed, by how the last attempt failed. Never the
+# upstream's address: the caller should not learn busbar's topology.
+EXHAUSTED = {
+    F_CONNECT: (502, "api_error", "busbar could not connect to the upstream provider."),
+    F_TIMEOUT: (504, "timeout", "The upstream provider did not answer in time."),
+    F_RESET: (502, "api_error", "The upstream provider closed the connection before answering."),
+    F_MALFORMED: (502, "api_error", "The upstream provider returned a response busbar could not read."),
+    F_TRUNCATED: (502, "api_error", "The upstream provider's stream ended before it was complete."),
+}
+UNREADABLE = EXHAUSTED[F_MALFORMED]
+
 
 # Statuses worth another lane: rate limits, timeouts, overload and server errors (SPEC §4.1).
 def _transient(status: int) -> bool:
@@ -57,73 +72,84 @@ def _req_id() -> str:
 
 
 class Exchange:
-    __slots__ = ("gw", "conn", "req", "route", "proto", "ingress", "name", "target", "stream",
-                 "ir", "ir_max_tokens", "ir_effort", "ir_budget", "include_usage", "tried",
-                 "hops", "lane", "egress", "codec", "same", "upconn", "data", "t_send", "rtt",
-                 "mode", "chunks", "size", "dec", "enc", "unwrap", "finished", "sent", "_slot",
-                 "status", "up_headers", "last_error", "closed", "forced", "model_span",
-                 "request_id", "last_model", "pending")
+    __slots__ = ("site", "conn", "req", "route", "snap", "proto", "ingress", "name", "target",
+                 "stream", "cr", "tried", "attempts", "att", "lane", "egress", "codec", "same",
+                 "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
+                 "tap_done", "forced", "sent", "pending", "_slot", "status", "up_headers",
+                 "last_error", "closed", "model_span", "request_id", "last_model", "usage",
+                 "client_status", "bytes_out", "t_end")
 
-    def __init__(self, gw, conn, req):
-        self.gw = gw
+    def __init__(self, site, conn, req, route, snap):
+        self.site = site
         self.conn = conn
         self.req = req
-        self.ir = None
+        self.route = route
+        self.snap = snap
+        self.proto = route.protocol
+        self.cr = None
+        self.target = None
+        self.name = None
+        self.stream = False
         self.tried = set()
-        self.hops = 0
+        self.attempts = []
+        self.att = None
         self.lane = None
+        self.same = False
         self.upconn = None
+        self.data = None
         self.mode = M_NONE
         self.chunks = None
         self.size = 0
         self.sent = False
-        self._slot = None       # the gateway's deadline slot while an attempt's timeout runs
+        self._slot = None       # the site's deadline slot while a timeout of this request runs
         self.last_error = None
         self.closed = False
-        self.finished = False
         self.rtt = 0
         self.request_id = None
-        self.include_usage = False
-        self.unwrap = None
-        self.dec = None
-        self.enc = None
+        self.tx = None
+        self.tap = None
+        self.tap_done = False
+        self.forced = None
         self.pending = None
+        self.usage = None
+        self.client_status = 0
+        self.bytes_out = 0
+        self.last_model = None
+        self.egress = None
 
     # ================================================================== entry
     def start(self):
-        req = self.req
-        gw = self.gw
-        route = D.dispatch(req.method, req.path, req.query, req.headers)
-        self.route = route
-        self.proto = route.protocol
+        route = self.route
+        site = self.site
         kind = route.kind
-        gw.inflight += 1
-        if kind == D.CHAT:
-            if gw.max_inbound and gw.inflight > gw.max_inbound:
+        site.inflight += 1
+        if kind == R.CHAT:
+            mi = self.snap.max_inbound
+            if mi and site.inflight > mi:
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
-                           retry_after=1)
+                           retry_after=1, outcome=O_SHED)
                 return
             self.chat()
-        elif kind == D.HEALTH:
-            ok = bool(gw.router.lanes)
+        elif kind == R.HEALTH:
+            ok = bool(self.snap.router.lanes)
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
                          b"ok" if ok else b"no usable lanes")
-        elif kind == D.MODELS:
-            self.respond(200, b"application/json", CODECS[self.proto].write_model_list(gw.router.names()))
-        elif kind == D.METHOD:
+        elif kind == R.MODELS:
+            self.respond(200, b"application/json",
+                         CODECS[self.proto].write_model_list(self.snap.router.names()))
+        elif kind == R.METHOD:
             self.error(405, "invalid_request", "Method %s not allowed for %s." % (
-                req.method.decode("latin-1"), req.path))
-        elif kind == D.UNSUPPORTED:
+                self.req.method.decode("latin-1"), self.req.path))
+        elif kind == R.UNSUPPORTED:
             self.error(404, "not_found", "This endpoint does not support that operation.")
         else:
             self.error(404, "not_found", "Unknown request URL: %s %s." % (
-                req.method.decode("latin-1"), req.path))
+                self.req.method.decode("latin-1"), self.req.path))
 
     def chat(self):
         req = self.req
         route = self.route
-        proto = self.proto
-        self.ingress = CODECS[proto]
+        ingress = self.ingress = CODECS[self.proto]
         body = req.body
         try:
             spans = scan_top(body, (b"model", b"stream"))
@@ -135,43 +161,40 @@ class Exchange:
             span = self.model_span
             name = _loads(body[span[0]:span[1]]) if span is not None else None
             if not isinstance(name, str) or not name:
-                self.error(400, "invalid_request", MISSING_MODEL)
+                self.error(400, "invalid_request", MISSING_MODEL if name is None or name == "" else
+                           "Invalid type for 'model': expected a string.")
                 return
         else:
             name = route.name
         self.name = name
-        if proto == "gemini" or proto == "bedrock":
-            self.stream = route.stream
-        else:
+        if ingress.BODY_MODEL:
             s = spans.get(b"stream")
             self.stream = s is not None and body[s[0]:s[1]] == b"true"
-        target = self.gw.router.resolve(name)
+        else:
+            self.stream = route.stream
+        target = self.snap.router.resolve(name)
         if target is None:
-            if proto == "gemini":
-                msg = ("models/%s is not found for API version %s, or is not supported for the "
-                       "task you are trying to perform." % (name, route.gemini_version or "v1beta"))
-            else:
-                msg = "The model '%s' does not exist or you do not have access to it." % name
-            self.error(404, "not_found", msg)
+            self.error(404, "not_found", ingress.not_found_message(name, route.gemini_version))
             return
         self.target = target
         self.attempt()
 
     # ================================================================== attempts
     def attempt(self):
-        gw = self.gw
-        if self.hops > gw.max_hops:
+        snap = self.snap
+        if len(self.attempts) >= snap.max_attempts:
             self.exhausted()
             return
         lane = self.target.pick(self.tried)
         if lane is None:
             self.exhausted()
             return
-        self.hops += 1
         self.lane = lane
         self.tried.add(lane)
+        now = _perf_ns()
+        self.att = Attempt(lane, now)
         model = lane.model
-        eg = gw.egress[model.provider.name]
+        eg = snap.egress[model.provider.name]
         self.egress = eg
         proto = eg.protocol
         codec = CODECS[proto]
@@ -184,22 +207,19 @@ class Exchange:
         if proto == self.proto:
             self.same = True
             body = self.req.body
-            if proto in BODY_MODEL:
+            if codec.BODY_MODEL:
                 span = self.model_span
+                wj = snap.wire(wire)
                 if span is None:
                     # /{name}/v1/messages without a body model: insert it.
                     i = body.index(b"{") + 1
-                    body = body[:i] + b'"model":' + _dumps(wire) + (
+                    body = body[:i] + b'"model":' + wj + (
                         b"," if body[i:].strip() != b"}" else b"") + body[i:]
-                else:
-                    wj = _WIRE_JSON.get(wire)
-                    if wj is None:
-                        wj = _WIRE_JSON[wire] = _dumps(wire)
+                elif body[span[0]:span[1]] != wj:
                     # Bytes compare, no parse: a client spelling of the same name with escapes
                     # just gets the canonical spelling spliced in.
-                    if body[span[0]:span[1]] != wj:
-                        body = splice(body, span[0], span[1], wj)
-            betas = gw.beta_headers.get(proto)
+                    body = splice(body, span[0], span[1], wj)
+            betas = snap.beta_headers.get(proto)
             if betas:
                 h = self.req.headers
                 for hname in betas:
@@ -208,345 +228,376 @@ class Exchange:
                         extra += hname + b": " + v + b"\r\n"
         else:
             self.same = False
-            ir_req = self.ir
-            if ir_req is None:
+            cr = self.cr
+            if cr is None:
                 try:
-                    ir_req = self.ingress.read_request(self.req.body)
+                    cr = self.cr = ClientRequest(self.ingress, self.req.body)
                 except ir.CodecError as e:
-                    self.release_lane()
+                    self.end_attempt(F_REFUSED, "the request cannot be read")
                     self.error(400, "invalid_request", str(e) or PARSE_ERROR)
                     return
-                self.ir = ir_req
-                self.ir_max_tokens = ir_req.max_tokens
-                self.ir_effort = ir_req.reasoning_effort
-                self.ir_budget = ir_req.reasoning_budget
-                so = ir_req.extra.get("stream_options") if ir_req.extra else None
-                self.include_usage = isinstance(so, dict) and so.get("include_usage") is True
-            ir_req.extra = {}
-            ir_req.model = wire
-            ir_req.stream = stream
-            if self.ir_max_tokens is None and proto == "anthropic":
-                ir_req.max_tokens = model.default_max_tokens or gw.limits.default_max_tokens
-            else:
-                ir_req.max_tokens = self.ir_max_tokens
-            if self.target.reasoning(lane):
-                ir_req.reasoning_effort = self.ir_effort
-                ir_req.reasoning_budget = self.ir_budget
-            else:
-                ir_req.reasoning_effort = None
-                ir_req.reasoning_budget = None
-            if proto == "bedrock":
-                transform.clear_cache_control(ir_req)
             try:
-                body = codec.write_request(ir_req)
+                body, self.forced = write_request(
+                    cr, codec, wire, stream, self.target.reasoning(lane),
+                    model.default_max_tokens or snap.limits.default_max_tokens)
             except ir.CodecError as e:
-                self.release_lane()
+                self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
                 self.error(400, "invalid_request", str(e))
                 return
-            ftn = getattr(codec, "forced_tool_name", None)
-            if ftn is not None:
-                self.forced = ftn(ir_req)
-            gw.count_translation(self.proto, proto)
+            self.site.count_translation(self.proto, proto)
         self.data = eg.request(codec.upstream_path(wire, stream), body, stream, extra)
-        gw.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
+        self.site.deadlines.arm(self, self._attempt_secs())
+        self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
+
+    def _attempt_secs(self) -> float:
+        """The attempt's own bound: connect + time to headers, and a buffered body or a stream's
+        first byte (both before the client saw anything, so failover is still possible)."""
+        t = self.snap.limits.upstream_request_timeout_secs
+        ato = self.lane.model.attempt_timeout_ms
+        if ato is not None and ato / 1000.0 < t:
+            t = ato / 1000.0
+        return t
 
     def _on_conn(self, conn):
-        if self.closed:
-            self.gw.pool.release(conn)
+        att = self.att
+        if att is None or self.closed:
+            # The attempt ended while connecting (timeout, client gone): the fresh connection has
+            # carried nothing and is idle.
+            self.site.pool.release(conn)
             return
         self.upconn = conn
         self.mode = M_NONE
         self.chunks = None
         self.size = 0
-        lim = self.gw.limits
-        t = lim.upstream_request_timeout_secs
-        ato = self.lane.model.attempt_timeout_ms
-        if ato is not None and ato / 1000.0 < t:
-            t = ato / 1000.0
-        self.gw.deadlines.arm(self, t)
-        self.t_send = _perf_ns()
-        conn.send(self, self.data)
+        self.t_send = att.t_connected = _perf_ns()
+        data = self.data
+        self.data = None
+        conn.send(self, data)
 
     def _on_conn_error(self, reason):
-        if self.closed:
+        if self.att is None or self.closed:
             return
-        self.last_error = None
-        self.fail_over(reason)
-
-    def on_deadline(self):
-        """The attempt's timeout passed (called by the gateway's Deadlines sweep)."""
-        if self.closed:
-            return
-        if self.upconn is not None:
-            conn = self.upconn
-            self.upconn = None
-            conn.abandon()
-        if not self.sent:
-            self.fail_over("upstream timeout")
-        else:
-            self.broken("timeout", "The upstream timed out.")
-
-    def fail_over(self, reason):
-        """This attempt failed before the client saw a byte: record it and try the next lane."""
-        self.gw.log_debug("attempt failed on %s: %s", self.lane.model.name if self.lane else "-", reason)
-        self.release_lane()
+        self.end_attempt(F_CONNECT, reason)
         self.attempt()
 
-    def release_lane(self):
+    def on_deadline(self):
+        """A deadline of this request passed (called by the site's Deadlines sweep)."""
+        if self.closed or self.att is None:
+            return
+        if not self.sent:
+            if self.mode == M_ERROR:
+                # An error body that stalls: the status alone decides.
+                body = b"".join(self.chunks) if self.chunks else b""
+                self.end_attempt(F_STATUS, "upstream status %d (body timed out)" % self.status)
+                self.after_status_error(body)
+                return
+            self.end_attempt(F_TIMEOUT, "upstream timeout")
+            self.attempt()
+        else:
+            self.broken(F_TIMEOUT, "timeout", STREAM_TIMEOUT)
+
+    def end_attempt(self, fault, reason=None):
+        """The one exit of an attempt: frees its lane and deadline, drops an upstream connection
+        whose response was not read whole, records the outcome and hands it to the site's hooks.
+        `fault` is one of records.F_* or None for an answer read whole."""
+        a = self.att
+        if a is None:
+            return
+        self.att = None
+        a.t_end = _perf_ns()
+        a.fault = fault
+        a.reason = reason
+        a.bytes_in = self.size
+        c = self.upconn
+        if c is not None:
+            self.upconn = None
+            c.abandon()
+        if self._slot is not None:
+            self.site.deadlines.disarm(self)
         lane = self.lane
         if lane is not None:
             self.lane = None
             lane.release()
-        if self._slot is not None:
-            self.gw.deadlines.disarm(self)
+        self.attempts.append(a)
+        hooks = self.site.attempt_hooks
+        if hooks:
+            for h in hooks:
+                h(self, a)
+        if fault is not None and fault != F_CANCELLED and fault != F_REFUSED:
+            self.site.log_debug("attempt on %s failed: %s (%s)", a.lane.name, fault, reason)
 
     def exhausted(self):
-        le = self.last_error
-        if le is not None:
-            # Every lane failed: the caller gets the last upstream error (in its own shape), which
-            # says more than a generic 503.
-            self.final_error(*le)
+        atts = self.attempts
+        if not atts:
+            self.error(503, "overloaded", "No lane for '%s' can take the request right now: all "
+                       "are at capacity. Please retry shortly." % self.name, retry_after=2,
+                       outcome=O_EXHAUSTED)
             return
-        self.error(503, "overloaded", OVERLOADED, retry_after=2)
+        last = atts[-1]
+        le = self.last_error
+        if last.fault == F_STATUS and le is not None:
+            # Every lane failed and the last said why: the caller gets that upstream error in its
+            # own shape, which says more than a generic message.
+            self.final_error(*le, outcome=O_EXHAUSTED)
+            return
+        status, kind, msg = EXHAUSTED.get(last.fault, UNREADABLE)
+        if last.fault == F_CONNECT and last.reason and "SSL" in last.reason:
+            msg = ("busbar could not connect to the upstream provider: its TLS certificate was "
+                   "not accepted.")
+        self.error(status, kind, msg, outcome=O_EXHAUSTED)
+
+    def fault(self, fault, reason):
+        """The current attempt failed in a way another lane may not: fail over while the client has
+        seen nothing, else end its answer natively."""
+        if not self.sent:
+            self.pending = None
+            self.end_attempt(fault, reason)
+            self.attempt()
+        else:
+            self.broken(fault, "api_error", STREAM_BROKE)
 
     # ================================================================== upstream callbacks
     def on_upstream_headers(self, status, headers):
         t = _perf_ns()
+        att = self.att
+        att.t_headers = t
+        att.status = status
         self.rtt = t - self.t_send
         self.status = status
         self.up_headers = headers
-        lim = self.gw.limits
-        if self.lane.model.attempt_timeout_ms is not None and self._slot is not None:
-            # attempt_timeout_ms caps connect + time to headers, never the body (SPEC §4.3).
-            self.gw.deadlines.arm(self, lim.upstream_request_timeout_secs)
+        deadlines = self.site.deadlines
         if status < 200 or status >= 300:
             self.mode = M_ERROR
             self.chunks = []
+            # An error body has its own short bound: the status already says what happened.
+            deadlines.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
             return
-        if self.same and not (self.stream and self.route.json_array):
-            if self.stream:
+        # A 2xx body, or a stream up to its first byte to the client, counts against the attempt.
+        deadlines.arm(self, self._attempt_secs())
+        codec = self.codec
+        if self.stream:
+            ct = _header(headers, b"content-type")
+            if ct is not None and not ct.startswith(codec.STREAM_CONTENT_TYPE):
+                # An answer that is not a stream, to a stream request: the lane misbehaves.
+                self.fault(F_MALFORMED, "a stream request answered with %s" % ct.decode("latin-1")[:64])
+                return
+            if self.same and not self.route.json_array:
                 self.mode = M_RELAY_STREAM
-                ct = _header(headers, b"content-type") or self.codec.STREAM_CONTENT_TYPE
-                self.dec = self.codec.StreamDecoder()   # the usage tap
-                self.head_chunked(200, ct, self.same_protocol_headers(headers))
+                self.tap = codec.StreamDecoder()     # the usage tap, and how the stream ended
+                self.tap_done = False
+                self.head_chunked(200, ct or codec.STREAM_CONTENT_TYPE,
+                                  self.ingress.response_headers(headers, self.rid()))
             else:
-                cl = _header(headers, b"content-length")
-                if cl is not None and _header(headers, b"content-encoding") is None:
-                    self.mode = M_RELAY_BODY
-                    ct = _header(headers, b"content-type") or b"application/json"
-                    self.head(200, ct, int(cl), self.same_protocol_headers(headers))
-                else:
-                    self.mode = M_BUFFER
-                    self.chunks = []
-        elif self.stream:
-            self.mode = M_TRANSLATE_STREAM
-            ing = self.ingress
-            self.dec = self.codec.StreamDecoder()
-            enc = ing.StreamEncoder(ing.mint_id(), self.lane.model.upstream_model)
-            if self.proto == "openai":
-                enc.include_usage = self.include_usage
-            elif self.proto == "gemini":
-                enc.json_array = self.route.json_array
-            self.enc = enc
-            if self.forced:
-                self.unwrap = transform.ForcedToolUnwrapper(self.forced)
-            ct = b"application/json" if self.route.json_array else ing.STREAM_CONTENT_TYPE
-            self.head_chunked(200, ct, self.ingress_headers())
+                self.mode = M_TRANSLATE_STREAM
+                ing = self.ingress
+                cr = self.cr
+                self.tx = StreamTranslation(
+                    codec, ing, ing.mint_id(), self.last_model, self.forced,
+                    cr.stream_usage if cr is not None else False, self.route.json_array,
+                    mask=self.snap.mask)
+                ct = b"application/json" if self.route.json_array else ing.STREAM_CONTENT_TYPE
+                self.head_chunked(200, ct, ing.response_headers(None, self.rid()))
         else:
-            self.mode = M_TRANSLATE_BODY
+            self.mode = M_BUFFER if self.same else M_TRANSLATE_BODY
             self.chunks = []
 
     def on_upstream_body(self, chunk):
         mode = self.mode
+        self.size += len(chunk)
         if mode == M_RELAY_STREAM:
-            self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-            dec = self.dec
-            if dec is not None:
+            tap = self.tap
+            if tap is not None:
                 try:
-                    dec.feed(chunk)
+                    events = tap.feed(chunk)
                 except Exception:
-                    self.dec = None     # the tap never breaks the relay
-        elif mode == M_RELAY_BODY:
-            self._w(chunk)
+                    self.tap = None     # the tap never breaks a relay it cannot read
+                    events = None
+                if events:
+                    self._tap_events(events, chunk)
+                    if self.tap_done == 2:
+                        chunk = self.snap.mask.mask(chunk)
+            self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         elif mode == M_TRANSLATE_STREAM:
             try:
-                events = self.dec.feed(chunk)
-            except Exception:
-                self.abandon_upstream()
-                self.broken("api_error", STREAM_BROKE)
+                out = self.tx.feed(chunk)
+            except ir.CodecError as e:
+                self.fault(F_MALFORMED, str(e))
                 return
-            if events:
-                self.emit(events)
+            if out:
+                self._w(b"%x\r\n%b\r\n" % (len(out), out))
         elif mode == M_ERROR:
-            self._collect(chunk, self.gw.limits.error_body_max_bytes)
-        else:
-            if not self._collect(chunk, self.gw.limits.request_body_max_bytes):
-                self.abandon_upstream()
-                self.release_lane()
-                self.error(502, "api_error", "The upstream response exceeds the maximum size.")
+            self._collect(chunk, self.snap.limits.error_body_max_bytes)
+        elif mode != M_NONE:
+            if not self._collect(chunk, self.snap.limits.request_body_max_bytes):
+                self.fault(F_MALFORMED, "upstream response exceeds the maximum size")
+
+    def _tap_events(self, events, chunk):
+        for e in events:
+            k = e.kind
+            if k == ir.MESSAGE_DELTA:
+                if e.usage is not None:
+                    self.usage = e.usage
+            elif k == ir.MESSAGE_STOP:
+                self.tap_done = True
+            elif k == ir.EVENT_ERROR:
+                # An error event the upstream sent: relayed as sent, with any secret masked.
+                self.tap_done = 2
 
     def _collect(self, chunk, cap):
         if self.chunks is None:
             return True
-        self.size += len(chunk)
         if self.size > cap:
             self.chunks = None
             return False
         self.chunks.append(chunk)
         return True
 
-    def emit(self, events):
-        if self.unwrap is not None:
-            events = self.unwrap.apply(events)
-        out = self.enc.encode(events)
-        for e in events:
-            k = e.kind
-            if k == ir.MESSAGE_STOP or k == ir.EVENT_ERROR:
-                self.finished = True
-        if out:
-            self._w(b"%x\r\n%b\r\n" % (len(out), out))
-
     def on_upstream_complete(self):
-        self.upconn = None
+        self.upconn = None      # the pool took the connection back (or closed it)
         mode = self.mode
         if mode == M_ERROR:
             status = self.status
             body = b"".join(self.chunks) if self.chunks is not None else b""
-            if _transient(status):
-                self.last_error = (status, body, self.up_headers, self.codec, self.same)
-                self.fail_over("upstream status %d" % status)
-                return
-            self.release_lane()
-            self.final_error(status, body, self.up_headers, self.codec, self.same)
-            return
-        self.release_lane()
-        if mode == M_RELAY_STREAM:
-            dec = self.dec
-            if dec is not None:
+            self.end_attempt(F_STATUS, "upstream status %d" % status)
+            self.after_status_error(body)
+        elif mode == M_RELAY_STREAM:
+            tap = self.tap
+            if tap is not None:
                 try:
-                    dec.close()
+                    events = tap.close()
                 except Exception:
-                    pass
+                    events = None
+                    self.tap = None
+                if events:
+                    self._tap_events(events, b"")
+                if self.tap is not None and not self.tap_done:
+                    # Ended cleanly at the HTTP level but without the protocol's final event.
+                    self.truncated()
+                    return
+            self.end_attempt(None)
             self._w(b"0\r\n\r\n")
-            self.done(True)
-        elif mode == M_RELAY_BODY:
-            self.done(True)
+            self.finish(O_OK)
         elif mode == M_BUFFER:
             body = b"".join(self.chunks)
-            headers = self.up_headers
-            self.rtt = _perf_ns() - self.t_send
-            self.respond(200, _header(headers, b"content-type") or b"application/json", body,
-                         self.same_protocol_headers(headers))
-        elif mode == M_TRANSLATE_STREAM:
+            self.chunks = None
             try:
-                events = self.dec.close()
-            except Exception:
-                events = []
-            if events:
-                self.emit(events)
-            if not self.finished:
-                err = self.enc.error("api_error", STREAM_BROKE)
-                if err:
-                    self._w(b"%x\r\n%b\r\n" % (len(err), err))
+                self.usage = self.codec.read_usage(body)
+            except ir.CodecError as e:
+                self.fault(F_MALFORMED, str(e))
+                return
+            self.rtt = _perf_ns() - self.t_send     # the body download is upstream time
+            self.end_attempt(None)
+            headers = self.up_headers
+            self.respond(200, _header(headers, b"content-type") or b"application/json", body,
+                         self.ingress.response_headers(headers, self.rid()))
+        elif mode == M_TRANSLATE_STREAM:
+            tx = self.tx
+            try:
+                out = tx.close()
+            except ir.CodecError as e:
+                self.fault(F_MALFORMED, str(e))
+                return
+            if out:
+                self._w(b"%x\r\n%b\r\n" % (len(out), out))
+            self.usage = tx.usage
+            if not tx.finished:
+                self.truncated()
+                return
+            self.end_attempt(None)
             self._w(b"0\r\n\r\n")
-            self.done(True)
+            self.finish(O_OK)
         elif mode == M_TRANSLATE_BODY:
             # Buffered translation: the body download is upstream time, not busbar's (BENCHMARK.md).
             self.rtt = _perf_ns() - self.t_send
-            try:
-                resp = self.codec.read_response(b"".join(self.chunks))
-            except ir.CodecError:
-                self.error(502, "api_error", "The upstream returned a response busbar could not read.")
-                return
-            if self.forced:
-                transform.unwrap_forced_tool(resp, self.forced)
+            body = b"".join(self.chunks)
+            self.chunks = None
             ing = self.ingress
-            resp.id = ing.mint_id()
-            if not resp.model:
-                resp.model = self.last_model
-            self.respond(200, b"application/json", ing.write_response(resp), self.ingress_headers())
+            try:
+                out, self.usage = translate_response(self.codec, ing, body, self.forced,
+                                                     ing.mint_id(), self.last_model)
+            except ir.CodecError as e:
+                self.fault(F_MALFORMED, str(e))
+                return
+            self.end_attempt(None)
+            self.respond(200, b"application/json", out, ing.response_headers(None, self.rid()))
+
+    def after_status_error(self, body):
+        """A non-2xx upstream answer, its attempt ended: another lane for transient statuses, the
+        caller's answer for the rest."""
+        status = self.status
+        le = (status, body, self.up_headers, self.codec, self.same)
+        if _transient(status):
+            self.last_error = le
+            self.attempt()
+            return
+        self.final_error(*le, outcome=O_UPSTREAM_ERROR)
+
+    def truncated(self):
+        """A 2xx stream that ended without its final event."""
+        if not self.sent:
+            self.pending = None
+            self.end_attempt(F_TRUNCATED, "stream ended without its final event")
+            self.attempt()
+            return
+        self.broken(F_TRUNCATED, "api_error", STREAM_BROKE)
 
     def on_upstream_error(self, reason):
         self.upconn = None
-        if self.closed:
+        if self.closed or self.att is None:
             return
-        if not self.sent:
-            self.fail_over(reason)
-            return
-        self.broken("api_error", STREAM_BROKE)
+        self.fault(F_RESET, reason)
 
-    def broken(self, kind, message):
+    def broken(self, fault, kind, message):
         """The upstream failed after the client got bytes: end the client's answer natively."""
-        self.release_lane()
+        self.end_attempt(fault, message)
         mode = self.mode
         if mode == M_TRANSLATE_STREAM:
-            err = self.enc.error(kind, message)
+            err = self.tx.error(kind, message)
         elif mode == M_RELAY_STREAM:
-            err = self.ingress.StreamEncoder(self.ingress.mint_id(), self.name).error(kind, message)
+            err = self.ingress.stream_encoder(self.ingress.mint_id(), self.name, False,
+                                              False).error(kind, message)
         else:
             # A length-delimited body cannot be completed: closing tells the client it is short.
-            self.done(False)
+            self.finish(O_BROKEN, keep_alive=False)
             return
         if err:
             self._w(b"%x\r\n%b\r\n" % (len(err), err))
         self._w(b"0\r\n\r\n")
-        self.done(True)
+        self.finish(O_BROKEN)
 
-    def final_error(self, status, body, headers, codec, same):
+    def final_error(self, status, body, headers, codec, same, outcome=O_UPSTREAM_ERROR):
+        mask = self.snap.mask
         if same:
-            # Same-protocol upstream errors are relayed verbatim (SPEC §1.3).
-            self.respond(status, _header(headers, b"content-type") or b"application/json", body,
-                         self.same_protocol_headers(headers))
+            # Same-protocol upstream errors are relayed verbatim (SPEC §1.3), secrets masked.
+            self.respond(status, _header(headers, b"content-type") or b"application/json",
+                         mask.mask(body), self.ingress.response_headers(headers, self.rid()),
+                         outcome=outcome)
             return
-        try:
-            msg = codec.read_error(body)
-        except Exception:
-            msg = None
+        msg, _code = codec.read_error_detail(body)
+        if msg:
+            msg = mask.mask_text(msg)
         kind = ir.kind_of_status(status)
-        self.error(status, kind, msg or "The upstream provider returned an error (%d)." % status)
+        self.error(status, kind, msg or "The upstream provider returned an error (%d)." % status,
+                   outcome=outcome)
 
     # ================================================================== client side
     def pause_upstream(self):
         c = self.upconn
-        if c is not None and c.transport is not None:
-            c.transport.pause_reading()
+        if c is not None:
+            c.pause()
 
     def resume_upstream(self):
         c = self.upconn
-        if c is not None and c.transport is not None:
-            c.transport.resume_reading()
-
-    def abandon_upstream(self):
-        c = self.upconn
         if c is not None:
-            self.upconn = None
-            c.abandon()
+            c.resume()
 
     def client_gone(self):
+        """The client closed (FIN or RST): cancel the attempt at once, free its lane."""
         if self.closed:
             return
-        self.closed = True
-        self.abandon_upstream()
-        self.release_lane()
-        self.gw.inflight -= 1
-
-    def same_protocol_headers(self, up_headers) -> bytes:
-        p = self.proto
-        if p == "anthropic":
-            rid = _header(up_headers, b"request-id")
-            return b"request-id: " + (rid or _req_id().encode()) + b"\r\n"
-        if p == "bedrock":
-            rid = _header(up_headers, b"x-amzn-requestid")
-            return b"x-amzn-RequestId: " + (rid or _uuid().encode()) + b"\r\n"
-        return b""
-
-    def ingress_headers(self) -> bytes:
-        p = self.proto
-        if p == "anthropic":
-            return b"request-id: " + self.rid().encode() + b"\r\n"
-        if p == "bedrock":
-            return b"x-amzn-RequestId: " + _uuid().encode() + b"\r\n"
-        return b""
+        self.pending = None
+        self.end_attempt(F_CANCELLED, "client closed the connection")
+        self.finish(O_CLIENT_GONE, keep_alive=False)
 
     def rid(self):
         if self.request_id is None:
@@ -554,7 +605,7 @@ class Exchange:
         return self.request_id
 
     def _timing(self) -> bytes:
-        if not self.gw.server_timing:
+        if not self.snap.server_timing:
             return b""
         dur = _perf_ns() - self.req.t0 - self.rtt
         if dur < 0:
@@ -562,39 +613,51 @@ class Exchange:
         return b"Server-Timing: busbar;dur=%.3f\r\n" % (dur / 1e6)
 
     def head(self, status, ctype, length, extra=b""):
-        self.sent = True
+        self.client_status = status
         ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
         self.pending = (b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
             status_line(status), ctype, length, extra, self._timing(), ka))
 
     def head_chunked(self, status, ctype, extra=b""):
-        self.sent = True
+        self.client_status = status
         ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
         self.pending = (b"%bContent-Type: %b\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n%b%b%b\r\n" % (
             status_line(status), ctype, extra, self._timing(), ka))
 
     def _w(self, data):
         """Writes to the client; a head not yet written goes out in the same call, so a small
-        answer costs one send instead of two."""
+        answer costs one send instead of two. The first write is the point of no return."""
         p = self.pending
         if p is not None:
             self.pending = None
             data = p + data
+        if not self.sent:
+            self.sent = True
+            if self.att is not None and (self.mode == M_RELAY_STREAM or self.mode == M_TRANSLATE_STREAM):
+                # Past the first byte a stream is bounded by the whole-request timeout only.
+                lim = self.snap.limits.upstream_request_timeout_secs
+                left = lim - (_perf_ns() - self.t_send) / 1e9
+                self.site.deadlines.arm(self, left if left > 0.001 else 0.001)
+        self.bytes_out += len(data)
         self.conn.write(data)
 
-    def respond(self, status, ctype, body, extra=b""):
+    def respond(self, status, ctype, body, extra=b"", outcome=None):
         self.head(status, ctype, len(body), extra)
         self._w(body)
-        self.done(True)
+        if outcome is None:
+            outcome = O_OK if status < 400 else O_CLIENT_ERROR
+        self.finish(outcome)
 
-    def error(self, status, kind, message, retry_after=None):
+    def error(self, status, kind, message, retry_after=None, outcome=O_CLIENT_ERROR):
         """An error in the caller's own protocol shape (SPEC §1.7)."""
-        proto = self.proto or "openai"
         extra = b""
         if retry_after is not None:
             extra += b"Retry-After: %d\r\n" % retry_after
-        body, hdrs = self.gw.error_body(proto, status, kind, message, self.rid())
-        self.respond(status, b"application/json", body, extra + hdrs)
+        codec = CODECS[self.proto or "openai"]
+        rid = self.rid()
+        body = codec.write_error(status, kind, message, rid)
+        self.respond(status, b"application/json", body, extra + codec.error_headers(kind, rid),
+                     outcome=outcome)
 
     def crash(self, exc):
         """An unexpected exception while handling this request: log it, free what it held and
@@ -604,24 +667,66 @@ class Exchange:
             "latin-1"), self.req.path, exc, exc_info=exc)
         if self.closed:
             return
-        self.abandon_upstream()
-        self.release_lane()
+        self.end_attempt(F_INTERNAL, repr(exc)[:200])
+        self.pending = None
         if not self.sent:
-            self.pending = None
-            self.error(500, "api_error", "The server had an error while processing your request.")
+            self.error(500, "api_error", "The server had an error while processing your request.",
+                       outcome=O_INTERNAL)
         else:
-            self.pending = None
-            self.done(False)
+            self.finish(O_INTERNAL, keep_alive=False)
 
-    def done(self, keep_alive):
+    def finish(self, outcome, keep_alive=True):
+        """The one exit of a request: flush, record, hand the connection back."""
         if self.closed:
             return
         if self.pending is not None:
             self._w(b"")
         self.closed = True
-        self.release_lane()
-        self.gw.inflight -= 1
-        self.conn.exchange_done(keep_alive)
+        if self.att is not None:    # never expected: every path ends its attempt first
+            self.end_attempt(F_INTERNAL, "request finished with an attempt open")
+        site = self.site
+        site.inflight -= 1
+        self.t_end = _perf_ns()
+        hooks = site.finish_hooks
+        if hooks:
+            rec = self.record(outcome)
+            for h in hooks:
+                h(rec)
+        conn = self.conn
+        req = self.req
+        # The request body can be large: nothing keeps it once the answer is out.
+        self.data = None
+        self.chunks = None
+        self.cr = None
+        conn.exchange_done(keep_alive and req.keep_alive and outcome != O_CLIENT_GONE)
+
+    def record(self, outcome) -> RequestRecord:
+        r = RequestRecord()
+        r.request_id = self.request_id
+        r.ingress = self.proto
+        r.target = self.target.name if self.target is not None else None
+        atts = self.attempts
+        r.attempts = tuple(atts)
+        if atts:
+            last = atts[-1].lane
+            r.lane = last.name
+            r.model = last.model.upstream_model
+            r.egress = last.model.provider.protocol
+        r.stream = self.stream
+        r.status = self.client_status
+        r.outcome = outcome
+        r.usage = self.usage
+        r.t0 = self.req.t0
+        r.t_end = self.t_end
+        up = 0
+        for a in atts:
+            if a.t_connected:
+                up += a.t_end - a.t_connected
+        r.upstream_ns = up
+        r.busbar_ns = max(0, self.t_end - self.req.t0 - up)
+        r.bytes_out = self.bytes_out
+        r.client = getattr(self.conn, "peer", None)
+        return r
 
 
 def _header(headers, name):
@@ -629,11 +734,3 @@ def _header(headers, name):
         if k == name:
             return v
     return None
-
-
-def _uuid() -> str:
-    b = bytearray(os.urandom(16))
-    b[6] = (b[6] & 0x0F) | 0x40
-    b[8] = (b[8] & 0x3F) | 0x80
-    h = b.hex()
-    return "%s-%s-%s-%s-%s" % (h[:8], h[8:12], h[12:16], h[16:20], h[20:])

@@ -13,11 +13,14 @@ import os
 import signal
 import socket
 import sys
+import time
 
-from busbar.engine.egress import BETA_HEADERS, Egress
-from busbar.engine.exchange import CODECS, Exchange
-from busbar.routing import Router
-from busbar.server.http import HttpConnection, status_line
+from busbar.engine.exchange import Exchange, _req_id
+from busbar.engine.snapshot import Snapshot
+from busbar.engine.status import status_line
+from busbar.engine.translate import CODECS
+from busbar.server.dispatch import dispatch
+from busbar.server.http import HttpConnection
 from busbar.upstream.pool import UpstreamPool
 
 log = logging.getLogger("busbar")
@@ -96,7 +99,7 @@ def _resolution(config) -> float:
     """A twentieth of the shortest configured timeout, between 5 ms and 100 ms."""
     lim = config.limits
     shortest = min(lim.header_read_timeout_secs, lim.idle_timeout_secs,
-                   lim.upstream_request_timeout_secs)
+                   lim.upstream_request_timeout_secs, lim.upstream_error_body_timeout_secs)
     for m in config.models.values():
         if m.attempt_timeout_ms is not None:
             shortest = min(shortest, m.attempt_timeout_ms / 1000.0)
@@ -104,31 +107,38 @@ def _resolution(config) -> float:
 
 
 class Gateway:
-    """Per-process state: the routing table, the upstream pool, the open connections."""
+    """Per-process state of the data plane, and the site its connections serve: the current config
+    snapshot (each request captures it when it starts), the upstream pool, the deadline wheel, the
+    open connections, and the hooks run at the lifecycle's two exits."""
 
     def __init__(self, config, loop, shared=None):
         self.loop = loop
-        self.config = config
-        self.limits = config.limits
-        self.router = Router(config, shared)
-        self.egress = {name: Egress(p) for name, p in config.providers.items()}
-        self.pool = UpstreamPool(loop, connect_timeout=self.limits.upstream_connect_timeout_secs,
-                                 max_idle_per_host=self.limits.upstream_pool_max_idle_per_host,
-                                 idle_timeout=self.limits.upstream_pool_idle_timeout_secs)
+        self.shared = shared
+        self.snapshot = Snapshot(config, shared)
+        lim = config.limits
+        self.pool = UpstreamPool(loop, connect_timeout=lim.upstream_connect_timeout_secs,
+                                 max_idle_per_host=lim.upstream_pool_max_idle_per_host,
+                                 idle_timeout=lim.upstream_pool_idle_timeout_secs)
         self.deadlines = Deadlines(loop, _resolution(config))
-        self.server_timing = bool(config.server_timing)
-        self.max_inbound = self.limits.max_inbound_concurrent
-        self.max_hops = 3
-        self.beta_headers = BETA_HEADERS
         self.connections = set()
         self.inflight = 0
         self.draining = False
         self.translations = {}
         self.servers = []
+        # Called with (exchange, Attempt) at every attempt's end, and with a RequestRecord at every
+        # request's end (breaker, metrics, logs, settlement hang here).
+        self.attempt_hooks = []
+        self.finish_hooks = []
         self._debug = log.isEnabledFor(logging.DEBUG)
 
-    def new_exchange(self, conn, req):
-        return Exchange(self, conn, req)
+    @property
+    def config(self):
+        return self.snapshot.config
+
+    dispatch = staticmethod(dispatch)
+
+    def new_exchange(self, conn, req, route):
+        return Exchange(self, conn, req, route, self.snapshot)
 
     def count_translation(self, src, dst):
         k = (src, dst)
@@ -138,25 +148,14 @@ class Gateway:
         if self._debug:
             log.debug(msg, *args)
 
-    def error_body(self, proto, status, kind, message, request_id):
-        """(body, extra header bytes) of a native error envelope."""
-        codec = CODECS[proto]
-        body = codec.write_error(status, kind, message, request_id)
-        if proto == "anthropic":
-            return body, b"request-id: " + request_id.encode() + b"\r\n"
-        if proto == "bedrock":
-            from busbar.engine.exchange import _uuid
-            return body, b"x-amzn-RequestId: %b\r\nx-amzn-ErrorType: %b\r\n" % (
-                _uuid().encode(), codec.error_type(kind).encode())
-        return body, b""
-
     def write_error_response(self, conn, proto, status, kind, message, keep_alive, t0):
         """An error written straight from the HTTP layer (malformed request, limits)."""
-        from busbar.engine.exchange import _req_id
-        body, extra = self.error_body(proto, status, kind, message, _req_id())
+        codec = CODECS[proto]
+        rid = _req_id()
+        body = codec.write_error(status, kind, message, rid)
+        extra = codec.error_headers(kind, rid)
         timing = b""
-        if self.server_timing:
-            import time
+        if self.snapshot.server_timing:
             timing = b"Server-Timing: busbar;dur=%.3f\r\n" % ((time.perf_counter_ns() - t0) / 1e6)
         conn.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\n%b%bConnection: close\r\n\r\n%b" % (
             status_line(status), len(body), extra, timing, body))
@@ -179,7 +178,7 @@ class Gateway:
             if c.exchange is None and not c.queue:
                 c.closed = True
                 c.transport.close()
-        deadline = self.loop.time() + self.limits.drain_timeout_secs
+        deadline = self.loop.time() + self.snapshot.limits.drain_timeout_secs
         while self.inflight > 0 and self.loop.time() < deadline:
             await asyncio.sleep(0.02)
         for c in list(self.connections):

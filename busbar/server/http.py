@@ -3,6 +3,16 @@
 Keep-alive; pipelined requests are queued and answered strictly in order (one exchange at a time per
 connection); chunked request bodies; `Expect: 100-continue`. Every limit comes from config `limits:`
 and each misbehaving client only ever costs its own connection.
+
+A connection serves a *site*: the object that says what a request is and answers it (the gateway's
+data plane, or the admin API on its own listener). A site has `snapshot.limits`, `deadlines`,
+`connections` (a set), `draining`, `dispatch(method, path, query, headers) -> Route`,
+`new_exchange(conn, req, route)` and `write_error_response(conn, proto, status, kind, message,
+keep_alive, t0)`.
+
+A client that closes its side (FIN) or resets is gone: the exchange in progress is cancelled at once
+(its upstream attempt abandoned, its lane freed) and the connection closed; SDKs close that way on a
+timeout or a cancel, and an answer nobody reads only holds a permit.
 """
 from __future__ import annotations
 
@@ -11,18 +21,10 @@ import time
 
 import httptools
 
-from busbar.server import dispatch as _dispatch
+from busbar.engine.status import REASONS, status_line  # noqa: F401 (re-exported)
 from cbusbar.http import parse_request as _fast_parse
 
 _perf_ns = time.perf_counter_ns
-
-REASONS = {
-    100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
-    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
-    413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
-    500: b"Internal Server Error", 502: b"Bad Gateway", 503: b"Service Unavailable",
-    504: b"Gateway Timeout", 529: b"Site Overloaded",
-}
 
 # Pipelined requests beyond this many waiting on one connection pause reading from it, so a client
 # that floods one socket cannot make busbar buffer without bound.
@@ -31,6 +33,17 @@ MAX_PIPELINED = 16
 
 class _Abort(Exception):
     """Raised from a parser callback to stop parsing: (status, message)."""
+
+
+class _Rejected:
+    """A pipelined request that could not be parsed, queued behind the requests before it: it is
+    answered (400, 413, ...) in its turn, and the connection closes after it."""
+
+    __slots__ = ("status", "message")
+
+    def __init__(self, status, message):
+        self.status = status
+        self.message = message
 
 
 class Request:
@@ -49,10 +62,11 @@ class Request:
 class HttpConnection(asyncio.Protocol):
     """One client connection (used as an asyncio.Protocol)."""
 
-    def __init__(self, gateway):
-        self.gw = gateway
-        self.limits = gateway.limits
+    def __init__(self, site):
+        self.site = site
+        self.limits = site.snapshot.limits
         self.transport = None
+        self.peer = None
         self.parser = httptools.HttpRequestParser(self)
         self.queue = []
         self.exchange = None
@@ -68,23 +82,31 @@ class HttpConnection(asyncio.Protocol):
         self._t0 = 0
         self._in_message = False
         self._slot = None       # the gateway's deadline slot while a read/idle timeout runs
-        self._deadlines = gateway.deadlines
+        self._deadlines = site.deadlines
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport):
         self.transport = transport
-        self.gw.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        if peer:
+            self.peer = peer[0]
+        self.site.connections.add(self)
         self._arm(self.limits.header_read_timeout_secs)
 
     def connection_lost(self, exc):
         self.closed = True
-        self.gw.connections.discard(self)
+        self.site.connections.discard(self)
         self._disarm()
         ex = self.exchange
         if ex is not None:
             self.exchange = None
             ex.client_gone()
         self.queue.clear()
+        # The parser holds this protocol (its callbacks) and this protocol the parser: break the
+        # cycle, so the buffered body of the last request is freed now, not at the next full
+        # collection (which gc.freeze() makes rare).
+        self.parser = None
+        self._body = []
 
     def pause_writing(self):
         ex = self.exchange
@@ -97,8 +119,9 @@ class HttpConnection(asyncio.Protocol):
             ex.resume_upstream()
 
     def eof_received(self):
-        # A half-closed client still gets the answers to requests it already sent.
-        return self.exchange is not None or bool(self.queue)
+        # The client closed its side: it is gone (see the module docstring). Returning False lets
+        # the transport close, and connection_lost cancels what is in progress.
+        return False
 
     def data_received(self, data):
         self.t_recv = t = _perf_ns()
@@ -194,6 +217,7 @@ class HttpConnection(asyncio.Protocol):
         except UnicodeDecodeError:
             raise _Abort(400, "Malformed request target.")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
+        self._body = []
         self._deliver(Request(self.parser.get_method(), path, q, self._headers, body, self._t0,
                               self.parser.should_keep_alive()))
 
@@ -210,7 +234,15 @@ class HttpConnection(asyncio.Protocol):
     def _start(self, req):
         if self._slot is not None:
             self._deadlines.disarm(self)
-        ex = self.exchange = self.gw.new_exchange(self, req)
+        site = self.site
+        try:
+            route = site.dispatch(req.method, req.path, req.query, req.headers)
+        except Exception:       # a bug must cost this request only, never the process
+            import logging
+            logging.getLogger("busbar").exception("dispatch failed on %r", req.path)
+            self.gw_error(500, "api_error", "The server had an error while processing your request.")
+            return
+        ex = self.exchange = site.new_exchange(self, req, route)
         try:
             ex.start()
         except Exception as e:  # a bug must cost this request only, never the process
@@ -227,15 +259,16 @@ class HttpConnection(asyncio.Protocol):
             return
         if self.queue:
             req = self.queue.pop(0)
-            if req is None:  # a pipelined request that was rejected: nothing after it is trusted
-                self.closed = True
-                self.transport.close()
+            if isinstance(req, _Rejected):
+                # A pipelined request that was rejected: answered in its turn; nothing after it is
+                # trusted, so the connection closes.
+                self.gw_error(req.status, _KIND.get(req.status, "invalid_request"), req.message)
                 return
             if self.paused and len(self.queue) < MAX_PIPELINED // 2:
                 self.paused = False
                 self.transport.resume_reading()
             self._start(req)
-        elif self.gw.draining:
+        elif self.site.draining:
             self.closed = True
             self.transport.close()
         else:
@@ -251,20 +284,26 @@ class HttpConnection(asyncio.Protocol):
         headers imply, then close (the byte stream cannot be trusted past this point)."""
         if self.closed:
             return
+        if self.exchange is not None or self.queue:
+            # The requests before it keep their answers; this one is answered in its turn.
+            self.queue.append(_Rejected(status, message))
+            if not self.paused:
+                self.paused = True
+                self.transport.pause_reading()
+            return
+        self.gw_error(status, _KIND.get(status, "invalid_request"), message)
+
+    def gw_error(self, status, kind, message):
+        """An error the HTTP layer answers itself, in the dialect the path and headers imply;
+        the connection closes after it."""
         path = b"".join(self._url).partition(b"?")[0].decode("latin-1") if self._url else "/"
         try:
-            route = _dispatch.dispatch(b"POST", path, "", self._headers)
+            route = self.site.dispatch(b"POST", path, "", self._headers)
             proto = route.protocol or "openai"
         except Exception:
             proto = "openai"
-        kind = {413: "request_too_large", 408: "timeout"}.get(status, "invalid_request")
-        if self.exchange is not None:
-            # The current exchange keeps its answer; the broken pipelined request just ends the
-            # connection once that answer is out.
-            self.queue.append(None)
-            return
-        self.gw.write_error_response(self, proto, status, kind, message, keep_alive=False,
-                                     t0=self._t0 or self.t_recv)
+        self.site.write_error_response(self, proto, status, kind, message, keep_alive=False,
+                                       t0=self._t0 or self.t_recv)
 
     # ---------------------------------------------------------------- timeouts
     def _arm(self, secs):
@@ -285,11 +324,4 @@ class HttpConnection(asyncio.Protocol):
             self.transport.close()
 
 
-_STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in REASONS.items()}
-
-
-def status_line(status: int) -> bytes:
-    line = _STATUS_LINES.get(status)
-    if line is None:
-        line = b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))
-    return line
+_KIND = {413: "request_too_large", 408: "timeout", 431: "invalid_request", 500: "api_error"}

@@ -10,6 +10,12 @@ Handler protocol (what an exchange implements):
     on_upstream_body(chunk: bytes)
     on_upstream_complete()
     on_upstream_error(reason: str)      # connect failure, reset, EOF before the response ended
+
+Interim responses (100 Continue, 103 Early Hints) are skipped: the handler sees only the final
+response, and the connection goes back to the pool only once that final response was read whole.
+A 101 (protocol switch) is an error: busbar never asks for one. Back-pressure (pause/resume) is
+state of the connection, not of the exchange using it, and a connection is reusable only when it
+is idle, readable and not paused.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ __all__ = ["UpstreamPool", "UpstreamConnection"]
 
 class UpstreamConnection(asyncio.Protocol):
     __slots__ = ("pool", "key", "transport", "parser", "handler", "headers", "idle_since",
-                 "closed", "_status", "_reusable", "_partial", "_body")
+                 "closed", "paused", "_status", "_reusable", "_partial", "_body", "_interim")
 
     def __init__(self, pool: "UpstreamPool", key):
         self.pool = pool
@@ -38,6 +44,8 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers = []
         self.idle_since = 0.0
         self.closed = False
+        self.paused = False     # reading paused for a slow client (back-pressure)
+        self._interim = False   # the message being parsed is a 1xx interim response
         self._reusable = True
         self._partial = False   # httptools holds part of a response
         self._body = None       # body pieces of the current read, not yet handed on
@@ -53,8 +61,15 @@ class UpstreamConnection(asyncio.Protocol):
                 pass
 
     def data_received(self, data):
+        if self.closed:
+            return
         h = self.handler
-        if h is not None and not self._partial:
+        if h is None and not self._partial:
+            # Bytes on an idle connection answer nothing we asked: the connection cannot be
+            # trusted to frame the next response.
+            self.close()
+            return
+        if not self._partial:
             # A whole plain response in one read (the common small answer) skips the parser
             # callbacks; anything else is httptools' (cbusbar/http.pyx says what is accepted).
             r = _fast_parse(data)
@@ -122,9 +137,19 @@ class UpstreamConnection(asyncio.Protocol):
         self.headers.append((name.lower(), value))
 
     def on_headers_complete(self):
+        status = self.parser.get_status_code()
+        if status == 101:
+            self._fail("upstream switched protocols (101)")
+            return
+        if status < 200:
+            # 100/103 precede the real answer on the same connection; llhttp parses them as
+            # bodiless messages, so the final response follows as the next message.
+            self._interim = True
+            self.headers = []
+            return
         h = self.handler
         if h is not None:
-            h.on_upstream_headers(self.parser.get_status_code(), self.headers)
+            h.on_upstream_headers(status, self.headers)
 
     def on_body(self, body):
         # Body pieces parsed from one read (a streaming upstream sends one chunk per SSE frame,
@@ -144,6 +169,10 @@ class UpstreamConnection(asyncio.Protocol):
             h.on_upstream_body(b[0] if len(b) == 1 else b"".join(b))
 
     def on_message_complete(self):
+        if self._interim:
+            self._interim = False
+            self._body = None
+            return
         self._partial = False
         if self._body is not None:
             self._deliver()
@@ -153,7 +182,13 @@ class UpstreamConnection(asyncio.Protocol):
         h = self.handler
         self.handler = None
         self.headers = []
-        keep = keep_alive and self._reusable
+        keep = keep_alive and self._reusable and not self.closed
+        if self.paused:
+            # The exchange paused reading for its client; the connection has no part in that any
+            # more and must read for its next user.
+            self.paused = False
+            if keep:
+                self.transport.resume_reading()
         if keep:
             self.pool.release(self)
         else:
@@ -166,6 +201,16 @@ class UpstreamConnection(asyncio.Protocol):
         self.handler = handler
         self.headers = []
         self.transport.write(data)
+
+    def pause(self):
+        if not self.paused and not self.closed:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self):
+        if self.paused and not self.closed:
+            self.paused = False
+            self.transport.resume_reading()
 
     def abandon(self):
         """The exchange no longer wants this response (it failed over or the client went away):
@@ -219,7 +264,7 @@ class UpstreamPool:
         idle = self.idle.get(key)
         while idle:
             conn = idle.pop()
-            if not conn.closed and not conn.transport.is_closing():
+            if not conn.closed and not conn.paused and not conn.transport.is_closing():
                 on_ready(conn)
                 return
         self.loop.create_task(self._connect(key, on_ready, on_error))
@@ -243,6 +288,9 @@ class UpstreamPool:
         on_ready(conn)
 
     def release(self, conn: UpstreamConnection):
+        if conn.closed or conn.paused or conn.handler is not None:
+            conn.close()
+            return
         idle = self.idle.setdefault(conn.key, [])
         if len(idle) >= self.max_idle:
             conn.close()

@@ -75,7 +75,9 @@ def test_self_signed_upstream_is_refused_by_default(tls_upstream, tmp_path):
     port, proc = _gateway(tmp_path, cap, {"SSL_CERT_FILE": os.devnull})
     try:
         status, body = _ask(port)
-        assert status == 503 and json.loads(body)["error"]["message"].startswith("The service is temporarily")
+        assert status == 502 and json.loads(body)["error"]["message"] == (
+                "busbar could not connect to the upstream provider: its TLS certificate was not "
+                "accepted.")
     finally:
         stop(proc)
 

@@ -155,16 +155,22 @@ def _post(port, model, text):
     return r.status, body, time.monotonic() - t0
 
 
-def test_attempt_timeouts_fail_over_then_answer_503_long_before_the_upstream(gw_port):
+TIMED_OUT = "The upstream provider did not answer in time."
+
+
+def test_attempt_timeouts_fail_over_then_answer_504_long_before_the_upstream(gw_port):
     status, body, took = _post(gw_port, "both", "slow #mock:delay_ms=3000")
-    # 200 ms on one lane, 300 ms on the other: both tried, well before the 3 s upstream.
-    assert status == 503 and json.loads(body)["error"]["type"]
+    # 200 ms on one lane, 300 ms on the other: both tried, well before the 3 s upstream. A timeout
+    # is said as one (504), never as "overloaded".
+    err = json.loads(body)["error"]
+    assert status == 504 and err["message"] == TIMED_OUT and err["type"] == "server_error"
     assert 0.45 <= took < 1.5
 
 
 def test_upstream_request_timeout_bounds_a_slow_lane(gw_port):
-    status, _, took = _post(gw_port, "plain", "slow #mock:delay_ms=3000")
-    assert status == 503 and 0.55 <= took < 1.5
+    status, body, took = _post(gw_port, "plain", "slow #mock:delay_ms=3000")
+    assert status == 504 and json.loads(body)["error"]["message"] == TIMED_OUT
+    assert 0.55 <= took < 1.5
 
 
 def test_a_fast_answer_is_not_disturbed_by_its_timeout(gw_port):

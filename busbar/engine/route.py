@@ -1,0 +1,24 @@
+"""What a request is, as the server's dispatcher decided it from (method, path, headers): the
+engine receives a Route and never looks at the path again."""
+from __future__ import annotations
+
+# Route kinds
+HEALTH = 1
+MODELS = 2          # GET /v1/models, /v1beta/models
+CHAT = 3            # a protocol call
+NOT_FOUND = 4       # a path no protocol owns (answered in the dialect inferred from the path)
+METHOD = 5          # a protocol path with the wrong method → 405
+UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (embeddings, …) → 404
+
+
+class Route:
+    __slots__ = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body")
+
+    def __init__(self, kind, protocol, name=None, stream=False, name_in_body=True):
+        self.kind = kind
+        self.protocol = protocol
+        self.name = name
+        self.stream = stream
+        self.name_in_body = name_in_body
+        self.gemini_version = None
+        self.json_array = False
