@@ -135,3 +135,36 @@ def gateway(mock_port, tmp_path_factory):
         yield Gateway(port, proc, cfg)
     finally:
         stop(proc)
+
+
+def start_gateway(tmp_path, config_text: str, workers: int = 1, extra_env=None) -> Gateway:
+    """A gateway process on its own config (a test's own lanes); the caller stops it with
+    `stop(gw.proc)` (or uses the `gateway_factory` fixture, which does)."""
+    port = free_port()
+    cfg = tmp_path / ("config-%d.yaml" % port)
+    cfg.write_text(config_text.replace("{port}", str(port)))
+    e = env()
+    if extra_env:
+        e.update(extra_env)
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
+                             str(workers)], cwd=ROOT, env=e, stdout=subprocess.DEVNULL)
+    try:
+        wait_http(port, proc)
+    except Exception:
+        stop(proc)
+        raise
+    return Gateway(port, proc, cfg)
+
+
+@pytest.fixture
+def gateway_factory(tmp_path):
+    started = []
+
+    def make(config_text, workers=1, extra_env=None):
+        gw = start_gateway(tmp_path, config_text, workers, extra_env)
+        started.append(gw)
+        return gw
+
+    yield make
+    for gw in started:
+        stop(gw.proc)

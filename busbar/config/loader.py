@@ -196,11 +196,39 @@ def build(
 
     doc = _parse(text, source, env, out)
     if doc is None:
+        _scrub(out, text, env)
         return None, out
     config = _build_config(doc, source, base_dir, env, out)
+    _scrub(out, text, env)
     if out.errors:
         return None, out
     return config, out
+
+
+_VAR_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _scrub(out: Problems, text: str, env: Mapping[str, str]) -> None:
+    """No problem line ever quotes an interpolated value: a message that would (a URL whose port
+    or host came from ${VAR}) names the variable instead. Values shorter than 4 characters are
+    left alone: replacing every "80" or "1" in a message would garble it and hide nothing."""
+    values = {}
+    for name in set(_VAR_REF.findall(text)):
+        v = env.get(name)
+        if v and len(v) >= 4:
+            values[v] = "${%s}" % name
+    if not values:
+        return
+    ordered = sorted(values.items(), key=lambda kv: -len(kv[0]))
+
+    def clean(line: str) -> str:
+        for v, ref in ordered:
+            if v in line:
+                line = line.replace(v, ref)
+        return line
+
+    out.errors[:] = [clean(e) for e in out.errors]
+    out.warnings[:] = [clean(w) for w in out.warnings]
 
 
 # --- YAML -------------------------------------------------------------------------------------

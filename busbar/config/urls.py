@@ -164,8 +164,11 @@ def parse_base_url(raw: object, policy: HostPolicy) -> BaseURL | str:
     try:
         parts = urlsplit(raw)
         port = parts.port
-    except ValueError as exc:
-        return f"is not a valid URL ({exc})"
+    except ValueError:
+        # Never the parser's message: it quotes the offending part, which may have come from a
+        # ${VAR} (interpolated values are never echoed).
+        return "is not a valid URL (the port must be a number 1-65535)" if ":" in raw.split(
+            "//", 1)[-1].split("/", 1)[0] else "is not a valid URL"
     scheme = parts.scheme.lower()
     if scheme not in _DEFAULT_PORTS:
         return "must start with https:// (or http:// for a loopback or private host)"
