@@ -12,6 +12,7 @@ cdef class EventStreamParser:
     cdef bytearray buf
     cdef Py_ssize_t need          # length of the frame at the head of buf once its prelude is checked
     cdef bint failed              # a bad frame was seen: the stream cannot be resynchronised
+    cdef readonly Py_ssize_t max_frame   # largest frame accepted
 
     cpdef list feed(self, bytes chunk)
     cpdef Py_ssize_t buffered(self)

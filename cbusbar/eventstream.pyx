@@ -178,10 +178,12 @@ cdef class EventStreamParser:
     be split anywhere across chunks. A bad frame raises EventStreamError, and so does every later
     feed: a framing error leaves no way to find the next frame boundary."""
 
-    def __cinit__(self):
+    def __cinit__(self, Py_ssize_t max_frame=0):
         self.buf = bytearray()
         self.need = 0
         self.failed = False
+        # 0 keeps busbar's own cap; the bedrock decoder passes its frame limit (framing.pxd).
+        self.max_frame = max_frame if max_frame > 0 else MAX_FRAME
 
     cpdef Py_ssize_t buffered(self):
         """Bytes of an incomplete frame held back (non-zero at EOF means a truncated stream)."""
@@ -208,7 +210,7 @@ cdef class EventStreamParser:
                     # Check the prelude once per frame, before its lengths are trusted.
                     if crc32_update(0, p, 8) != prelude_crc:
                         raise EventStreamError("event stream prelude CRC mismatch")
-                    if total < MIN_FRAME or total > MAX_FRAME:
+                    if total < MIN_FRAME or total > self.max_frame:
                         raise EventStreamError("event stream frame length %d out of bounds" % total)
                     if hlen > total - MIN_FRAME or hlen > MAX_HEADERS:
                         raise EventStreamError("event stream headers length %d out of bounds" % hlen)

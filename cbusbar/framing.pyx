@@ -11,13 +11,8 @@ import orjson
 # the request); 128 leaves room for deep schemas while bounding the scanner's recursion.
 cdef int MAX_DEPTH = 128
 
-# One SSE event may not grow past this (an upstream that never sends a blank line must not make
-# busbar buffer without bound). 16 MiB mirrors the eventstream frame cap.
-cdef Py_ssize_t MAX_SSE_EVENT = 16 * 1024 * 1024
-
-
 class FramingError(ValueError):
-    pass
+    """Bytes that do not have the framing's shape, or a frame over its size cap."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -27,17 +22,15 @@ class FramingError(ValueError):
 cdef class SSEParser:
     """Incremental text/event-stream reader. feed() returns a list of (event, data) pairs, event as
     bytes or None, data as bytes (multi-line data joined with \\n). Accepts LF, CRLF and CR line
-    endings (Gemini's SSE may use CRLF), ignores comments and `id:`/`retry:` fields."""
-    cdef bytearray buf
-    cdef object event
-    cdef list data
-    cdef Py_ssize_t pending
+    endings (Gemini's SSE may use CRLF), ignores comments and `id:`/`retry:` fields. An event (or
+    an unterminated line) over `max_event` bytes raises FramingError (0: DEFAULT_MAX_FRAME)."""
 
-    def __cinit__(self):
+    def __cinit__(self, Py_ssize_t max_event=0):
         self.buf = bytearray()
         self.event = None
         self.data = []
         self.pending = 0
+        self.max_event = max_event if max_event > 0 else DEFAULT_MAX_FRAME
 
     cpdef list feed(self, bytes chunk):
         cdef list out = []
@@ -84,13 +77,13 @@ cdef class SSEParser:
             if field == b"data":
                 self.data.append(value)
                 self.pending += len(value)
-                if self.pending > MAX_SSE_EVENT:
+                if self.pending > self.max_event:
                     raise FramingError("SSE event exceeds the maximum size")
             elif field == b"event":
                 self.event = value
         if start:
             del self.buf[:start]
-        if len(self.buf) > MAX_SSE_EVENT:
+        if len(self.buf) > self.max_event:
             raise FramingError("SSE line exceeds the maximum size")
         return out
 
@@ -111,6 +104,102 @@ cpdef bytes sse_event(bytes event, bytes data):
     if event is None:
         return b"data: " + data + b"\n\n"
     return b"event: " + event + b"\ndata: " + data + b"\n\n"
+
+
+cpdef bytes sse_data_crlf(bytes data):
+    """One `data:` frame with CRLF line ends, as Gemini's own SSE is written."""
+    return b"data: " + data + b"\r\n\r\n"
+
+
+# ---------------------------------------------------------------------------------------------
+# Streamed JSON array (Gemini's streamGenerateContent without ?alt=sse)
+
+
+cdef class JsonArrayParser:
+    """feed() returns the complete top-level elements (bytes) cut out of `[{...},\\r\\n{...}]` so
+    far. Bytes that are not the array framing are returned as one element for the caller's JSON
+    check to reject; an element over `max_element` bytes raises FramingError (0: the default)."""
+
+    def __cinit__(self, Py_ssize_t max_element=0):
+        self.buf = bytearray()
+        self.start = -1
+        self.max_element = max_element if max_element > 0 else DEFAULT_MAX_FRAME
+
+    cpdef Py_ssize_t buffered(self):
+        """Bytes of an unfinished element held back (non-zero at EOF: a truncated stream)."""
+        return len(self.buf) if self.start >= 0 else 0
+
+    cpdef list feed(self, bytes chunk):
+        cdef list frames = []
+        cdef bytearray buf = self.buf
+        cdef Py_ssize_t n, i, cut = 0
+        cdef unsigned char c
+        buf += chunk
+        n = len(buf)
+        i = self.scan
+        while i < n:
+            c = buf[i]
+            if self.start < 0:
+                if c == 32 or c == 9 or c == 10 or c == 13:
+                    pass
+                elif c == 91 and not self.opened:  # `[`
+                    self.opened = True
+                elif c == 44 and self.opened:  # `,`
+                    pass
+                elif c == 93 and self.opened:  # `]`: the array is over
+                    self.opened = False
+                elif c == 123 and self.opened:  # `{`
+                    self.start = i
+                    self.depth = 1
+                    self.in_str = False
+                    self.esc = False
+                elif c == 0xEF or c == 0xBB or c == 0xBF:  # a UTF-8 byte order mark
+                    pass
+                else:
+                    frames.append(bytes(buf[i:n]))  # not the array framing: let the caller reject it
+                    cut = n
+                    i = n
+                    break
+                i += 1
+                cut = i
+                continue
+            if self.in_str:
+                if self.esc:
+                    self.esc = False
+                elif c == 92:
+                    self.esc = True
+                elif c == 34:
+                    self.in_str = False
+            elif c == 34:
+                self.in_str = True
+            elif c == 123 or c == 91:
+                self.depth += 1
+            elif c == 125 or c == 93:
+                self.depth -= 1
+                if self.depth == 0:
+                    frames.append(bytes(buf[self.start:i + 1]))
+                    self.start = -1
+                    cut = i + 1
+            i += 1
+        if self.start >= 0:
+            cut = self.start
+            if n - cut > self.max_element:
+                raise FramingError("JSON array element exceeds the maximum size")
+        if cut:
+            del buf[:cut]
+            if self.start >= 0:
+                self.start -= cut
+            i -= cut
+        self.scan = i
+        return frames
+
+
+cpdef bytes json_array_item(bytes data, bint first):
+    """One element of a streamed JSON array as Gemini writes it: `[` before the first, `,\\r\\n`
+    before every later one (the closing `]` is the writer's last byte)."""
+    if first:
+        return b"[" + data
+    return b",\r\n" + data
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 # functions are documented in docs/codecs.md; anthropic.pyx implements both.
 
 from cbusbar cimport ir
+from cbusbar.framing cimport SSEParser
 
 
 cdef class StreamDecoder:
-    cdef object parser              # framing.SSEParser
-    cdef ir.Usage usage             # running totals, IR convention (input includes the cache buckets)
+    cdef SSEParser parser
+    cdef readonly ir.Usage usage    # running totals, IR convention (input includes the cache
+                                    # buckets); None until message_start
+    cdef readonly bint finished     # message_stop seen
     cdef long long raw_input        # Anthropic's own input_tokens (cache buckets excluded)
     cdef dict blocks                # upstream content index -> IR block index (carried blocks only)
     cdef int next_index

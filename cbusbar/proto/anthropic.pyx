@@ -13,33 +13,28 @@ import orjson
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import FramingError, SSEParser, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport SSEParser, sse_event, top_field
+from cbusbar cimport jsonget
+from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
+from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "anthropic"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
+BODY_MODEL = True           # the model name travels in the body
+NEEDS_MAX_TOKENS = True     # the Messages API refuses a request without max_tokens
 
 # Anthropic rejects a request without max_tokens; the engine injects the configured default on a
 # cross-protocol hop (SPEC 1.6), this is the last resort when nobody did.
 DEFAULT_MAX_TOKENS = 4096
 
-# SPEC 1.5: effort words -> thinking budgets (limits.reasoning_effort_budgets defaults).
-EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
-
-# Anthropic's floor for thinking.budget_tokens, and the answer room SPEC 1.5 keeps under max_tokens.
-cdef long long MIN_BUDGET = 1024
-cdef long long MIN_ANSWER = 1024
-
 # Anthropic allows at most 4 cache_control breakpoints per request (SPEC 1.5 clamps egress to that).
 cdef int MAX_BREAKPOINTS = 4
-
-# With thinking on, Anthropic only accepts top_p in [0.95, 1] (extended-thinking docs).
-cdef double THINKING_MIN_TOP_P = 0.95
 
 STRUCTURED_TOOL = "structured_output"
 STRUCTURED_DESCRIPTION = "Respond with JSON that matches this schema."
 
-cdef str BAD_JSON = "We could not parse the JSON body of your request."
 cdef str B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 # The citation shapes Anthropic's TextCitation union accepts; anything else would fail the SDK's
@@ -402,12 +397,7 @@ cpdef ir.Request read_request(bytes body):
     cdef ir.Message m
     cdef Py_ssize_t i
     cdef dict meta
-    try:
-        d = orjson.loads(body)
-    except ValueError:
-        raise CodecError(BAD_JSON)
-    if not isinstance(d, dict):
-        raise CodecError("The request body must be a JSON object.")
+    d = jsonget.request_object(body, NOT_AN_OBJECT)
     req = ir.Request()
 
     v = d.get("model")
@@ -766,17 +756,6 @@ cpdef object forced_tool_name(ir.Request req):
     return req.rf_name or STRUCTURED_TOOL
 
 
-cdef object _thinking_budget(ir.Request req):
-    cdef object v = req.reasoning_budget
-    if v is not None and _is_num(v):
-        if v < 0:
-            return EFFORT_BUDGETS["medium"]  # a "dynamic" budget (Gemini's -1)
-        return int(v)
-    if req.reasoning_effort is not None:
-        return EFFORT_BUDGETS.get(req.reasoning_effort)
-    return None
-
-
 cpdef bytes write_request(ir.Request req):
     """IR -> an upstream Messages body (SPEC 1.5, 1.6). Foreign-only knobs (seed, n, penalties,
     logprobs) are dropped; structured output becomes a forced tool."""
@@ -791,7 +770,6 @@ cpdef bytes write_request(ir.Request req):
     cdef ir.Block b
     cdef object forced, cc, schema, v, budget, mt
     cdef bint user_tools
-    cdef long long room
 
     d["model"] = req.model
     mt = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
@@ -890,23 +868,16 @@ cpdef bytes write_request(ir.Request req):
     if isinstance(v, dict):
         d["thinking"] = v
     else:
-        budget = _thinking_budget(req)
+        budget = claude_budget(req.reasoning_budget, req.reasoning_effort, mt) if _is_int(mt) else None
         # Anthropic rejects thinking with a forced tool choice, and mid tool loop when the calling
         # turn has no thinking block; answering without thinking beats a 400.
-        if (budget is not None and budget > 0 and not (tc is not None and tc["type"] in ("any", "tool"))
-                and not _tool_loop_without_thinking(messages) and _is_int(mt)):
-            if budget < MIN_BUDGET:
-                budget = MIN_BUDGET
-            room = <long long>mt - MIN_ANSWER
-            if budget > room:
-                budget = room
-            if budget >= MIN_BUDGET:
-                d["thinking"] = {"type": "enabled", "budget_tokens": budget}
-                d.pop("temperature", None)
-                d.pop("top_k", None)
-                v = d.get("top_p")
-                if v is not None and v < THINKING_MIN_TOP_P:
-                    del d["top_p"]
+        if (budget is not None and not (tc is not None and tc["type"] in ("any", "tool"))
+                and not _tool_loop_without_thinking(messages)):
+            d["thinking"] = {"type": "enabled", "budget_tokens": budget}
+            d.pop("temperature", None)
+            d.pop("top_k", None)
+            if not claude_top_p_ok(d.get("top_p")):
+                del d["top_p"]
 
     for k, v in extra.items():
         if k not in d and k != "tools" and k != "metadata" and k != "thinking":
@@ -997,12 +968,7 @@ cpdef ir.Response read_response(bytes body):
     cdef object d, v, raw
     cdef ir.Response resp
     cdef ir.Block b
-    try:
-        d = orjson.loads(body)
-    except ValueError:
-        raise CodecError("The upstream response is not valid JSON.")
-    if not isinstance(d, dict):
-        raise CodecError("The upstream response is not a JSON object.")
+    d = jsonget.upstream_object(body)
     resp = ir.Response()
     v = d.get("id")
     resp.id = v if type(v) is str else None
@@ -1066,7 +1032,7 @@ cpdef ir.Usage read_usage(bytes body):
     try:
         return _read_usage_obj(top_field(body, b"usage"))
     except FramingError:
-        raise CodecError("The upstream response is not a JSON object.")
+        raise CodecError(UPSTREAM_NOT_JSON) from None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1085,19 +1051,62 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
 
 
 cpdef object read_error(bytes body):
-    cdef object d, e
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body; the code is Anthropic's `error.type`."""
+    cdef object d, e, msg = None, code = None
     try:
         d = orjson.loads(body)
-    except ValueError:
-        return None
+    except Exception:
+        return (None, None)
     if not isinstance(d, dict):
-        return None
+        return (None, None)
     e = d.get("error")
-    if isinstance(e, dict) and type(e.get("message")) is str:
-        return e["message"]
-    if type(d.get("message")) is str:
-        return d["message"]
-    return None
+    if isinstance(e, dict):
+        if type(e.get("message")) is str:
+            msg = e["message"]
+        if type(e.get("type")) is str and e["type"]:
+            code = e["type"]
+    if msg is None and type(d.get("message")) is str:
+        msg = d["message"]
+    return (msg, code)
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    """`request-id`: the upstream's own on a relayed answer, else busbar's request id (the SDK
+    exposes it as `_request_id`)."""
+    cdef object rid = None
+    if upstream_headers is not None:
+        for name, value in upstream_headers:
+            if name == b"request-id":
+                rid = value
+                break
+    if rid is None:
+        rid = (request_id if request_id is not None else _request_id()).encode()
+    return b"request-id: " + rid + b"\r\n"
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b"request-id: " + (request_id if request_id is not None else _request_id()).encode() + b"\r\n"
+
+
+cdef str _request_id():
+    return "req_" + os.urandom(12).hex()
+
+
+cpdef str not_found_message(str name, str api_version):
+    return "The model '%s' does not exist or you do not have access to it." % name
+
+
+cpdef bint wants_stream_usage(ir.Request req):
+    """Anthropic streams always carry usage: nothing for the client to ask."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    return StreamEncoder(id, model)
 
 
 cpdef bytes write_model_list(list names):
@@ -1113,8 +1122,8 @@ cpdef bytes write_model_list(list names):
 # streaming: upstream SSE -> IR events
 
 
-cdef bytes _sse(str event, object payload):
-    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+cdef inline bytes _sse(str event, object payload):
+    return sse_event(event.encode(), orjson.dumps(payload))
 
 
 cdef class StreamDecoder:
@@ -1122,10 +1131,8 @@ cdef class StreamDecoder:
     the cache buckets into input, keeps usage as running totals, and renumbers blocks densely
     (blocks the IR cannot carry, such as server tool results, are skipped)."""
 
-    def __cinit__(self):
-        self.parser = SSEParser()
-        self.usage = ir.Usage.__new__(ir.Usage)
-        self.usage.input_known = False
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = SSEParser(max_frame)
         self.raw_input = 0
         self.blocks = {}
         self.next_index = 0
@@ -1137,10 +1144,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.feed(chunk)
         except FramingError:
-            if not self.done:
-                self.done = True
-                out.append(ir.ev_error("api_error", "The upstream stream sent an oversized event."))
-            return out
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             self._frame(event, data, out)
         return out
@@ -1151,7 +1155,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.close()
         except FramingError:
-            return out
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             self._frame(event, data, out)
         return out
@@ -1161,12 +1165,9 @@ cdef class StreamDecoder:
         cdef ir.Usage u
         if self.done:
             return
-        try:
-            obj = orjson.loads(data)
-        except ValueError:
-            return  # not JSON: a frame busbar cannot use, skipped like an unknown event
-        if not isinstance(obj, dict):
-            return
+        if not data:
+            return  # an event without data (a keep-alive)
+        obj = jsonget.frame_object(data)
         t = obj.get("type")
         if type(t) is not str and event is not None:
             t = event.decode("utf-8", "replace")
@@ -1192,6 +1193,7 @@ cdef class StreamDecoder:
                 msg.get("model") if type(msg.get("model")) is str else None, u.copy()))
         elif t == "message_stop":
             self.done = True
+            self.finished = True
             out.append(ir.ev_message_stop())
         elif t == "error":
             err = obj.get("error")
@@ -1286,6 +1288,8 @@ cdef class StreamDecoder:
         cdef int sr = ir.SR_UNSET
         cdef str seq = None
         cdef ir.Usage usage = self.usage
+        if usage is None:  # message_delta before any message_start
+            usage = self.usage = ir.Usage.__new__(ir.Usage)
         if isinstance(delta, dict):
             v = delta.get("stop_reason")
             if v is not None:

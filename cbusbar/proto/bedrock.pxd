@@ -13,10 +13,11 @@ cdef class StreamDecoder:
     cdef EventStreamParser parser
     cdef bint started               # MESSAGE_START emitted
     cdef bint stopped               # messageStop seen (stop reason known)
+    cdef readonly bint finished     # messageStop seen: the answer is complete (metadata may follow)
     cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
     cdef int stop_reason
     cdef str stop_sequence
-    cdef Usage usage                # the metadata event's totals, None until it arrives
+    cdef readonly Usage usage       # the metadata event's totals, None until it arrives
     cdef dict open_blocks           # Bedrock contentBlockIndex -> IR index, open blocks only
     cdef dict open_kinds            # IR index -> B_* kind, open blocks only
     cdef int next_index             # IR index of the next block to open

@@ -39,29 +39,22 @@ from cbusbar.ir cimport (
 from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
 from cbusbar.ir import CodecError
 from cbusbar.eventstream import EventStreamError
-from cbusbar.framing import FramingError, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport DEFAULT_MAX_FRAME, top_field
+from cbusbar cimport jsonget
+from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
+from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "bedrock"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"application/vnd.amazon.eventstream"
-
-cdef str PARSE_ERROR = "We could not parse the JSON body of your request."
-cdef str UPSTREAM_NOT_JSON = "The upstream returned a body that is not a JSON object."
-cdef str UPSTREAM_BAD_FRAME = "The upstream sent a malformed event stream frame."
-cdef str UPSTREAM_BAD_EVENT = "The upstream sent an event stream frame that is not a JSON object."
+BODY_MODEL = False          # the model id travels in the path
+NEEDS_MAX_TOKENS = False    # inferenceConfig.maxTokens is optional
 
 # The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
 # "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.
 cdef str FORCED_TOOL = "structured_output"
 cdef str FORCED_TOOL_DESCRIPTION = "Respond with a JSON object that matches this schema."
-
-# SPEC 1.5: effort words -> thinking budgets (limits.reasoning_effort_budgets defaults), the same
-# table the anthropic codec uses; Claude's floor for budget_tokens and the answer room kept under
-# maxTokens; with thinking on Claude takes top_p only in [0.95, 1].
-cdef dict EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
-cdef long long MIN_BUDGET = 1024
-cdef long long MIN_ANSWER = 1024
-cdef double THINKING_MIN_TOP_P = 0.95
 
 # ConverseRequest members with no IR home, kept verbatim for a same-protocol hop.
 cdef tuple EXTRA_FIELDS = (
@@ -205,14 +198,26 @@ cdef dict _usage_json(Usage u):
     return out
 
 
+class CachePoint(dict):
+    """The IR cache_control of a Bedrock cachePoint (Anthropic's shape, which carries a ttl too),
+    typed so that write_request knows where it came from. Only these are written back: a
+    cachePoint is sent only to lanes that declare prompt caching (Nova rejects it, SPEC 1.5), and
+    busbar has no such lane flag yet, so cache control from another protocol is not expressed.
+    The IR request is never mutated for it (the engine reuses it for the next lane)."""
+    __slots__ = ()
+
+
 cdef object _cache_control(object point):
-    """A Bedrock cachePoint as the IR's cache_control (Anthropic's shape, which carries a ttl too)."""
-    cdef dict cc = {"type": "ephemeral"}
+    cdef object cc = CachePoint(type="ephemeral")
     if isinstance(point, dict):
         ttl = (<dict>point).get("ttl")
         if ttl == "5m" or ttl == "1h":
             cc["ttl"] = ttl
     return cc
+
+
+cdef inline bint _writes_cache_point(object cache_control):
+    return type(cache_control) is CachePoint
 
 
 cdef dict _cache_point(object cache_control):
@@ -473,13 +478,7 @@ cpdef Request read_request(bytes body):
     cdef Block b, last
     cdef Tool t, last_tool
     cdef list content
-    try:
-        raw = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise CodecError(PARSE_ERROR)
-    if not isinstance(raw, dict):
-        raise CodecError("The request body must be a JSON object.")
-    obj = raw
+    obj = jsonget.request_object(body, NOT_AN_OBJECT)
     req = Request()
 
     v = obj.get("messages")
@@ -644,17 +643,6 @@ cdef inline bint _is_int(object v):
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-cdef object _thinking_budget(Request req):
-    """The thinking budget to ask for: the IR's budget, else the effort word's (SPEC 1.5 defaults;
-    Gemini's -1, "dynamic", counts as medium), else None."""
-    v = req.reasoning_budget
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return EFFORT_BUDGETS["medium"] if v < 0 else int(v)
-    if req.reasoning_effort is not None:
-        return EFFORT_BUDGETS.get(req.reasoning_effort)
-    return None
-
-
 cdef bint _tool_loop_without_thinking(list messages):
     """True mid tool loop (the last turn holds tool results) when the assistant turn that called
     the tools does not start with reasoning: Claude rejects enabling thinking then (history from a
@@ -756,7 +744,7 @@ cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
     if item is None:
         return
     out.append(item)
-    if b.cache_control is not None:
+    if _writes_cache_point(b.cache_control):
         out.append(_cache_point(b.cache_control))
 
 
@@ -792,7 +780,7 @@ cpdef bytes write_request(Request req):
     for b in req.system:
         if b.text:
             system.append({"text": b.text})
-            if b.cache_control is not None:
+            if _writes_cache_point(b.cache_control):
                 system.append(_cache_point(b.cache_control))
     if system:
         body["system"] = system
@@ -816,7 +804,7 @@ cpdef bytes write_request(Request req):
         if t.description:
             d["description"] = t.description
         tools.append({"toolSpec": d})
-        if t.cache_control is not None:
+        if _writes_cache_point(t.cache_control):
             tools.append(_cache_point(t.cache_control))
     user_tools = len(req.tools) > 0
     if forced is not None:
@@ -853,22 +841,17 @@ cpdef bytes write_request(Request req):
     # rules the anthropic codec applies (Claude enforces the same ones behind Converse). A caller's
     # own additionalModelRequestFields.thinking (same protocol) is left as sent.
     v = body.get("additionalModelRequestFields")
-    budget = _thinking_budget(req)
-    if budget is not None and budget > 0 and not (isinstance(v, dict) and "thinking" in <dict>v) \
+    budget = claude_budget(req.reasoning_budget, req.reasoning_effort, req.max_tokens)
+    if budget is not None and not (isinstance(v, dict) and "thinking" in <dict>v) \
             and not (choice is not None and ("any" in choice or "tool" in choice)) \
             and not _tool_loop_without_thinking(messages):
-        if budget < MIN_BUDGET:
-            budget = MIN_BUDGET
-        if _is_int(req.max_tokens) and budget > req.max_tokens - MIN_ANSWER:
-            budget = req.max_tokens - MIN_ANSWER
-        if budget >= MIN_BUDGET:
-            amrf = dict(<dict>v) if isinstance(v, dict) else {}
-            amrf["thinking"] = {"type": "enabled", "budget_tokens": budget}
-            body["additionalModelRequestFields"] = amrf
-            # Thinking is incompatible with a temperature change, and takes top_p only in [0.95, 1].
-            cfg.pop("temperature", None)
-            if cfg.get("topP") is not None and cfg["topP"] < THINKING_MIN_TOP_P:
-                del cfg["topP"]
+        amrf = dict(<dict>v) if isinstance(v, dict) else {}
+        amrf["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        body["additionalModelRequestFields"] = amrf
+        # Thinking is incompatible with a temperature change, and takes top_p only in [0.95, 1].
+        cfg.pop("temperature", None)
+        if not claude_top_p_ok(cfg.get("topP")):
+            del cfg["topP"]
     if cfg:
         body["inferenceConfig"] = cfg
     return orjson.dumps(body)
@@ -982,16 +965,64 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
 
 
 cpdef object read_error(bytes body):
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body; the code is the exception name of `__type`
+    (ThrottlingException, ...), without the `namespace#` prefix some services put before it."""
     try:
         raw = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+    except Exception:
+        return (None, None)
     if not isinstance(raw, dict):
-        return None
+        return (None, None)
     msg = (<dict>raw).get("message")
     if not isinstance(msg, str):
         msg = (<dict>raw).get("Message")
-    return msg if isinstance(msg, str) and msg else None
+    code = (<dict>raw).get("__type")
+    if not isinstance(code, str):
+        code = (<dict>raw).get("code") if isinstance((<dict>raw).get("code"), str) else None
+    if code is not None:
+        code = (<str>code).rpartition("#")[2].partition(":")[0] or None
+    return (msg if isinstance(msg, str) and msg else None, code)
+
+
+cdef str _uuid4():
+    return str(uuid.uuid4())
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    """`x-amzn-RequestId`: the upstream's own on a relayed answer, else a fresh UUID (boto3
+    exposes it as ResponseMetadata.RequestId; AWS ids are UUIDs, busbar's request id is not)."""
+    cdef object rid = None
+    if upstream_headers is not None:
+        for name, value in upstream_headers:
+            if name == b"x-amzn-requestid":
+                rid = value
+                break
+    if rid is None:
+        rid = _uuid4().encode()
+    return b"x-amzn-RequestId: " + rid + b"\r\n"
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    """boto3 raises the named exception class only when x-amzn-ErrorType is present."""
+    return b"x-amzn-RequestId: " + _uuid4().encode() + b"\r\nx-amzn-ErrorType: " + \
+        error_type(kind).encode() + b"\r\n"
+
+
+cpdef str not_found_message(str name, str api_version):
+    return "The model '%s' does not exist or you do not have access to it." % name
+
+
+cpdef bint wants_stream_usage(Request req):
+    """ConverseStream always ends with a metadata event carrying usage."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    return StreamEncoder(id, model)
 
 
 cpdef str mint_id():
@@ -1011,8 +1042,8 @@ cdef str _kind_of_exception(object name):
 
 cdef class StreamDecoder:
 
-    def __cinit__(self):
-        self.parser = EventStreamParser()
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = EventStreamParser(max_frame if max_frame > 0 else DEFAULT_MAX_FRAME)
         self.open_blocks = {}
         self.open_kinds = {}
         self.stop_reason = SR_UNSET
@@ -1026,7 +1057,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.feed(chunk)
         except EventStreamError:
-            raise CodecError(UPSTREAM_BAD_FRAME)
+            raise CodecError(UPSTREAM_BAD_FRAME) from None
         for frame in frames:
             self._frame(<dict>frame[0], <bytes>frame[1], out)
             if self.done:
@@ -1103,13 +1134,7 @@ cdef class StreamDecoder:
         if mtype != "event":
             return
         etype = headers.get(":event-type")
-        try:
-            raw = orjson.loads(payload)
-        except orjson.JSONDecodeError:
-            raise CodecError(UPSTREAM_BAD_EVENT)
-        if not isinstance(raw, dict):
-            raise CodecError(UPSTREAM_BAD_EVENT)
-        obj = raw
+        obj = jsonget.frame_object(payload)
         wire = obj.get("contentBlockIndex")
         if not isinstance(wire, int) or isinstance(wire, bool):
             wire = -1  # a frame without a usable index still belongs to the one unnamed block
@@ -1192,6 +1217,7 @@ cdef class StreamDecoder:
             for w in list(self.open_blocks):
                 self._close(w, out)
             self.stopped = True
+            self.finished = True
             self.stop_reason = _stop_of(obj.get("stopReason"))
             self.stop_sequence = _stop_sequence_of(obj.get("additionalModelResponseFields"))
             if self.usage is not None:

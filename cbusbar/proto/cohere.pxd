@@ -1,12 +1,15 @@
 # The Cohere v2 chat codec's stateful pieces (the module functions are in cohere.pyx).
 
 from cbusbar.ir cimport Block, Event, Usage
+from cbusbar.framing cimport SSEParser
 
 
 cdef class StreamDecoder:
-    cdef object parser          # framing.SSEParser
+    cdef SSEParser parser
     cdef bint started           # MESSAGE_START emitted
     cdef bint done              # message-end (or an error frame) seen; later frames are ignored
+    cdef readonly bint finished # a message-end that is not an error seen
+    cdef readonly Usage usage   # message-end's usage, None until it arrives
     cdef int next_index         # the next IR block index
     cdef int open_index         # IR index of the open block, -1 when none
     cdef int open_kind          # its Block.kind

@@ -24,8 +24,11 @@ import uuid
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, sse_event, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError
+from cbusbar cimport jsonget
+from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -45,12 +48,13 @@ from cbusbar.ir cimport (
 NAME = "cohere"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
+BODY_MODEL = True           # the model name travels in the body
+NEEDS_MAX_TOKENS = False    # max_tokens is optional
 
 # Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
 cdef int MAX_STOP_SEQUENCES = 5
 
-cdef str BAD_JSON = "We could not parse the JSON body of your request."
-cdef str BAD_UPSTREAM = "The upstream returned a response busbar could not read."
+cdef str BAD_UPSTREAM = UPSTREAM_NOT_JSON
 
 # Which Cohere event family opened the decoder's current block.
 cdef enum:
@@ -93,26 +97,6 @@ _FINISH_OF_STOP = {
 
 # ---------------------------------------------------------------------------------------------
 # small readers
-
-
-cdef object _loads_request(bytes body):
-    try:
-        doc = orjson.loads(body)
-    except ValueError:
-        raise CodecError(BAD_JSON)
-    if not isinstance(doc, dict):
-        raise CodecError("The request body must be a JSON object.")
-    return doc
-
-
-cdef object _loads_upstream(bytes body):
-    try:
-        doc = orjson.loads(body)
-    except ValueError:
-        raise CodecError(BAD_UPSTREAM)
-    if not isinstance(doc, dict):
-        raise CodecError(BAD_UPSTREAM)
-    return doc
 
 
 cdef inline object _bad_type(str path, str expected):
@@ -358,7 +342,7 @@ cdef list _read_tools(object tools):
 
 
 cpdef Request read_request(bytes body):
-    cdef dict doc = _loads_request(body)
+    cdef dict doc = jsonget.request_object(body, NOT_AN_OBJECT)
     cdef Request req = Request()
     cdef Message msg, results = None
     cdef Block b
@@ -668,7 +652,7 @@ cdef int _stop_of(object finish):
 
 
 cpdef Response read_response(bytes body):
-    cdef dict doc = _loads_upstream(body)
+    cdef dict doc = jsonget.upstream_object(body)
     cdef Response resp = Response()
     cdef list thinking = [], text = [], calls = [], by_content = []
     cdef Block plan = None, b, target
@@ -865,12 +849,50 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
 
 
 cpdef object read_error(bytes body):
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body. Cohere's envelope is `{"message": ...}` with no
+    machine code; a `code` field, when a proxy adds one, is passed on."""
     try:
         doc = orjson.loads(body)
-    except ValueError:
-        return None
+    except Exception:
+        return (None, None)
     message = _get(doc, "message")
-    return message if isinstance(message, str) else None
+    code = _get(doc, "code")
+    return (message if isinstance(message, str) else None,
+            code if isinstance(code, str) and code else None)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the engine asks the codec instead of branching on its name
+
+
+cpdef object forced_tool_name(Request req):
+    """Cohere has response_format: structured output never becomes a forced tool."""
+    return None
+
+
+cpdef bint wants_stream_usage(Request req):
+    """Cohere's message-end always carries usage: nothing for the client to ask."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    return StreamEncoder(id, model)
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    return b""
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b""
+
+
+cpdef str not_found_message(str name, str api_version):
+    return "The model '%s' does not exist or you do not have access to it." % name
 
 
 cpdef str mint_id():
@@ -888,8 +910,8 @@ cdef class StreamDecoder:
     in arrival order. The tool plan has no start/end events: its first delta opens a TEXT block and
     the next block (or message-end) closes it."""
 
-    def __cinit__(self):
-        self.parser = SSEParser()
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = SSEParser(max_frame)
         self.open_index = -1
         self.open_cohere = None
 
@@ -898,7 +920,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.feed(chunk)
         except FramingError:
-            raise CodecError(BAD_UPSTREAM)
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             self._frame(out, event, data)
         return out
@@ -909,7 +931,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.close()
         except FramingError:
-            raise CodecError(BAD_UPSTREAM)
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             self._frame(out, event, data)
         return out
@@ -924,12 +946,7 @@ cdef class StreamDecoder:
         if stripped == b"[DONE]":
             self.done = True
             return
-        try:
-            doc = orjson.loads(stripped)
-        except ValueError:
-            raise CodecError(BAD_UPSTREAM)
-        if not isinstance(doc, dict):
-            raise CodecError(BAD_UPSTREAM)
+        doc = jsonget.frame_object(stripped)
         t = doc.get("type")
         if not isinstance(t, str):
             t = event.decode("utf-8", "replace") if event else None
@@ -940,7 +957,7 @@ cdef class StreamDecoder:
                 out.append(ev_error("api_error", message))
                 self.done = True
                 return
-            raise CodecError(BAD_UPSTREAM)
+            raise CodecError(UPSTREAM_BAD_FRAME)
         kind = t
         if kind == "message-start":
             self._start(out, doc.get("id"))
@@ -1093,10 +1110,11 @@ cdef class StreamDecoder:
             self.done = True
             return
         self._close_open(out)
-        out.append(ev_message_delta(_stop_of(_get(delta, "finish_reason")), None,
-                                    _read_usage_obj(_get(delta, "usage"))))
+        self.usage = _read_usage_obj(_get(delta, "usage"))
+        out.append(ev_message_delta(_stop_of(_get(delta, "finish_reason")), None, self.usage))
         out.append(ev_message_stop())
         self.done = True
+        self.finished = True
 
 
 cdef bytes _sse(str kind, dict payload):

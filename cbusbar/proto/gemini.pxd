@@ -3,23 +3,19 @@
 # write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in gemini.pyx.
 
 from cbusbar.ir cimport Usage
+from cbusbar.framing cimport JsonArrayParser, SSEParser
 
 
 cdef class StreamDecoder:
     """Upstream GenerateContentResponse chunks -> IR events. The chunks come as SSE `data:` frames
     (what busbar asks for with ?alt=sse) or, from an upstream that ignores alt=sse, as one streamed
     JSON array. Gemini's stream is flat, so block boundaries are synthesised."""
-    cdef object parser              # framing.SSEParser (SSE mode)
+    cdef SSEParser parser           # SSE mode
+    cdef JsonArrayParser array      # JSON-array mode
     cdef int mode                   # 0 undecided, 1 SSE, 2 JSON array
-    cdef bytearray abuf             # JSON-array mode: bytes not yet split into elements
-    cdef Py_ssize_t ascan           # next byte of abuf to scan
-    cdef Py_ssize_t astart          # start of the element being scanned, -1 between elements
-    cdef int adepth                 # nesting depth inside the current element
-    cdef bint ain_str               # inside a JSON string
-    cdef bint aesc                  # the previous byte was a backslash inside a string
-    cdef bint aopen                 # the opening `[` was seen
     cdef bint started               # MESSAGE_START emitted
     cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef readonly bint finished     # a candidate's finishReason (or a blocked prompt) seen
     cdef bint saw_tool              # a functionCall part arrived (finish STOP then means tool use)
     cdef bint sealed                # the open thinking block already got its signature
     cdef int next_index             # IR index of the next block to open
@@ -27,11 +23,10 @@ cdef class StreamDecoder:
     cdef int open_kind              # B_TEXT / B_THINKING of the open block, 0 when none
     cdef int tool_count             # functionCall parts seen (seeds their minted ids)
     cdef str response_id            # the upstream responseId (seeds minted tool-call ids)
-    cdef Usage usage                # the latest usageMetadata, None until one arrives
+    cdef readonly Usage usage       # the latest usageMetadata, None until one arrives
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)
-    cdef void _split_array(self, list frames) except *
     cdef void _frame(self, bytes data, list out) except *
     cdef void _chunk(self, dict chunk, list out) except *
     cdef void _part(self, dict part, object logprobs, list out) except *

@@ -30,23 +30,23 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING, D_SIGNATURE,
 )
 from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport JsonArrayParser, SSEParser, json_array_item, sse_data_crlf, top_field
+from cbusbar cimport jsonget
+from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.reasoning cimport budget_of_effort
 
 NAME = "gemini"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
+BODY_MODEL = False          # the model name travels in the path
+NEEDS_MAX_TOKENS = False    # maxOutputTokens is optional
 
-cdef str _BAD_JSON = "We could not parse the JSON body of your request."
 cdef str _BAD_SHAPE = (
     "Invalid JSON payload received: the body does not have the generateContent shape.")
 
 # Gemini rejects more than 5 stop sequences (GenerationConfig.stop_sequences: "up to 5").
 cdef int MAX_STOP = 5
-
-# SPEC 1.5 limits.reasoning_effort_budgets defaults. "none" is OpenAI's newest effort word and
-# means what Gemini spells thinkingBudget 0.
-cdef dict _BUDGET_OF_EFFORT = {"none": 0, "minimal": 1024, "low": 4096, "medium": 8192,
-                               "high": 16384}
 
 # Gemini 3 rejects a model turn whose function call lacks the thoughtSignature Gemini minted for
 # it ("Function call ... is missing a thought_signature"). History that came from another vendor
@@ -54,9 +54,6 @@ cdef dict _BUDGET_OF_EFFORT = {"none": 0, "minimal": 1024, "low": 4096, "medium"
 # thought-signatures, "conversation transferred from another model"). Older models ignore it.
 cdef str _FOREIGN_SIGNATURE = "skip_thought_signature_validator"
 
-# One JSON-array element may not grow past this, mirroring framing's 16 MiB SSE event cap: an
-# upstream that never closes its object must not make busbar buffer without bound.
-cdef Py_ssize_t MAX_ARRAY_ELEMENT = 16 * 1024 * 1024
 
 # Gemini Schema (OpenAPI subset) is turned into JSON Schema for the IR; deeper nesting than this
 # is copied as given instead of recursed into.
@@ -658,7 +655,7 @@ cpdef Request read_request(bytes body):
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise CodecError(_BAD_JSON)
+        raise CodecError(PARSE_ERROR) from None
     if not isinstance(data, dict):
         raise CodecError(_BAD_SHAPE)
     try:
@@ -863,7 +860,7 @@ cpdef bytes write_request(Request req):
     if "thinkingConfig" not in extra_gen:
         budget = req.reasoning_budget
         if budget is None and req.reasoning_effort is not None:
-            budget = _BUDGET_OF_EFFORT.get(req.reasoning_effort)
+            budget = budget_of_effort(req.reasoning_effort)
         if budget is not None:
             tc = {"thinkingBudget": budget}
             if budget:
@@ -942,7 +939,7 @@ cpdef Response read_response(bytes body):
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        raise CodecError("The upstream response is not valid JSON.")
+        raise CodecError(UPSTREAM_NOT_JSON) from None
     # a streamed JSON array answered to a buffered call is folded into one response
     chunks = data if isinstance(data, list) else [data]
     for chunk in chunks:
@@ -1066,8 +1063,18 @@ cpdef Usage read_usage(bytes body):
     try:
         um = top_field(body, b"usageMetadata")
     except FramingError:
-        raise CodecError("The upstream response is not valid JSON.")
-    return _usage_from(um) if isinstance(um, dict) else Usage()
+        # a streamed JSON array answered to a buffered call: the last chunk's usage counts
+        um = None
+        try:
+            chunks = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise CodecError(UPSTREAM_NOT_JSON) from None
+        if not isinstance(chunks, list):
+            raise CodecError(UPSTREAM_NOT_JSON)
+        for chunk in chunks:
+            if isinstance(chunk, dict) and isinstance(chunk.get("usageMetadata"), dict):
+                um = chunk["usageMetadata"]
+    return _usage_from(um) if isinstance(um, dict) else Usage(input_known=False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1076,16 +1083,14 @@ cpdef Usage read_usage(bytes body):
 
 cdef class StreamDecoder:
 
-    def __cinit__(self):
-        self.parser = SSEParser()
-        self.abuf = bytearray()
-        self.astart = -1
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = SSEParser(max_frame)
+        self.array = JsonArrayParser(max_frame)
         self.open_index = -1
 
     cpdef list feed(self, bytes chunk):
-        cdef list out = [], frames = []
+        cdef list out = [], frames
         cdef Py_ssize_t i, n
-        cdef unsigned char c
         if self.done:
             return out
         if self.mode == 0:
@@ -1098,14 +1103,11 @@ cdef class StreamDecoder:
             self.mode = 2 if chunk[i] == 91 else 1  # `[`
         try:
             if self.mode == 1:
-                for _, data in self.parser.feed(chunk):
-                    frames.append(data)
+                frames = [f[1] for f in self.parser.feed(chunk)]
             else:
-                self.abuf += chunk
-                self._split_array(frames)
+                frames = self.array.feed(chunk)
         except FramingError:
-            self._fail("api_error", "The upstream stream frame exceeds the maximum size.", out)
-            return out
+            raise jsonget.frame_too_large() from None
         for data in frames:
             if self.done:
                 break
@@ -1118,75 +1120,16 @@ cdef class StreamDecoder:
             return out
         if self.mode == 1:
             try:
-                for _, data in self.parser.close():
-                    if self.done:
-                        break
-                    self._frame(data, out)
+                frames = self.parser.close()
             except FramingError:
-                self._fail("api_error", "The upstream stream frame exceeds the maximum size.", out)
+                raise jsonget.frame_too_large() from None
+            for _, data in frames:
+                if self.done:
+                    break
+                self._frame(data, out)
         # An unfinished stream (no finishReason) gets nothing more: the engine ends the client
         # stream with an error. A truncated JSON-array element is dropped for the same reason.
         return out
-
-    cdef void _split_array(self, list frames) except *:
-        """Cuts complete top-level elements out of `[{...},\\r\\n{...}]` as they arrive."""
-        cdef bytearray buf = self.abuf
-        cdef Py_ssize_t n = len(buf), i = self.ascan, cut = 0
-        cdef unsigned char c
-        while i < n:
-            c = buf[i]
-            if self.astart < 0:
-                if c == 32 or c == 9 or c == 10 or c == 13:
-                    pass
-                elif c == 91 and not self.aopen:  # `[`
-                    self.aopen = True
-                elif c == 44 and self.aopen:  # `,`
-                    pass
-                elif c == 93 and self.aopen:  # `]`: the array is over
-                    self.aopen = False
-                elif c == 123 and self.aopen:  # `{`
-                    self.astart = i
-                    self.adepth = 1
-                    self.ain_str = False
-                    self.aesc = False
-                elif c == 0xEF or c == 0xBB or c == 0xBF:  # a UTF-8 byte order mark
-                    pass
-                else:
-                    frames.append(bytes(buf[i:n]))  # not the array framing: let _frame reject it
-                    cut = n
-                    i = n
-                    break
-                i += 1
-                cut = i
-                continue
-            if self.ain_str:
-                if self.aesc:
-                    self.aesc = False
-                elif c == 92:
-                    self.aesc = True
-                elif c == 34:
-                    self.ain_str = False
-            elif c == 34:
-                self.ain_str = True
-            elif c == 123 or c == 91:
-                self.adepth += 1
-            elif c == 125 or c == 93:
-                self.adepth -= 1
-                if self.adepth == 0:
-                    frames.append(bytes(buf[self.astart:i + 1]))
-                    self.astart = -1
-                    cut = i + 1
-            i += 1
-        if self.astart >= 0:
-            cut = self.astart
-            if n - cut > MAX_ARRAY_ELEMENT:
-                raise FramingError("JSON array element exceeds the maximum size")
-        if cut:
-            del buf[:cut]
-            if self.astart >= 0:
-                self.astart -= cut
-            i -= cut
-        self.ascan = i
 
     cdef void _fail(self, str kind, str message, list out) except *:
         out.append(ev_error(kind, message))
@@ -1196,16 +1139,8 @@ cdef class StreamDecoder:
         cdef object chunk
         data = data.strip()
         if not data or data == b"[DONE]":
-            return
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            self._fail("api_error", "The upstream sent a malformed stream frame.", out)
-            return
-        if not isinstance(chunk, dict):
-            self._fail("api_error", "The upstream sent a malformed stream frame.", out)
-            return
-        self._chunk(<dict>chunk, out)
+            return  # a keep-alive, or the end marker some compatible servers add
+        self._chunk(jsonget.frame_object(data), out)
 
     cdef void _chunk(self, dict chunk, list out) except *:
         cdef object err = chunk.get("error"), um, cand, finish, fb, lp
@@ -1260,6 +1195,7 @@ cdef class StreamDecoder:
                                         self.usage.copy() if self.usage is not None else Usage()))
             out.append(ev_message_stop())
             self.done = True
+            self.finished = True
 
     cdef void _part(self, dict p, object logprobs, list out) except *:
         cdef object text = p.get("text"), sig = p.get("thoughtSignature"), fc
@@ -1339,12 +1275,12 @@ cdef class StreamEncoder:
 
     cdef bytes _frame(self, dict chunk):
         cdef bytes data = orjson.dumps(chunk)
+        cdef bint first
         if not self.json_array:
-            return b"data: " + data + b"\r\n\r\n"
-        if self.wrote:
-            return b",\r\n" + data
+            return sse_data_crlf(data)
+        first = not self.wrote
         self.wrote = True
-        return b"[" + data
+        return json_array_item(data, first)
 
     cdef bytes _parts_chunk(self, list parts, object logprobs):
         cdef dict cand = {"content": {"parts": parts, "role": "model"}, "index": 0}
@@ -1436,11 +1372,10 @@ cdef class StreamEncoder:
                                        "status": _rpc_status(status)}})
         self.finished = True
         if not self.json_array:
-            return b"data: " + data + b"\r\n\r\n"
-        if self.wrote:
-            return b",\r\n" + data + b"]"
+            return sse_data_crlf(data)
+        first = not self.wrote
         self.wrote = True
-        return b"[" + data + b"]"
+        return json_array_item(data, first) + b"]"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1465,20 +1400,63 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
 
 
 cpdef object read_error(bytes body):
-    cdef object data, err
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body; the code is Google's `error.status`
+    (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
+    cdef object data, err, msg = None, code = None
     try:
         data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+    except Exception:
+        return (None, None)
     # a non-SSE streaming call reports its error inside the JSON array
     if isinstance(data, list) and data:
         data = data[0]
     if not isinstance(data, dict):
-        return None
+        return (None, None)
     err = (<dict>data).get("error")
-    if isinstance(err, dict) and isinstance(err.get("message"), str) and err["message"]:
-        return err["message"]
+    if isinstance(err, dict):
+        if isinstance(err.get("message"), str) and err["message"]:
+            msg = err["message"]
+        if isinstance(err.get("status"), str) and err["status"]:
+            code = err["status"]
+    return (msg, code)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the engine asks the codec instead of branching on its name
+
+
+cpdef object forced_tool_name(Request req):
+    """Gemini has responseSchema: structured output never becomes a forced tool."""
     return None
+
+
+cpdef bint wants_stream_usage(Request req):
+    """Gemini's final chunk always carries usageMetadata: nothing for the client to ask."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    """json_array: the client called streamGenerateContent without ?alt=sse."""
+    cdef StreamEncoder enc = StreamEncoder(id, model)
+    enc.json_array = json_array
+    return enc
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    return b""
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b""
+
+
+cpdef str not_found_message(str name, str api_version):
+    return ("models/%s is not found for API version %s, or is not supported for the task you are "
+            "trying to perform." % (name, api_version or "v1beta"))
 
 
 cpdef bytes write_model_list(list names):

@@ -3,14 +3,16 @@
 # write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in openai.pyx.
 
 from cbusbar.ir cimport Usage
+from cbusbar.framing cimport SSEParser
 
 
 cdef class StreamDecoder:
     """Upstream `data:` chunks -> IR events. OpenAI's stream is flat, so block boundaries are
     synthesised: one block is open at a time, and a change of delta kind closes it."""
-    cdef object parser              # framing.SSEParser
+    cdef SSEParser parser
     cdef bint started               # MESSAGE_START emitted
     cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef readonly bint finished     # the stream ended properly: [DONE], or a finish_reason then EOF
     cdef bint have_finish           # a finish_reason arrived
     cdef bint saw_tool              # a tool call was streamed (finish "stop" then means tool use)
     cdef bint saw_refusal           # delta.refusal text was streamed
@@ -20,7 +22,7 @@ cdef class StreamDecoder:
     cdef int open_kind              # B_TEXT / B_THINKING / B_TOOL_USE of the open block, 0 when none
     cdef dict tools                 # OpenAI tool-call key (its `index`, else its id) -> IR block index
     cdef object last_tool           # key of the most recent tool call (fragments without index/id)
-    cdef Usage usage                # the usage chunk's totals, None until one arrives
+    cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)

@@ -31,19 +31,21 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING,
 )
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.framing import SSEParser, FramingError, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport SSEParser, top_field
+from cbusbar cimport jsonget
+from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.reasoning cimport effort_of_budget
 
 NAME = "openai"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
+BODY_MODEL = True           # the model name travels in the body
+NEEDS_MAX_TOKENS = False    # max_tokens is optional
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4
 
-# OpenAI's own wording for an unparseable body (SPEC 1.1).
-cdef str PARSE_ERROR = "We could not parse the JSON body of your request."
-cdef str UPSTREAM_NOT_JSON = "The upstream returned a body that is not a JSON object."
-cdef str UPSTREAM_BAD_FRAME = "The upstream sent a stream frame that is not a JSON object."
 
 # Top-level request fields read into the IR; every other field goes to req.extra verbatim.
 cdef frozenset READ_FIELDS = frozenset((
@@ -827,23 +829,6 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
     out.append(msg)
 
 
-cdef str _effort_of_budget(object budget):
-    """A thinking budget in tokens -> OpenAI's effort word (the default budgets of SPEC 1.5:
-    minimal 1024, low 4096, medium 8192, high 16384). Gemini's -1 (dynamic) means medium; 0 means
-    no reasoning was asked for."""
-    if not _is_int(budget) or budget == 0:
-        return None
-    if budget < 0:
-        return "medium"
-    if budget <= 1024:
-        return "minimal"
-    if budget <= 4096:
-        return "low"
-    if budget <= 8192:
-        return "medium"
-    return "high"
-
-
 cpdef bytes write_request(Request req):
     cdef dict body = {"model": req.model}
     cdef dict extra = req.extra if req.extra is not None else {}
@@ -935,7 +920,7 @@ cpdef bytes write_request(Request req):
         body["user"] = req.user
     effort = req.reasoning_effort
     if effort is None:
-        effort = _effort_of_budget(req.reasoning_budget)
+        effort = effort_of_budget(req.reasoning_budget)
     if effort is not None:
         body["reasoning_effort"] = effort
     if req.logprobs is not None:
@@ -1103,13 +1088,7 @@ cpdef Response read_response(bytes body):
     cdef bint saw_refusal = False
     cdef bint saw_tool = False
     cdef Block b
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise CodecError(UPSTREAM_NOT_JSON)
-    if not isinstance(obj, dict):
-        raise CodecError(UPSTREAM_NOT_JSON)
-    d = obj
+    d = jsonget.upstream_object(body)
     resp.id = _s(d.get("id"))
     resp.model = _s(d.get("model"))
     v = d.get("created")
@@ -1228,20 +1207,19 @@ cdef str _kind_of_error(dict err):
     return "api_error"
 
 
-cpdef str read_error(bytes body):
+cdef dict _error_envelope(bytes body):
     cdef object obj
-    cdef object err
     try:
         obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
+    except Exception:
         return None
     if isinstance(obj, list) and obj:  # a few compatible servers wrap the envelope in an array
-        for err in obj:
-            obj = err
-            break
-    if not isinstance(obj, dict):
-        return None
-    err = obj.get("error")
+        obj = obj[0]
+    return obj if isinstance(obj, dict) else None
+
+
+cdef str _error_message(dict obj):
+    cdef object err = obj.get("error")
     if isinstance(err, dict) and isinstance(err.get("message"), str):
         return err["message"]
     if isinstance(err, str):
@@ -1251,10 +1229,65 @@ cpdef str read_error(bytes body):
     return None
 
 
+cpdef str read_error(bytes body):
+    cdef dict obj = _error_envelope(body)
+    return _error_message(obj) if obj is not None else None
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body: OpenAI's `error.code`, else its `error.type`."""
+    cdef dict obj = _error_envelope(body)
+    cdef object err, code
+    if obj is None:
+        return (None, None)
+    err = obj.get("error")
+    code = None
+    if isinstance(err, dict):
+        code = err.get("code")
+        if not isinstance(code, str) or not code:
+            code = err.get("type")
+            if not isinstance(code, str) or not code:
+                code = None
+    return (_error_message(obj), code)
+
+
 cpdef bytes write_model_list(list names):
     return orjson.dumps({"object": "list",
                          "data": [{"id": n, "object": "model", "created": 0, "owned_by": "busbar"}
                                   for n in names]})
+
+
+# ---------------------------------------------------------------------------------------------
+# What the engine asks the codec instead of branching on its name
+
+
+cpdef object forced_tool_name(Request req):
+    """Chat Completions has response_format: structured output never becomes a forced tool."""
+    return None
+
+
+cpdef bint wants_stream_usage(Request req):
+    """True when the client asked for the usage chunk (stream_options.include_usage)."""
+    cdef object so = req.extra.get("stream_options") if req.extra else None
+    return isinstance(so, dict) and so.get("include_usage") is True
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    cdef StreamEncoder enc = StreamEncoder(id, model)
+    enc.include_usage = include_usage
+    return enc
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    return b""
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b""
+
+
+cpdef str not_found_message(str name, str api_version):
+    return "The model '%s' does not exist or you do not have access to it." % name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1263,8 +1296,8 @@ cpdef bytes write_model_list(list names):
 
 cdef class StreamDecoder:
 
-    def __cinit__(self):
-        self.parser = SSEParser()
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = SSEParser(max_frame)
         self.open_index = -1
         self.tools = {}
 
@@ -1275,7 +1308,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.feed(chunk)
         except FramingError:
-            raise CodecError("The upstream sent a stream event larger than busbar accepts.")
+            raise jsonget.frame_too_large() from None
         for frame in frames:
             self._frame(frame[1], out)
         return out
@@ -1287,7 +1320,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.close()
         except FramingError:
-            raise CodecError("The upstream sent a stream event larger than busbar accepts.")
+            raise jsonget.frame_too_large() from None
         for frame in frames:
             self._frame(frame[1], out)
         # Some OpenAI-compatible servers end without `[DONE]`; a finish_reason is proof enough.
@@ -1304,19 +1337,14 @@ cdef class StreamDecoder:
             return
         data = data.strip()
         if not data:
-            return
+            return  # a keep-alive
         if data == b"[DONE]":
             if self.started:
                 self._finish(out)
             self.done = True
+            self.finished = True
             return
-        try:
-            obj = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            raise CodecError(UPSTREAM_BAD_FRAME)
-        if not isinstance(obj, dict):
-            raise CodecError(UPSTREAM_BAD_FRAME)
-        d = obj
+        d = jsonget.frame_object(data)
         v = d.get("error")
         if v is not None:
             err = v if isinstance(v, dict) else {"message": v}
@@ -1441,6 +1469,7 @@ cdef class StreamDecoder:
                                     self.usage.copy() if self.usage is not None else _unknown_usage()))
         out.append(ev_message_stop())
         self.done = True
+        self.finished = True
 
 
 cdef class StreamEncoder:

@@ -3,14 +3,17 @@
 # upstream_path, mint_id) follow docs/codecs.md and live in responses.pyx.
 
 from cbusbar.ir cimport Usage
+from cbusbar.framing cimport SSEParser
 
 
 cdef class StreamDecoder:
     """Upstream `event: response.*` frames -> IR events. Every output item (message, function
     call, reasoning) becomes one IR block; one block is open at a time."""
-    cdef object parser              # framing.SSEParser
+    cdef SSEParser parser
     cdef bint started               # MESSAGE_START emitted
     cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
+    cdef readonly bint finished     # response.completed / .incomplete / .failed seen
+    cdef readonly Usage usage       # the final response's usage, None until it arrives
     cdef bint saw_tool              # a function_call item was streamed (completed = tool use)
     cdef bint saw_refusal           # refusal text was streamed
     cdef int next_index             # IR index of the next block to open

@@ -11,8 +11,13 @@ import time
 
 import orjson
 
-from cbusbar.framing import FramingError, SSEParser, sse_event, top_field
+from cbusbar.framing import FramingError
+from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
+from cbusbar cimport jsonget
+from cbusbar.jsonget cimport Shape, opt_bool, opt_int, opt_number, opt_str
+from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
+from cbusbar.reasoning cimport effort_of_budget
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -32,15 +37,8 @@ from cbusbar.ir cimport (
 NAME = "responses"
 CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
-
-BAD_JSON = "We could not parse the JSON body of your request."
-
-# Thinking budgets (Anthropic budget_tokens, Gemini thinkingBudget) become Responses effort words on
-# the same scale as limits.reasoning_effort_budgets' defaults (minimal 1024, low 4096, medium 8192,
-# high 16384; SPEC 1.5): a budget maps to the smallest word whose default covers it.
-cdef long long BUDGET_MINIMAL = 1024
-cdef long long BUDGET_LOW = 4096
-cdef long long BUDGET_MEDIUM = 8192
+BODY_MODEL = True           # the model name travels in the body
+NEEDS_MAX_TOKENS = False    # max_output_tokens is optional
 
 
 cpdef str upstream_path(str model, bint stream):
@@ -74,47 +72,8 @@ cdef str _string(object v, str what):
     return <str>v
 
 
-cdef str _opt_string(dict d, str key):
-    cdef object v = d.get(key)
-    if v is None:
-        return None
-    return _string(v, key)
-
-
-cdef object _opt_int(dict d, str key):
-    cdef object v = d.get(key)
-    if v is None:
-        return None
-    if type(v) is not int:
-        raise CodecError("Invalid type for '%s': expected an integer." % key)
-    return v
-
-
-cdef object _opt_number(dict d, str key):
-    cdef object v = d.get(key)
-    if v is None:
-        return None
-    if type(v) is not int and type(v) is not float:
-        raise CodecError("Invalid type for '%s': expected a number." % key)
-    return v
-
-
-cdef object _opt_bool(dict d, str key):
-    cdef object v = d.get(key)
-    if v is None:
-        return None
-    if type(v) is not bool:
-        raise CodecError("Invalid type for '%s': expected a boolean." % key)
-    return v
-
-
-cdef object _loads(bytes body):
-    if body is None:
-        raise CodecError(BAD_JSON)
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise CodecError(BAD_JSON) from None
+# Responses words its shape errors as jsonget's base Shape does.
+cdef Shape SHAPE = Shape()
 
 
 cdef object _args(str arguments):
@@ -155,12 +114,12 @@ cdef Block _media(int kind, str uri):
 
 
 cdef Block _input_image(dict part):
-    cdef str url = _opt_string(part, "image_url")
+    cdef str url = opt_str(part, "image_url", "image_url", SHAPE)
     cdef str file_id
     cdef Block b
     if url:
         return _media(B_IMAGE, url)
-    file_id = _opt_string(part, "file_id")
+    file_id = opt_str(part, "file_id", "file_id", SHAPE)
     if not file_id:
         raise CodecError("An input_image part needs an image_url or a file_id.")
     b = Block.__new__(Block)
@@ -171,9 +130,9 @@ cdef Block _input_image(dict part):
 
 
 cdef Block _input_file(dict part):
-    cdef str data = _opt_string(part, "file_data")
-    cdef str url = _opt_string(part, "file_url")
-    cdef str file_id = _opt_string(part, "file_id")
+    cdef str data = opt_str(part, "file_data", "file_data", SHAPE)
+    cdef str url = opt_str(part, "file_url", "file_url", SHAPE)
+    cdef str file_id = opt_str(part, "file_id", "file_id", SHAPE)
     cdef Block b
     if data:
         if data.startswith("data:"):
@@ -194,7 +153,7 @@ cdef Block _input_file(dict part):
         b.data = file_id
     else:
         raise CodecError("An input_file part needs file_data, a file_url or a file_id.")
-    b.name = _opt_string(part, "filename")
+    b.name = opt_str(part, "filename", "filename", SHAPE)
     return b
 
 
@@ -255,7 +214,7 @@ cdef Block _reasoning(dict item):
     cdef object parts
     cdef dict part
     b.kind = B_THINKING
-    b.id = _opt_string(item, "id")
+    b.id = opt_str(item, "id", "id", SHAPE)
     parts = item.get("summary")
     if parts is not None:
         for p in _array(parts, "reasoning.summary"):
@@ -268,7 +227,7 @@ cdef Block _reasoning(dict item):
                 part = _object(p, "reasoning.content")
                 texts.append(_string(part.get("text"), "reasoning.content.text"))
     b.text = "\n\n".join(texts)
-    b.signature = _opt_string(item, "encrypted_content")
+    b.signature = opt_str(item, "encrypted_content", "encrypted_content", SHAPE)
     return b
 
 
@@ -303,7 +262,7 @@ cdef void _read_input(list items, Request req) except *:
             b.kind = B_TOOL_USE
             b.id = _string(item.get("call_id"), "input.call_id")
             b.name = _string(item.get("name"), "input.name")
-            arguments = _opt_string(item, "arguments")
+            arguments = opt_str(item, "arguments", "arguments", SHAPE)
             b.input = _args(arguments)
             _turn(req.messages, ROLE_ASSISTANT).content.append(b)
         elif t == "function_call_output":
@@ -335,7 +294,7 @@ cdef void _read_tools(list tools, Request req) except *:
             continue
         t = Tool.__new__(Tool)
         t.name = _string(tool.get("name"), "tools.name")
-        t.description = _opt_string(tool, "description")
+        t.description = opt_str(tool, "description", "description", SHAPE)
         schema = tool.get("parameters")
         if schema is not None:
             t.schema = _object(schema, "tools.parameters")
@@ -379,9 +338,9 @@ cdef void _read_text(dict text, Request req) except *:
         req.response_format = RF_JSON_OBJECT
     elif t == "json_schema":
         req.response_format = RF_JSON_SCHEMA
-        req.rf_name = _opt_string(fmt, "name")
+        req.rf_name = opt_str(fmt, "name", "name", SHAPE)
         req.rf_schema = _object(fmt.get("schema"), "text.format.schema")
-        req.rf_strict = _opt_bool(fmt, "strict")
+        req.rf_strict = opt_bool(fmt, "strict", "strict", SHAPE)
     else:
         raise CodecError("Invalid value for 'text.format.type'.")
 
@@ -394,21 +353,17 @@ _READ_KEYS = frozenset((
 
 
 cpdef Request read_request(bytes body):
-    cdef object parsed = _loads(body)
-    cdef dict d
+    cdef dict d = jsonget.request_object(body, NOT_AN_OBJECT)
     cdef Request req = Request()
     cdef object v
     cdef str s
     cdef dict reasoning
-    if type(parsed) is not dict:
-        raise CodecError("The request body must be a JSON object.")
-    d = <dict>parsed
     v = d.get("model")
     if v is None or v == "":
         raise CodecError("Missing required parameter: 'model'.")
     req.model = _string(v, "model")
-    req.stream = _opt_bool(d, "stream") is True
-    s = _opt_string(d, "instructions")
+    req.stream = opt_bool(d, "stream", "stream", SHAPE) is True
+    s = opt_str(d, "instructions", "instructions", SHAPE)
     if s:
         req.system.append(text_block(s))
     v = d.get("input")
@@ -422,19 +377,19 @@ cpdef Request read_request(bytes body):
     v = d.get("tool_choice")
     if v is not None:
         _read_tool_choice(v, req)
-    req.parallel_tool_calls = _opt_bool(d, "parallel_tool_calls")
+    req.parallel_tool_calls = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls", SHAPE)
     v = d.get("text")
     if v is not None:
         _read_text(_object(v, "text"), req)
-    req.max_tokens = _opt_int(d, "max_output_tokens")
-    req.temperature = _opt_number(d, "temperature")
-    req.top_p = _opt_number(d, "top_p")
-    req.top_logprobs = _opt_int(d, "top_logprobs")
-    req.user = _opt_string(d, "user")
+    req.max_tokens = opt_int(d, "max_output_tokens", "max_output_tokens", SHAPE)
+    req.temperature = opt_number(d, "temperature", "temperature", SHAPE)
+    req.top_p = opt_number(d, "top_p", "top_p", SHAPE)
+    req.top_logprobs = opt_int(d, "top_logprobs", "top_logprobs", SHAPE)
+    req.user = opt_str(d, "user", "user", SHAPE)
     v = d.get("reasoning")
     if v is not None:
         reasoning = _object(v, "reasoning")
-        req.reasoning_effort = _opt_string(reasoning, "effort")
+        req.reasoning_effort = opt_str(reasoning, "effort", "effort", SHAPE)
         req.extra["reasoning"] = reasoning
     for k, v in d.items():
         if k not in _READ_KEYS:
@@ -494,23 +449,9 @@ cdef object _tool_output(Block b):
 
 
 cdef str _effort(Request req):
-    cdef long long budget
     if req.reasoning_effort:
         return req.reasoning_effort
-    if req.reasoning_budget is None:
-        return None
-    budget = req.reasoning_budget
-    if budget == 0:
-        return None          # an explicit budget of 0 switches thinking off
-    if budget < 0:
-        return "medium"      # Gemini's -1 (dynamic)
-    if budget <= BUDGET_MINIMAL:
-        return "minimal"
-    if budget <= BUDGET_LOW:
-        return "low"
-    if budget <= BUDGET_MEDIUM:
-        return "medium"
-    return "high"
+    return effort_of_budget(req.reasoning_budget)
 
 
 cdef void _write_input(Request req, list items) except *:
@@ -856,14 +797,10 @@ cdef int _stop_reason(dict body, bint tool, bint refusal):
 
 
 cpdef Response read_response(bytes body):
-    cdef object parsed = _loads(body)
-    cdef dict d
+    cdef dict d = jsonget.upstream_object(body)
     cdef Response resp = Response()
     cdef bint tool = False, refusal = False
     cdef object v
-    if type(parsed) is not dict:
-        raise CodecError("The upstream response is not a JSON object.")
-    d = <dict>parsed
     resp.id = d.get("id") if type(d.get("id")) is str else None
     resp.model = d.get("model") if type(d.get("model")) is str else None
     v = d.get("created_at")
@@ -878,10 +815,12 @@ cpdef Response read_response(bytes body):
 
 
 cpdef Usage read_usage(bytes body):
+    cdef object u
     try:
-        return _usage(top_field(body, b"usage"))
+        u = top_field(body, b"usage")
     except FramingError:
-        raise CodecError("The upstream response is not a JSON object.") from None
+        raise CodecError(UPSTREAM_NOT_JSON) from None
+    return _usage(u) if u is not None else Usage(input_known=False)
 
 
 cdef str _item_id(str prefix, str base, int index):
@@ -1047,22 +986,62 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
 
 
 cpdef str read_error(bytes body):
-    cdef object d
-    cdef object e
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body: OpenAI's `error.code`, else its `error.type`."""
+    cdef object d, e, msg = None, code = None
     try:
         d = orjson.loads(body)
-    except (orjson.JSONDecodeError, TypeError):
-        return None
+    except Exception:
+        return (None, None)
     if type(d) is not dict:
-        return None
+        return (None, None)
     e = (<dict>d).get("error")
-    if type(e) is dict and type((<dict>e).get("message")) is str:
-        return (<dict>e)["message"]
-    if type(e) is str:
-        return e
-    if type((<dict>d).get("message")) is str:
-        return (<dict>d)["message"]
+    if type(e) is dict:
+        if type((<dict>e).get("message")) is str:
+            msg = (<dict>e)["message"]
+        code = (<dict>e).get("code")
+        if type(code) is not str or not code:
+            code = (<dict>e).get("type")
+            if type(code) is not str or not code:
+                code = None
+    elif type(e) is str:
+        msg = e
+    if msg is None and type((<dict>d).get("message")) is str:
+        msg = (<dict>d)["message"]
+    return (msg, code)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the engine asks the codec instead of branching on its name
+
+
+cpdef object forced_tool_name(Request req):
+    """Responses has text.format: structured output never becomes a forced tool."""
     return None
+
+
+cpdef bint wants_stream_usage(Request req):
+    """Responses streams always end with the usage: nothing for the client to ask."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    return StreamEncoder(id, model)
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    return b""
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b""
+
+
+cpdef str not_found_message(str name, str api_version):
+    return "The model '%s' does not exist or you do not have access to it." % name
 
 
 cdef str _kind_of_code(object code):
@@ -1120,8 +1099,8 @@ cdef str _str_or_none(object v):
 
 cdef class StreamDecoder:
 
-    def __cinit__(self):
-        self.parser = SSEParser()
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.parser = SSEParser(max_frame)
         self.open_index = -1
         self.by_output = {}
         self.by_item = {}
@@ -1134,9 +1113,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.feed(chunk)
         except FramingError:
-            self.done = True
-            out.append(ev_error("api_error", "The upstream stream could not be read."))
-            return out
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             if self.done:
                 break
@@ -1150,7 +1127,7 @@ cdef class StreamDecoder:
         try:
             frames = self.parser.close()
         except FramingError:
-            return out
+            raise jsonget.frame_too_large() from None
         for event, data in frames:
             if self.done:
                 break
@@ -1162,13 +1139,9 @@ cdef class StreamDecoder:
         cdef dict d
         cdef object t, r, v
         cdef int code, i, k
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return  # keep-alive noise or a broken frame: skipped
-        if type(parsed) is not dict:
-            return
-        d = <dict>parsed
+        if not data or data == b"[DONE]":
+            return  # a keep-alive, or the Chat-style end marker some compatible servers add
+        d = jsonget.frame_object(data)
         t = d.get("type")
         if type(t) is not str and type(event) is bytes:
             t = (<bytes>event).decode("utf-8", "replace")
@@ -1190,6 +1163,7 @@ cdef class StreamDecoder:
         if code == E_FAILED:
             self._start(None, None, out)
             self.done = True
+            self.finished = True
             v = (<dict>r).get("error") if type(r) is dict else None
             if type(v) is dict:
                 out.append(ev_error(_kind_of_code((<dict>v).get("code")),
@@ -1378,7 +1352,9 @@ cdef class StreamDecoder:
             response["status"] = "incomplete"
         stop = _stop_reason(response, self.saw_tool, self.saw_refusal)
         self.done = True
-        out.append(ev_message_delta(stop, None, _usage(response.get("usage"))))
+        self.finished = True
+        self.usage = _usage(response.get("usage"))
+        out.append(ev_message_delta(stop, None, self.usage))
         out.append(ev_message_stop())
 
 

@@ -29,10 +29,37 @@ def test_sse_event_without_final_blank_line_counts_on_close():
 
 
 def test_sse_bounded():
-    p = F.SSEParser()
+    assert F.SSEParser().max_event == 32 * 1024 * 1024   # framing.pxd DEFAULT_MAX_FRAME
+    p = F.SSEParser(1024)
+    assert p.max_event == 1024
+    p.feed(b"data: " + b"x" * 1000 + b"\n")
     with pytest.raises(F.FramingError):
-        for _ in range(20):
-            p.feed(b"x" * (1024 * 1024))
+        p.feed(b"data: " + b"x" * 100 + b"\n")          # one event's data over the cap
+    with pytest.raises(F.FramingError):
+        F.SSEParser(1024).feed(b"x" * 1025)              # one unterminated line over the cap
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_json_array_parser_splits_elements_anywhere(step):
+    data = b'\xef\xbb\xbf[{"a": "}]\\"{"},\r\n{"b": [1, {"c": 2}]}\n]'
+    p = F.JsonArrayParser()
+    got = []
+    for i in range(0, len(data), step):
+        got += p.feed(data[i:i + step])
+    assert got == [b'{"a": "}]\\"{"}', b'{"b": [1, {"c": 2}]}'] and p.buffered() == 0
+
+
+def test_json_array_parser_hands_back_non_array_bytes_and_is_bounded():
+    assert F.JsonArrayParser().feed(b"oops") == [b"oops"]
+    p = F.JsonArrayParser(16)
+    assert p.feed(b'[{"a": "0123') == [] and p.buffered() == 11
+    with pytest.raises(F.FramingError):
+        p.feed(b"456789")
+
+
+def test_gemini_frame_writers():
+    assert F.sse_data_crlf(b"{}") == b"data: {}\r\n\r\n"
+    assert F.json_array_item(b"{}", True) + F.json_array_item(b"[]", False) == b"[{},\r\n[]"
 
 
 def test_sse_event_writer():

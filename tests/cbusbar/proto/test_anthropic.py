@@ -886,10 +886,30 @@ def test_decoder_usage_with_cache_buckets_and_backfill():
     assert (events[2].usage.input_tokens, events[2].usage.input_known) == (7, True)
 
 
+@pytest.mark.parametrize("frame", [b"event: content_block_delta\ndata: {not json\n\n",
+                                   b"data: [1, 2]\n\n", b"event: ping\ndata: \"ping\"\n\n"])
+def test_decoder_malformed_frame_is_a_codec_error(frame):
+    # Issue 7: one policy in every codec. A frame that is not a JSON object used to be skipped
+    # silently here; it now fails the stream like in the openai, cohere and bedrock decoders.
+    dec = codec.StreamDecoder()
+    assert [e.kind for e in dec.feed(sse(msg_start()))] == [ir.MESSAGE_START]
+    with pytest.raises(ir.CodecError) as e:
+        dec.feed(frame)
+    assert str(e.value) == "The upstream sent a stream frame busbar could not read."
+
+
+def test_decoder_oversized_frame_is_a_codec_error():
+    dec = codec.StreamDecoder(max_frame=64)
+    dec.feed(b"event: content_block_delta\ndata: " + b"x" * 40)
+    with pytest.raises(ir.CodecError) as e:
+        dec.feed(b"y" * 30)
+    assert str(e.value) == "The upstream sent a stream frame larger than busbar accepts."
+    assert codec.StreamDecoder().feed(b"data: " + b"x" * (1 << 20)) == []  # 32 MiB by default
+
+
 def test_decoder_error_event_and_garbage():
-    garbage = (b"event: content_block_delta\ndata: {not json\n\n"
-               b"data: [1, 2]\n\n"
-               b": a comment\n\n"
+    garbage = (b": a comment\n\n"
+               b"event: ping\n\n"
                b"event: mystery\ndata: {\"type\": \"mystery\"}\n\n")
     events = decode(sse(msg_start(), PING, garbage, block_delta(5, type="text_delta", text="orphan"),
                         block_start(0, type="text", text=""),

@@ -12,7 +12,7 @@ import orjson
 import pytest
 from botocore.awsrequest import AWSResponse
 from botocore.config import Config
-from botocore.exceptions import ClientError, EventStreamError as BotoEventStreamError
+from botocore.exceptions import EventStreamError as BotoEventStreamError
 from botocore.validate import validate_parameters
 
 from cbusbar import ir
@@ -420,8 +420,32 @@ def _rich_request():
     return req
 
 
+def _bedrock_cache_points(req):
+    """The rich request's cache_control as the bedrock reader makes it (a Bedrock client's own
+    cachePoints), which write_request writes back."""
+    cp = bedrock.CachePoint
+    req.system[1].cache_control = cp(type="ephemeral")
+    req.messages[0].content[1].cache_control = cp(type="ephemeral", ttl="5m")
+    req.tools[1].cache_control = cp(type="ephemeral")
+    return req
+
+
+def test_translated_cache_control_is_not_written_and_the_request_is_untouched():
+    # Issue 7: the engine used to call transform.clear_cache_control before writing for a Bedrock
+    # lane (busbar has no lane flag saying the model takes cachePoints; Nova rejects them). The
+    # codec now leaves out cache control from another protocol itself, without mutating the IR.
+    req = _rich_request()
+    got = orjson.loads(bedrock.write_request(req))
+    assert "cachePoint" not in orjson.dumps(got).decode()
+    assert req.system[1].cache_control == {"type": "ephemeral"}
+    assert req.tools[1].cache_control == {"type": "ephemeral"}
+    assert got == orjson.loads(bedrock.write_request(_bedrock_cache_points(_rich_request()))) | {
+        "system": [{"text": "sys"}, {"text": "cached sys"}],
+        "messages": got["messages"], "toolConfig": got["toolConfig"]}
+
+
 def test_writes_every_block_kind_as_botocore_accepts_it():
-    body = bedrock.write_request(_rich_request())
+    body = bedrock.write_request(_bedrock_cache_points(_rich_request()))
     assert_valid_request(body)
     got = orjson.loads(body)
     assert got["system"] == [{"text": "sys"}, {"text": "cached sys"}, {"cachePoint": {"type": "default"}}]
@@ -1057,7 +1081,15 @@ def test_error_frame_raises_in_boto3(kind, exception):
             seen.append(event)
     assert exc.value.response["Error"] == {"Code": exception, "Message": "Upstream failed."}
     assert seen[-1] == {"contentBlockDelta": {"delta": {"text": "Hello"}, "contentBlockIndex": 1}}
-    assert isinstance(exc.value, ClientError)
+    # Issue 7: this used to end with isinstance(exc.value, ClientError), always true after
+    # pytest.raises(EventStreamError). What boto3 raised on is the frame itself: check its bytes.
+    frames = EventStreamParser().feed(data)
+    headers, payload = frames[-1]
+    assert headers == {":message-type": "exception", ":exception-type": exception,
+                       ":content-type": "application/json"}
+    assert orjson.loads(payload) == {"message": "Upstream failed."}
+    assert str(exc.value) == (
+        "An error occurred (%s) when calling the ConverseStream operation: Upstream failed." % exception)
 
 
 def test_ev_error_in_the_event_list_becomes_an_exception_frame():

@@ -687,16 +687,30 @@ def test_decode_upstream_error_frame():
     b"data: [1, 2]\r\n\r\n",
     b"[1, 2]",
     b"[{\"a\": 1} garbage",
-    b"\x00\x01\x02\xff\r\n\r\n",
 ])
-def test_decode_garbage_becomes_one_error(data):
-    events = _decode(data, 3)
-    errors = [e for e in events if e.kind == ir.EVENT_ERROR]
-    assert len(errors) <= 1
-    assert all(e.error_kind == "api_error" for e in errors)
+def test_decode_garbage_is_a_codec_error(data):
+    # Issue 7: one policy in every codec. A malformed frame used to become a synthesised
+    # EV_ERROR here; it now raises, as in the openai, cohere and bedrock decoders.
+    with pytest.raises(ir.CodecError) as e:
+        _decode(data, 3)
+    assert str(e.value) == "The upstream sent a stream frame busbar could not read."
 
 
-def test_decode_garbage_fuzz_never_raises():
+def test_decode_binary_noise_without_frames_is_nothing():
+    assert _decode(b"\x00\x01\x02\xff\r\n\r\n", 3) == []
+
+
+@pytest.mark.parametrize("sse_mode", [True, False])
+def test_decode_oversized_frame_is_a_codec_error(sse_mode):
+    dec = g.StreamDecoder(max_frame=64)
+    head = b"data: {\"x\": \"" if sse_mode else b'[{"x": "'
+    dec.feed(head + b"a" * 50)
+    with pytest.raises(ir.CodecError) as e:
+        dec.feed(b"a" * 50)
+    assert str(e.value) == "The upstream sent a stream frame larger than busbar accepts."
+
+
+def test_decode_garbage_fuzz_raises_only_codec_error():
     import random
     rng = random.Random(11)
     base = _sse(*TEXT_STREAM)
@@ -704,7 +718,10 @@ def test_decode_garbage_fuzz_never_raises():
         b = bytearray(base)
         for _ in range(rng.randint(1, 5)):
             b[rng.randrange(len(b))] = rng.randrange(256)
-        _decode(bytes(b), rng.randint(1, 9))
+        try:
+            _decode(bytes(b), rng.randint(1, 9))
+        except ir.CodecError:
+            pass
 
 
 def test_decode_prompt_blocked_stream():

@@ -737,9 +737,20 @@ def test_decode_whole_items_and_output_only():
     assert got[-2][1] == ir.TOOL_USE_STOP
 
 
+@pytest.mark.parametrize("frame", [b"data: not json\n\n",
+                                   b"event: response.output_text.delta\ndata: [1,2]\n\n"])
+def test_decode_malformed_frame_is_a_codec_error(frame):
+    # Issue 7: one policy in every codec. These frames used to be skipped silently here.
+    with pytest.raises(ir.CodecError) as e:
+        decode(frame, 3)
+    assert str(e.value) == "The upstream sent a stream frame busbar could not read."
+    with pytest.raises(ir.CodecError) as e:
+        R.StreamDecoder(max_frame=8).feed(b"data: 0123456789")
+    assert str(e.value) == "The upstream sent a stream frame larger than busbar accepts."
+
+
 def test_decode_garbage_never_crashes():
-    junk = (b"data: not json\n\n" b"event: response.output_text.delta\ndata: [1,2]\n\n"
-            b"data: {\"type\": 5}\n\n" b"event: response.output_item.added\ndata: {\"item\": 3}\n\n"
+    junk = (b"data: {\"type\": 5}\n\n" b"event: response.output_item.added\ndata: {\"item\": 3}\n\n"
             b"data: {\"type\": \"response.output_text.delta\", \"delta\": 7}\n\n"
             b"data: {\"type\": \"response.completed\", \"response\": []}\n\n"
             b"data: {\"type\": \"response.output_text.delta\", \"delta\": \"late\"}\n\n")
@@ -750,7 +761,10 @@ def test_decode_garbage_never_crashes():
         raw = bytearray(TEXT_STREAM + CALL_STREAM)
         for _ in range(rng.randint(1, 20)):
             raw[rng.randrange(len(raw))] = rng.randrange(256)
-        decode(bytes(raw), rng.randint(1, 50))
+        try:
+            decode(bytes(raw), rng.randint(1, 50))
+        except ir.CodecError:
+            pass
 
 
 def test_decode_open_stream_close_flushes_without_inventing_an_end():
