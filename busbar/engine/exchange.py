@@ -75,7 +75,7 @@ class Exchange:
     __slots__ = ("site", "conn", "req", "route", "snap", "proto", "ingress", "name", "target",
                  "stream", "cr", "tried", "attempts", "att", "lane", "egress", "codec", "same",
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
-                 "tap_done", "forced", "sent", "pending", "_slot", "status", "up_headers",
+                 "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
                  "client_status", "bytes_out", "t_end")
 
@@ -108,7 +108,7 @@ class Exchange:
         self.request_id = None
         self.tx = None
         self.tap = None
-        self.tap_done = False
+        self.tap_error = False
         self.forced = None
         self.pending = None
         self.usage = None
@@ -384,7 +384,7 @@ class Exchange:
             if self.same and not self.route.json_array:
                 self.mode = M_RELAY_STREAM
                 self.tap = codec.StreamDecoder()     # the usage tap, and how the stream ended
-                self.tap_done = False
+                self.tap_error = False
                 self.head_chunked(200, ct or codec.STREAM_CONTENT_TYPE,
                                   self.ingress.response_headers(headers, self.rid()))
             else:
@@ -414,7 +414,7 @@ class Exchange:
                     events = None
                 if events:
                     self._tap_events(events, chunk)
-                    if self.tap_done == 2:
+                    if self.tap_error:
                         chunk = self.snap.mask.mask(chunk)
             self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         elif mode == M_TRANSLATE_STREAM:
@@ -433,15 +433,10 @@ class Exchange:
 
     def _tap_events(self, events, chunk):
         for e in events:
-            k = e.kind
-            if k == ir.MESSAGE_DELTA:
-                if e.usage is not None:
-                    self.usage = e.usage
-            elif k == ir.MESSAGE_STOP:
-                self.tap_done = True
-            elif k == ir.EVENT_ERROR:
-                # An error event the upstream sent: relayed as sent, with any secret masked.
-                self.tap_done = 2
+            if e.kind == ir.EVENT_ERROR:
+                # An error event the upstream sent ends its stream as it meant to: relayed as
+                # sent, with any secret masked.
+                self.tap_error = True
 
     def _collect(self, chunk, cap):
         if self.chunks is None:
@@ -470,7 +465,9 @@ class Exchange:
                     self.tap = None
                 if events:
                     self._tap_events(events, b"")
-                if self.tap is not None and not self.tap_done:
+                if self.tap is not None:
+                    self.usage = tap.usage
+                if self.tap is not None and not (self.tap_error or tap.finished):
                     # Ended cleanly at the HTTP level but without the protocol's final event.
                     self.truncated()
                     return

@@ -9,8 +9,6 @@ from __future__ import annotations
 from cbusbar import ir, transform
 from cbusbar.proto import codec as _codec
 
-from busbar.engine._contract_shim import patch as _patch
-
 PROTOCOLS = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock")
 
 
@@ -18,7 +16,7 @@ class _Codecs(dict):
     """protocol name → codec module, imported on first use."""
 
     def __missing__(self, name):
-        mod = self[name] = _patch(_codec(name), name)
+        mod = self[name] = _codec(name)
         return mod
 
 
@@ -83,7 +81,7 @@ class StreamTranslation:
     the latest running usage the upstream reported. feed/close raise ir.CodecError on a frame that
     is not the lane protocol's (an upstream fault)."""
 
-    __slots__ = ("dec", "enc", "unwrap", "finished", "usage", "upstream_error", "mask")
+    __slots__ = ("dec", "enc", "unwrap", "upstream_error", "mask")
 
     def __init__(self, codec, ingress, response_id: str, model: str, forced=None,
                  include_usage: bool = False, json_array: bool = False, created=None, mask=None):
@@ -93,8 +91,6 @@ class StreamTranslation:
             enc.created = created
         self.enc = enc
         self.unwrap = transform.ForcedToolUnwrapper(forced) if forced else None
-        self.finished = False
-        self.usage = None
         self.upstream_error = None
         self.mask = mask
 
@@ -104,19 +100,20 @@ class StreamTranslation:
         if self.unwrap is not None:
             events = self.unwrap.apply(events)
         for e in events:
-            k = e.kind
-            if k == ir.MESSAGE_DELTA:
-                if e.usage is not None:
-                    self.usage = e.usage
-            elif k == ir.MESSAGE_STOP:
-                self.finished = True
-            elif k == ir.EVENT_ERROR:
-                # An error the upstream itself sent ends the stream natively, as the upstream meant.
-                self.finished = True
+            if e.kind == ir.EVENT_ERROR:
+                # An error the upstream itself sent ends the stream natively, as it meant to.
                 if self.mask and e.message:
                     e.message = self.mask.mask_text(e.message)
-                self.upstream_error = e.message
+                self.upstream_error = e.message or ""
         return self.enc.encode(events)
+
+    @property
+    def finished(self) -> bool:
+        return self.dec.finished or self.upstream_error is not None
+
+    @property
+    def usage(self):
+        return self.dec.usage
 
     def feed(self, chunk: bytes) -> bytes:
         return self._events(self.dec.feed(chunk))
