@@ -199,6 +199,26 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
+# glibc's mallopt parameter number for the mmap threshold (malloc.h: M_MMAP_THRESHOLD = -3).
+_M_MMAP_THRESHOLD = -3
+# Allocations from this size up get their own mapping, returned to the system when freed. 128 KiB
+# is glibc's own initial value; fixing it turns off glibc's adaptive threshold, which after the
+# first large free (a 31 MB request body) raises itself to that size (up to 32 MiB), so later large
+# bodies come from the heap, and a heap whose top is in use cannot shrink: measured, six 31-33 MB
+# requests left a worker at 93 MiB RSS for good, against 32 MiB (baseline 30) with the threshold
+# fixed. Small requests never allocate that much, so the hot path does not change.
+MMAP_THRESHOLD = 128 * 1024
+
+
+def _return_large_allocations():
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):    # not glibc: its allocator has its own policy
+        pass
+
+
 def _install_uvloop():
     import uvloop
     return uvloop.new_event_loop()
@@ -207,6 +227,7 @@ def _install_uvloop():
 def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None):
     """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
     process forwards the signal to its `children` (the other workers)."""
+    _return_large_allocations()
     loop = _install_uvloop()
     asyncio.set_event_loop(loop)
     gw = Gateway(config, loop, shared)
