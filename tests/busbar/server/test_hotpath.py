@@ -35,9 +35,16 @@ def test_egress_head_cache_gives_the_same_bytes():
     cfg = cfgmod.load(text='providers: {p: {protocol: anthropic, base_url: "http://127.0.0.1:1/pre", '
                            'api_key: {env: K}}}\nmodels: {m: {provider: p}}\n', env={"K": "sk-a"})
     eg = Egress(cfg.providers["p"])
+    # The whole request, spelled out: a cache that returned another path's or mode's head, or
+    # dropped a header, differs here.
+    head = (b"POST /pre/v1/messages HTTP/1.1\r\nHost: 127.0.0.1:1\r\nUser-Agent: Anthropic/Python "
+            b"0.39.0\r\nContent-Type: application/json\r\nx-api-key: sk-a\r\n"
+            b"anthropic-version: 2023-06-01\r\n")
     for _ in range(2):    # first build, then from the cache
-        for stream in (False, True):
+        for stream, accept in ((False, b"application/json"), (True, b"text/event-stream")):
             data = eg.request("/v1/messages", b"{}", stream, b"anthropic-beta: b\r\n")
-            head = eg.head_stream if stream else eg.head_json
-            assert data == (b"POST /pre/v1/messages HTTP/1.1\r\n" + head +
-                            b"anthropic-beta: b\r\nContent-Length: 2\r\n\r\n{}")
+            assert data == (head + b"Accept: " + accept + b"\r\nanthropic-beta: b\r\n"
+                            b"Content-Length: 2\r\n\r\n{}")
+        assert eg.request("/v1/messages/x", b"{}", False) == (
+            head.replace(b"/v1/messages ", b"/v1/messages/x ") +
+            b"Accept: application/json\r\nContent-Length: 2\r\n\r\n{}")
