@@ -173,6 +173,9 @@ class Exchange:
         model = lane.model
         eg = gw.egress[model.provider.name]
         self.egress = eg
+        if not eg.ready:    # reach hook: the provider's refreshed credentials have not arrived yet
+            self.fail_over("no upstream credentials yet")
+            return
         proto = eg.protocol
         codec = CODECS[proto]
         self.codec = codec

@@ -165,6 +165,10 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sock):
+        # reach hook: dynamic upstream credentials (AWS chain, GCP OAuth), first fetched here and
+        # then refreshed in the background (busbar/upstream/refresh.py).
+        from busbar.upstream.refresh import start_credentials
+        self.credentials = await start_credentials(self.loop, self.egress.values())
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
                                                backlog=4096)
         self.servers.append(server)
@@ -186,6 +190,8 @@ class Gateway:
             c.transport.close()
         self.pool.close()
         self.deadlines.close()
+        if getattr(self, "credentials", None) is not None:  # reach hook
+            self.credentials.close()
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
