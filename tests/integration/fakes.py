@@ -28,6 +28,22 @@ CONVERSE_REPLY = {"output": {"message": {"role": "assistant", "content": [{"text
                   "stopReason": "end_turn", "usage": {"inputTokens": 3, "outputTokens": 2, "totalTokens": 5},
                   "metrics": {"latencyMs": 1}}
 
+GEMINI_STREAM = (
+    b'data: {"candidates":[{"content":{"role":"model","parts":[{"text":"hello "}]},"index":0}]}\r\n\r\n'
+    b'data: {"candidates":[{"content":{"role":"model","parts":[{"text":"stream"}]},"finishReason":"STOP",'
+    b'"index":0}],"usageMetadata":{"promptTokenCount":3,"candidatesTokenCount":2,"totalTokenCount":5}}\r\n\r\n')
+ANTHROPIC_STREAM = b"".join(b"event: %s\ndata: %s\n\n" % (e.encode(), json.dumps(d).encode()) for e, d in (
+    ("message_start", {"type": "message_start", "message": {
+        "id": "msg_up", "type": "message", "role": "assistant", "model": "up", "content": [],
+        "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 1}}}),
+    ("content_block_start", {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
+    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "hello "}}),
+    ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": "stream"}}),
+    ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+    ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                       "usage": {"output_tokens": 2}}),
+    ("message_stop", {"type": "message_stop"})))
+
 
 def b64url_decode(part: str) -> bytes:
     return base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
@@ -103,6 +119,10 @@ class Fake:
             return self.sts(req)
         if path.startswith("/openai/"):
             return 200, "application/json", json.dumps(OPENAI_REPLY).encode()
+        if ":streamRawPredict" in path:
+            return 200, "text/event-stream", ANTHROPIC_STREAM
+        if ":streamGenerateContent" in path:
+            return 200, "text/event-stream", GEMINI_STREAM
         if ":rawPredict" in path:
             return 200, "application/json", json.dumps(ANTHROPIC_REPLY).encode()
         if ":generateContent" in path:

@@ -155,6 +155,28 @@ def test_vertex_claude_raw_predict_same_protocol(world):
     assert "anthropic-version" not in req["headers"] and "x-api-key" not in req["headers"]
 
 
+def test_vertex_streams(world):
+    port, fake, _ = world
+    c = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="x", max_retries=0, timeout=20)
+    text = "".join(ch.choices[0].delta.content or "" for ch in c.chat.completions.create(
+        model="gem", stream=True, messages=[{"role": "user", "content": "hi"}]) if ch.choices)
+    assert text == "hello stream"
+    assert fake.find("/v1/projects/")[-1]["path"] == (
+        "/v1/projects/proj-test/locations/us-central1/publishers/google/models/"
+        "gemini-2.5-flash:streamGenerateContent?alt=sse")
+    a = anthropic.Anthropic(base_url="http://127.0.0.1:%d" % port, api_key="x", max_retries=0, timeout=20)
+    with a.messages.stream(model="claude", max_tokens=10, messages=[{"role": "user", "content": "hi"}]) as s:
+        assert "".join(s.text_stream) == "hello stream"
+    req = fake.find("/v1/projects/")[-1]
+    assert req["path"].endswith("/publishers/anthropic/models/claude-sonnet-4-5@20250929:streamRawPredict")
+    body = json.loads(req["body"])
+    assert body["stream"] is True and "model" not in body and body["anthropic_version"] == "vertex-2023-10-16"
+    # Claude on Vertex from an OpenAI caller: translated, then the body reshaped for Vertex.
+    r = c.chat.completions.create(model="claude", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "hello from upstream"
+    assert "model" not in json.loads(fake.find("/v1/projects/")[-1]["body"])
+
+
 def test_tokens_are_refreshed_before_expiry_off_the_hot_path(world):
     # The fake's tokens live 3 s: the refresher renews at half-life, so a later request carries a
     # newer token while no request waited for the token endpoint.
