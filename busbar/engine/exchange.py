@@ -140,7 +140,7 @@ class Exchange:
         else:
             name = route.name
         self.name = name
-        if proto == "gemini" or proto == "bedrock":
+        if proto == "gemini" or proto == "bedrock" or proto == "bedrock-invoke":  # reach: + invoke
             self.stream = route.stream
         else:
             s = spans.get(b"stream")

@@ -76,6 +76,11 @@ def _bedrock(path: str, method: bytes) -> Route:
         return Route(CHAT, "bedrock", model, False, name_in_body=False)
     if op == "converse-stream":
         return Route(CHAT, "bedrock", model, True, name_in_body=False)
+    # reach: InvokeModel with an Anthropic Messages body (anthropic.AnthropicBedrock).
+    if op == "invoke":
+        return Route(CHAT, "bedrock-invoke", model, False, name_in_body=False)
+    if op == "invoke-with-response-stream":
+        return Route(CHAT, "bedrock-invoke", model, True, name_in_body=False)
     return Route(UNSUPPORTED, "bedrock", model)
 
 
