@@ -98,6 +98,11 @@ class Exchange:
         self.proto = route.protocol
         kind = route.kind
         gw.inflight += 1
+        if kind >= D.EMBED or route.protocol == "bedrock-invoke":
+            # reach hook: embeddings, token counting, model retrieve (busbar/engine/operations.py)
+            from busbar.engine import operations
+            if operations.start(self, route):
+                return
         if kind == D.CHAT:
             if gw.max_inbound and gw.inflight > gw.max_inbound:
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
@@ -155,6 +160,10 @@ class Exchange:
             self.error(404, "not_found", msg)
             return
         self.target = target
+        if not target.serves("chat"):   # reach hook: lanes without `chat` are never candidates
+            self.error(404, "not_found", "This endpoint does not support that operation.")
+            return
+        self.tried.update(target.lacking("chat"))
         self.attempt()
 
     # ================================================================== attempts

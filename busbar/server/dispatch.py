@@ -14,7 +14,11 @@ MODELS = 2          # GET /v1/models, /v1beta/models
 CHAT = 3            # a protocol call
 NOT_FOUND = 4       # a path no protocol owns (answered in the dialect inferred from the path)
 METHOD = 5          # a protocol path with the wrong method → 405
-UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (embeddings, …) → 404
+UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (moderations, …) → 404
+# reach: operations other than chat, served by busbar/engine/operations.py
+EMBED = 7           # POST /v1/embeddings, /v2/embed, Gemini :embedContent / :batchEmbedContents
+COUNT_TOKENS = 8    # POST /v1/messages/count_tokens, Gemini :countTokens (same-protocol lanes)
+MODEL_GET = 9       # GET /v1/models/{id} (OpenAI, Anthropic), GET /v1beta/models/{name} (Gemini)
 
 
 class Route:
@@ -52,7 +56,11 @@ def _gemini(path: str, query: str, method: bytes) -> Route:
     if method != b"POST":
         return Route(METHOD, "gemini")
     model = unquote(model)
-    if action == "generateContent":
+    if action in ("embedContent", "batchEmbedContents"):   # reach
+        r = Route(EMBED, "gemini", model, False, name_in_body=False)
+    elif action == "countTokens":
+        r = Route(COUNT_TOKENS, "gemini", model, False, name_in_body=False)
+    elif action == "generateContent":
         r = Route(CHAT, "gemini", model, False, name_in_body=False)
     elif action == "streamGenerateContent":
         r = Route(CHAT, "gemini", model, True, name_in_body=False)
@@ -91,6 +99,11 @@ _FIXED_CHAT = {path: Route(CHAT, proto) for path, proto in (
     ("/v1/messages", "anthropic"))}
 
 
+# reach: the body-model paths of operations other than chat.
+_OPERATIONS = {"/v1/embeddings": (EMBED, "openai"), "/v2/embed": (EMBED, "cohere"),
+               "/v1/messages/count_tokens": (COUNT_TOKENS, "anthropic")}
+
+
 def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
     r = _FIXED_CHAT.get(path)
     if r is not None and method == b"POST":
@@ -107,6 +120,19 @@ def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
         return Route(MODELS, proto)
 
     by_header = header_protocol(headers)
+    if method == b"GET" and ":" not in path and (
+            path.startswith("/v1/models/") or path.startswith("/v1beta/models/")):
+        # reach: retrieve one model, in the shape of whoever asks (as GET /v1/models).
+        proto = "gemini" if path.startswith("/v1beta/") or by_header == "gemini" else (
+            "anthropic" if by_header == "anthropic" else "openai")
+        name = unquote(path[path.index("/models/") + 8:])
+        if proto == "gemini" and name.startswith("models/"):
+            name = name[7:]
+        return Route(MODEL_GET, proto, name) if name else Route(NOT_FOUND, proto)
+    if method == b"POST" and path in _OPERATIONS:   # reach: embeddings, token counting
+        kind, proto = _OPERATIONS[path]
+        if by_header is None or by_header == proto:
+            return Route(kind, proto)
     if path.startswith("/model/"):
         r = _bedrock(path, method)
         if by_header in (None, "bedrock"):
