@@ -9,6 +9,8 @@ Problems are strings "<path>: <message>", where <path> is the key's dotted path 
 """
 from __future__ import annotations
 
+import datetime
+import importlib.util
 import ipaddress
 import os
 import re
@@ -34,6 +36,7 @@ from .checks import (
 from .interpolate import interpolate, same_shape
 from .schema import (
     AUTH_MODES,
+    AWS_PROTOCOLS,
     DEFAULT_AUTH,
     LIMIT_INT_FLOORS,
     LIMIT_SECONDS,
@@ -76,19 +79,28 @@ TOP_LEVEL_RETIRED = {
     "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
 }
 
-CATALOG_KEYS = ("protocol", "base_url", "auth", "region")
+CATALOG_KEYS = ("protocol", "base_url", "auth", "region", "azure", "vertex")
 CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "subject", "health")
 
 PROVIDER_KEYS = (
     "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
-    "allow_metadata_hosts",
+    "allow_metadata_hosts", "profile", "role_arn", "credentials", "token_url", "vertex", "azure",
 )
-PROVIDER_UNSUPPORTED = CATALOG_UNSUPPORTED
+PROVIDER_UNSUPPORTED = ("error_map", "path", "path_base", "scope", "subject", "health")
+AZURE_KEYS = ("deployment", "api_version")
+VERTEX_KEYS = ("project", "location")
+# The catalog's placeholder host for Azure OpenAI: every resource has its own host.
+AZURE_PLACEHOLDER_HOST = "your-resource.openai.azure.com"
 
 MODEL_KEYS = (
     "provider", "upstream_model", "max_concurrent", "default_max_tokens", "reasoning",
-    "attempt_timeout_ms",
+    "attempt_timeout_ms", "operations",
 )
+# What a model can serve. Token counting rides on chat (a chat model counts its own tokens).
+OPERATIONS = ("chat", "embeddings")
+# Embedding models are named so by every vendor (text-embedding-3-small, gemini-embedding-001,
+# embed-v4.0, amazon.titan-embed-text-v2:0, cohere.embed-english-v3): the default follows the name.
+_EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
 MODEL_UNSUPPORTED = ("max_requests", "prompt_caching")
 
 POOL_KEYS = ("members",)
@@ -121,6 +133,12 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+\Z")
 _BEDROCK_HOST = re.compile(r"bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
+_ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+\Z")
+_PROFILE = re.compile(r"[\w+=,.@:-]+\Z")
+# GCP project ids (6-30 chars) and Vertex locations ("us-central1", "europe-west4", "global").
+_GCP_PROJECT = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]\Z|[a-z0-9.:-]+\Z")
+_GCP_LOCATION = re.compile(r"[a-z]+(-[a-z]+[0-9]*)*\Z")
+_AZURE_SEGMENT = re.compile(r"[A-Za-z0-9._-]+\Z")
 
 # Egress headers busbar builds itself (SPEC §1.2): framing, auth, and SigV4-signed headers.
 RESERVED_HEADERS = frozenset(
@@ -493,12 +511,16 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
         region = get_str(entry, "region", name, local)
         if region is not None and not _REGION.match(region):
             local.error(join(name, "region"), "expected an AWS region such as us-east-1")
+        azure = get_mapping(entry, "azure", name, local)
+        vertex = get_mapping(entry, "vertex", name, local)
         if len(local.errors) == before:
             catalog[name] = {
                 "protocol": protocol,
                 "base_url": entry["base_url"],
                 "auth": auth,
                 "region": region,
+                "azure": azure,
+                "vertex": vertex,
             }
     out.errors.extend(f"{path}: {problem}" for problem in local.errors)
     return catalog
@@ -559,28 +581,52 @@ def _provider(
         protocol = None
 
     allowed = _host_list(entry.get("allow_metadata_hosts"), join(path, "allow_metadata_hosts"), out)
+    host_policy = policy.with_allowed(allowed)
+    azure = _azure(entry, base, path, protocol, out)
+    vertex = _vertex(entry, base, path, protocol, out)
+    profile, role_arn = _aws_source(entry, path, protocol, out)
+    service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out)
+    if service_account is not None and vertex is None and protocol is not None:
+        out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add vertex: {project, location}")
     raw_url = entry.get("base_url", base.get("base_url"))
+    if vertex is not None and "base_url" not in entry:
+        # Vertex endpoints are per location; "global" has none in its host.
+        loc = vertex[1]
+        raw_url = "https://aiplatform.googleapis.com" if loc == "global" else f"https://{loc}-aiplatform.googleapis.com"
     url = None
     if raw_url is None:
         out.error(path, "missing required key 'base_url' (not a catalog provider)")
     else:
-        parsed = parse_base_url(raw_url, policy.with_allowed(allowed))
+        parsed = parse_base_url(raw_url, host_policy)
         if isinstance(parsed, str):
             where = join(path, "base_url") if "base_url" in entry else f"{path} (catalog base_url)"
             out.error(where, parsed)
+        elif azure is not None and parsed.host == AZURE_PLACEHOLDER_HOST:
+            out.error(path, "set base_url to your Azure OpenAI resource (https://<resource>.openai.azure.com)")
         else:
             url = parsed
 
     api_key = None
     key_failed = False
+    # Bedrock without api_key signs with botocore's credential chain: always over https, and
+    # over http (a loopback test endpoint) when asked for (auth: sigv4, profile, role_arn);
+    # a keyless http Bedrock is otherwise an unsigned local mock, as before.
+    aws_chain = (protocol in AWS_PROTOCOLS and entry.get("api_key") is None and (
+        (url is not None and url.scheme == "https") or entry.get("auth") == "sigv4"
+        or profile is not None or role_arn is not None))
+    if aws_chain and importlib.util.find_spec("botocore") is None:
+        out.error(path, "the AWS credential chain needs botocore, which this build lacks; set api_key")
     if entry.get("api_key") is not None:
         errors = len(out.errors)
         api_key = resolve_secret(entry["api_key"], join(path, "api_key"), env, base_dir, out)
         key_failed = len(out.errors) > errors
-    elif url is not None and url.scheme != "http":
+        if profile is not None or service_account is not None:
+            out.error(join(path, "api_key"), "give either api_key or "
+                      + ("profile" if profile is not None else "credentials") + ", not both")
+    elif url is not None and url.scheme != "http" and not aws_chain and service_account is None:
         out.error(path, "missing required key 'api_key' (only http:// loopback or private providers may omit it)")
         key_failed = True
-    has_key = api_key is not None or key_failed
+    has_key = api_key is not None or key_failed or aws_chain or service_account is not None
 
     auth = get_str(entry, "auth", path, out)
     if auth is not None:
@@ -590,11 +636,19 @@ def _provider(
             out.error(join(path, "auth"), "auth 'none' sends no key; remove api_key or pick another auth")
         elif auth != "none" and not has_key:
             out.error(join(path, "auth"), f"auth '{auth}' needs an api_key")
+        elif auth == "oauth2" and service_account is None:
+            out.error(join(path, "auth"), "auth 'oauth2' needs credentials: {file: SERVICE_ACCOUNT_JSON}")
     elif not has_key:
         auth = "none"
+    elif service_account is not None:
+        auth = "oauth2"
+    elif aws_chain:
+        auth = "sigv4"
+    elif azure is not None:
+        auth = "api-key"
     else:
         auth = base.get("auth") or (DEFAULT_AUTH.get(protocol, "bearer") if protocol else "bearer")
-    if auth == "sigv4" and protocol not in (None, "bedrock"):
+    if auth == "sigv4" and protocol not in (None,) + AWS_PROTOCOLS:
         out.error(join(path, "auth"), "sigv4 signing is only for protocol bedrock")
     if auth == "sigv4" and api_key is not None and api_key:
         parts = api_key.split(":")
@@ -608,7 +662,7 @@ def _provider(
     if region is not None and not _REGION.match(region):
         out.error(join(path, "region"), "expected an AWS region such as us-east-1")
         region = None
-    if protocol == "bedrock" and url is not None:
+    if protocol in AWS_PROTOCOLS and url is not None:
         match = _BEDROCK_HOST.match(url.host)
         host_region = match.group(1) if match else None
         if region is not None and host_region is not None and region != host_region:
@@ -637,9 +691,168 @@ def _provider(
         path_prefix=url.path_prefix,
         api_key=api_key,
         auth=auth,
-        region=region if protocol == "bedrock" else None,
+        region=region if protocol in AWS_PROTOCOLS else None,
         headers=headers,
+        profile=profile,
+        role_arn=role_arn,
+        gcp_service_account=service_account,
+        token_url=token_url,
+        vertex_project=vertex[0] if vertex else None,
+        vertex_location=vertex[1] if vertex else None,
+        azure=azure is not None,
+        azure_deployment=azure[0] if azure else None,
+        azure_api_version=azure[1] if azure else None,
     )
+
+
+def _azure(entry: dict, base: dict, path: str, protocol: str | None, out: Problems):
+    """(deployment, api_version) for an Azure OpenAI provider, else None. The catalog's `azure:`
+    mapping is the default the provider's own mapping overrides."""
+    own = get_mapping(entry, "azure", path, out)
+    if own is None and base.get("azure") is None:
+        return None
+    where = join(path, "azure")
+    merged = dict(base.get("azure") or {})
+    if own is not None:
+        check_keys(own, where, AZURE_KEYS, out)
+        merged.update(own)
+    if protocol not in (None, "openai", "responses"):
+        out.error(where, "azure applies only to protocol openai or responses")
+        return None
+    if isinstance(merged.get("api_version"), datetime.date):
+        # YAML reads an unquoted 2024-10-21 as a date; Azure's versions are exactly that shape.
+        merged["api_version"] = merged["api_version"].isoformat()
+    deployment = get_str(merged, "deployment", where, out)
+    version = get_str(merged, "api_version", where, out)
+    for key, value in (("deployment", deployment), ("api_version", version)):
+        if value is not None and not _AZURE_SEGMENT.match(value):
+            out.error(join(where, key), "expected letters, digits, '.', '_' or '-'")
+            return None
+    if deployment is not None and version is None:
+        # The deployments API has no default version; this is Azure's latest GA data-plane one.
+        version = AZURE_DEFAULT_API_VERSION
+    if deployment is not None and protocol == "responses":
+        out.error(join(where, "deployment"), "the Responses API is served on Azure's v1 path only; remove deployment")
+        return None
+    return deployment, version
+
+
+# Azure OpenAI's latest GA data-plane API version for the /deployments/ paths
+# (learn.microsoft.com "Azure OpenAI in Azure AI Foundry Models REST API reference").
+AZURE_DEFAULT_API_VERSION = "2024-10-21"
+
+
+def _vertex(entry: dict, base: dict, path: str, protocol: str | None, out: Problems):
+    """(project, location) for a Vertex AI provider, else None."""
+    own = get_mapping(entry, "vertex", path, out)
+    if own is None:
+        if base.get("vertex") is not None:
+            out.error(path, "a Vertex AI provider needs vertex: {project: P, location: L}")
+        return None
+    where = join(path, "vertex")
+    check_keys(own, where, VERTEX_KEYS, out)
+    if protocol not in (None, "gemini", "anthropic"):
+        out.error(where, "vertex applies only to protocol gemini or anthropic")
+        return None
+    project = get_str(own, "project", where, out)
+    location = get_str(own, "location", where, out)
+    ok = True
+    if project is None:
+        out.error(where, "missing required key 'project'")
+        ok = False
+    elif not _GCP_PROJECT.match(project):
+        out.error(join(where, "project"), "expected a GCP project id")
+        ok = False
+    if location is None:
+        out.error(where, "missing required key 'location'")
+        ok = False
+    elif not _GCP_LOCATION.match(location):
+        out.error(join(where, "location"), "expected a location such as us-central1 or global")
+        ok = False
+    return (project, location) if ok else None
+
+
+def _aws_source(entry: dict, path: str, protocol: str | None, out: Problems):
+    """(profile, role_arn): where an AWS provider without api_key gets its credentials."""
+    profile = get_str(entry, "profile", path, out)
+    role_arn = get_str(entry, "role_arn", path, out)
+    if protocol is not None and protocol not in AWS_PROTOCOLS:
+        for key, value in (("profile", profile), ("role_arn", role_arn)):
+            if value is not None:
+                out.error(join(path, key), "applies only to protocol bedrock or bedrock-invoke")
+        return None, None
+    if profile is not None and not _PROFILE.match(profile):
+        out.error(join(path, "profile"), "expected a profile name from ~/.aws/config")
+        profile = None
+    if role_arn is not None and not _ROLE_ARN.match(role_arn):
+        out.error(join(path, "role_arn"), "expected an IAM role ARN such as arn:aws:iam::123456789012:role/name")
+        role_arn = None
+    return profile, role_arn
+
+
+def _gcp_source(entry: dict, path: str, env: Mapping[str, str], base_dir: str,
+                policy: HostPolicy, out: Problems):
+    """(service-account JSON text, token URL): checked here (JSON shape, the key parses, the
+    token URL passes the SSRF guard) so a broken file fails `busbar validate`, not a request."""
+    raw = entry.get("credentials")
+    raw_token_url = entry.get("token_url")
+    if raw is None:
+        if raw_token_url is not None:
+            out.error(join(path, "token_url"), "token_url needs credentials: {file: SERVICE_ACCOUNT_JSON}")
+        return None, None
+    where = join(path, "credentials")
+    text = _read_json_secret(raw, where, env, base_dir, out)
+    if text is None:
+        return None, None
+    try:
+        import cryptography  # noqa: F401  (RS256 signing; left out of the single-file build)
+    except ImportError:
+        out.error(where, "service-account credentials need the 'cryptography' package, which this build lacks")
+        return None, None
+    from busbar.upstream.gcp_oauth import ServiceAccountError, parse_service_account
+    try:
+        info = parse_service_account(text)
+    except ServiceAccountError as exc:
+        out.error(where, str(exc))
+        return None, None
+    token_url = raw_token_url if raw_token_url is not None else info.token_uri
+    parsed = parse_base_url(token_url, policy)
+    if isinstance(parsed, str):
+        out.error(join(path, "token_url") if raw_token_url is not None else f"{where} (token_uri)", parsed)
+        return None, None
+    return text, parsed.base_url
+
+
+def _read_json_secret(value: object, where: str, env: Mapping[str, str], base_dir: str,
+                      out: Problems) -> str | None:
+    """A JSON document behind a secret reference: like resolve_secret, but multi-line."""
+    if not isinstance(value, dict) or set(value) - {"env", "file"} or len(value) != 1:
+        out.error(where, "expected {file: SERVICE_ACCOUNT_JSON} or {env: NAME}")
+        return None
+    kind, ref = next(iter(value.items()))
+    if not isinstance(ref, str) or not ref:
+        out.error(join(where, kind), f"expected a non-empty string, got {describe(ref)}")
+        return None
+    if kind == "env":
+        text = env.get(ref)
+        if text is None:
+            out.error(where, f"environment variable {ref} is not set")
+        return text
+    file_path = os.path.join(base_dir, os.path.expanduser(ref))
+    try:
+        with open(file_path, "rb") as fh:
+            raw = fh.read(65536 + 1)
+    except OSError as exc:
+        out.error(where, f"cannot read credentials file {ref}: {exc.strerror or exc}")
+        return None
+    if len(raw) > 65536:
+        out.error(where, f"credentials file {ref} is larger than 64 KiB")
+        return None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        out.error(where, f"credentials file {ref} is not UTF-8 text")
+        return None
 
 
 def _headers(
@@ -716,6 +929,7 @@ def _model(
     default_max_tokens = get_int(entry, "default_max_tokens", path, out, 1)
     reasoning = get_bool(entry, "reasoning", path, out, False)
     attempt_timeout_ms = get_int(entry, "attempt_timeout_ms", path, out, 1)
+    operations = _operations(entry, path, upstream_model, out)
     if provider is None or len(out.errors) > errors_before:
         return None
     return Model(
@@ -726,7 +940,27 @@ def _model(
         default_max_tokens=default_max_tokens,
         reasoning=reasoning,
         attempt_timeout_ms=attempt_timeout_ms,
+        operations=operations,
     )
+
+
+def _operations(entry: dict, path: str, upstream_model: object, out: Problems) -> tuple[str, ...]:
+    raw = entry.get("operations")
+    if raw is None:
+        named = isinstance(upstream_model, str) and _EMBED_NAME.search(upstream_model)
+        return ("embeddings",) if named else ("chat",)
+    where = join(path, "operations")
+    if not isinstance(raw, list) or not raw:
+        out.error(where, f"expected a non-empty list such as [chat] or [embeddings], got {describe(raw)}")
+        return ("chat",)
+    ops = []
+    for i, op in enumerate(raw):
+        if op not in OPERATIONS:
+            out.error(f"{where}[{i}]", f"unknown operation {op!r}{suggest(str(op), OPERATIONS)}"
+                      if isinstance(op, str) else f"expected a string, got {describe(op)}")
+        elif op not in ops:
+            ops.append(op)
+    return tuple(ops) or ("chat",)
 
 
 def _pool(

@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# The six wire protocols a lane can speak (SPEC §1.2).
-PROTOCOLS: tuple[str, ...] = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock")
+# The wire protocols a lane can speak: the six of SPEC §1.2, and `bedrock-invoke` (Anthropic
+# Messages bodies through Bedrock InvokeModel, what anthropic.AnthropicBedrock speaks).
+PROTOCOLS: tuple[str, ...] = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock",
+                              "bedrock-invoke")
+# Protocols whose requests are SigV4-signed for Bedrock (region, profile, role_arn apply).
+AWS_PROTOCOLS: tuple[str, ...] = ("bedrock", "bedrock-invoke")
 
 # How the egress request carries the provider key. `api-key` is Azure OpenAI's `api-key:` header;
-# `none` is a keyless local server (Ollama, vLLM, the built-in mock).
-AUTH_MODES: tuple[str, ...] = ("bearer", "x-api-key", "x-goog-api-key", "sigv4", "api-key", "none")
+# `none` is a keyless local server (Ollama, vLLM, the built-in mock). `oauth2` is a bearer token
+# busbar obtains itself from `credentials:` (a GCP service account, for Vertex AI).
+AUTH_MODES: tuple[str, ...] = ("bearer", "x-api-key", "x-goog-api-key", "sigv4", "api-key", "oauth2",
+                               "none")
 
 # Each protocol's native key carrier, as its official SDK sends it (SPEC §1.2 "Auth out").
 DEFAULT_AUTH: dict[str, str] = {
@@ -23,6 +29,7 @@ DEFAULT_AUTH: dict[str, str] = {
     "anthropic": "x-api-key",
     "gemini": "x-goog-api-key",
     "bedrock": "sigv4",
+    "bedrock-invoke": "sigv4",
 }
 
 REDACTED = "<redacted>"
@@ -115,6 +122,22 @@ class Provider:
     auth: str
     region: str | None = None
     headers: tuple[tuple[str, str], ...] = ()
+    # Where credentials come from when they are not api_key (busbar/upstream/aws_credentials.py,
+    # gcp_oauth.py). AWS: `profile` of the shared config files, `role_arn` to assume; with neither
+    # and no api_key, botocore's default chain. GCP: a service-account JSON (a secret: redacted)
+    # and the token endpoint the JWT bearer grant goes to (default: the file's token_uri).
+    profile: str | None = None
+    role_arn: str | None = None
+    gcp_service_account: str | None = None
+    token_url: str | None = None
+    # Vertex AI: the project and location in every request path.
+    vertex_project: str | None = None
+    vertex_location: str | None = None
+    # Azure OpenAI: a deployment (…/openai/deployments/{d}/…?api-version=…) or, without one, the
+    # v1 API (…/openai/v1/…). azure_api_version None means the v1 API's default (none sent).
+    azure: bool = False
+    azure_deployment: str | None = None
+    azure_api_version: str | None = None
 
     def __repr__(self) -> str:
         # Never the key or header values: reprs end up in logs and tracebacks.
@@ -123,7 +146,14 @@ class Provider:
         return (
             f"Provider(name={self.name!r}, protocol={self.protocol!r}, base_url={self.base_url!r}, "
             f"auth={self.auth!r}, region={self.region!r}, api_key={key!r}, "
-            f"headers={header_names!r})"
+            f"headers={header_names!r}"
+            + ("" if self.profile is None else f", profile={self.profile!r}")
+            + ("" if self.role_arn is None else f", role_arn={self.role_arn!r}")
+            + ("" if self.gcp_service_account is None else f", credentials={REDACTED!r}")
+            + ("" if self.vertex_project is None else
+               f", vertex=({self.vertex_project!r}, {self.vertex_location!r})")
+            + ("" if not self.azure else f", azure=({self.azure_deployment!r}, {self.azure_api_version!r})")
+            + ")"
         )
 
     __str__ = __repr__
@@ -136,6 +166,9 @@ class Model:
     name: str
     provider: Provider
     upstream_model: str
+    # What the model serves (busbar/engine/operations.py): a pool request for an operation is
+    # only tried on lanes that list it.
+    operations: tuple[str, ...] = ("chat",)
     max_concurrent: int | None = None
     default_max_tokens: int | None = None
     reasoning: bool = False

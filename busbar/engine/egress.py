@@ -1,11 +1,23 @@
 """Egress request heads, built once per provider at startup so that a request only adds its path,
 its length and (for Bedrock) its signature.
 
+Where a provider's credentials change over time (AWS temporary credentials, GCP OAuth tokens:
+busbar/upstream/refresh.py), the refresher calls `apply()`, which swaps the signer or rebuilds the
+heads once; requests stay synchronous. `ready` is False until the first credentials arrived.
+
+The provider's own URL scheme is applied here, to the codec's path (`provider_path`, cached per
+path): Azure OpenAI's /openai/deployments/{d}/…?api-version= or /openai/v1/…, Vertex AI's
+/v1/projects/{p}/locations/{l}/publishers/{google|anthropic}/models/{m}:… .
+
 Egress carries only gateway-built headers (SPEC §1.2): auth, Content-Type, a User-Agent copied from
 the vendor's own SDK (anti-fingerprinting), Accept. Client vendor beta headers (`anthropic-beta`,
 `openai-beta`) are added per request on same-protocol routes only.
 """
 from __future__ import annotations
+
+from urllib.parse import quote
+
+import orjson
 
 USER_AGENTS = {
     "anthropic": b"Anthropic/Python 0.39.0",
@@ -13,8 +25,12 @@ USER_AGENTS = {
     "responses": b"OpenAI/Python 1.54.0",
     "gemini": b"google-genai-sdk/0.8.0 gl-python/3.11",
     "bedrock": b"Boto3/1.35.0 md/Botocore#1.35.0",
+    "bedrock-invoke": b"Anthropic/Python 0.39.0",
     "cohere": b"cohere-python/5.11.0",
 }
+
+# Claude on Vertex AI names the API version in the body (anthropic/lib/vertex/_client.py).
+VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
 
 # Same-protocol only: the beta header each protocol's SDKs use to opt into preview features.
 BETA_HEADERS = {"anthropic": (b"anthropic-beta",), "openai": (b"openai-beta",),
@@ -32,7 +48,8 @@ class Egress:
     """Everything needed to send one request to one provider."""
 
     __slots__ = ("provider", "protocol", "key", "host_header", "prefix", "head_json", "head_stream",
-                 "signer", "host", "_lines")
+                 "signer", "host", "_lines", "_base", "_auth", "source", "ready", "_paths",
+                 "vertex_anthropic")
 
     def __init__(self, provider):
         self.provider = provider
@@ -43,51 +60,125 @@ class Egress:
         self.host = host if provider.port == default_port else "%s:%d" % (host, provider.port)
         self.prefix = provider.path_prefix
         self.signer = None
+        self.source = None      # a credential source the gateway's Refresher keeps fresh
+        self.ready = True
         self._lines = {}    # (path, stream) → request line + head, for unsigned requests
+        self._paths = {}    # codec path → provider path (signed requests)
+        self.vertex_anthropic = provider.protocol == "anthropic" and provider.vertex_project is not None
         lines = [b"Host: " + self.host.encode("ascii"),
                  b"User-Agent: " + USER_AGENTS.get(provider.protocol, b"okhttp/4.12.0"),
                  b"Content-Type: application/json"]
+        self._auth = b""
         key = provider.api_key
         auth = provider.auth
         if key:
             if auth == "bearer":
-                lines.append(b"Authorization: Bearer " + _clean(key))
+                self._auth = b"Authorization: Bearer " + _clean(key) + b"\r\n"
             elif auth == "x-api-key":
                 # Anthropic OAuth tokens (sk-ant-oat…) go as a bearer, API keys as x-api-key.
                 if key.startswith("sk-ant-oat"):
-                    lines.append(b"Authorization: Bearer " + _clean(key))
+                    self._auth = b"Authorization: Bearer " + _clean(key) + b"\r\n"
                 else:
-                    lines.append(b"x-api-key: " + _clean(key))
+                    self._auth = b"x-api-key: " + _clean(key) + b"\r\n"
             elif auth == "x-goog-api-key":
-                lines.append(b"x-goog-api-key: " + _clean(key))
+                self._auth = b"x-goog-api-key: " + _clean(key) + b"\r\n"
             elif auth == "api-key":
-                lines.append(b"api-key: " + _clean(key))
+                self._auth = b"api-key: " + _clean(key) + b"\r\n"
             elif auth == "sigv4":
                 from busbar.upstream.sigv4 import SigV4Signer, parse_credential
                 access, secret, token = parse_credential(key)
                 self.signer = SigV4Signer(access, secret, token, provider.region or "us-east-1")
-        if provider.protocol == "anthropic":
+        elif auth == "sigv4":
+            from busbar.upstream.aws_credentials import AwsCredentialSource
+            self.source = AwsCredentialSource(provider.region or "us-east-1", provider.profile,
+                                              provider.role_arn)
+            self.ready = False
+        elif auth == "oauth2":
+            from busbar.upstream.gcp_oauth import GcpTokenSource
+            self.source = GcpTokenSource(provider.gcp_service_account, provider.token_url)
+            self.ready = False
+        if provider.protocol == "anthropic" and not self.vertex_anthropic:
             lines.append(b"anthropic-version: 2023-06-01")
         for name, value in provider.headers:
             lines.append(_clean(name) + b": " + _clean(value))
-        base = b"\r\n".join(lines) + b"\r\n"
-        accept_stream = (b"application/vnd.amazon.eventstream" if provider.protocol == "bedrock"
-                         else b"text/event-stream")
+        self._base = b"\r\n".join(lines) + b"\r\n"
+        self._build()
+
+    def _build(self):
+        base = self._base + self._auth
+        accept_stream = (b"application/vnd.amazon.eventstream"
+                         if self.protocol in ("bedrock", "bedrock-invoke") else b"text/event-stream")
         self.head_json = base + b"Accept: application/json\r\n"
         self.head_stream = base + b"Accept: " + accept_stream + b"\r\n"
+        self._lines = {}
+
+    def apply(self, value):
+        """New credentials from the refresher: a SigV4Signer, or an OAuth access token."""
+        if self.provider.auth == "sigv4":
+            self.signer = value
+        else:
+            self._auth = b"Authorization: Bearer " + _clean(value) + b"\r\n"
+            self._build()
+        self.ready = True
+
+    def provider_path(self, path: str) -> str:
+        """The codec's path in this provider's URL scheme (with the base URL's prefix)."""
+        p = self.provider
+        if p.azure:
+            # The codecs' OpenAI paths all start with /v1/.
+            rest = path[3:] if path.startswith("/v1/") else path
+            if p.azure_deployment is not None:
+                path = "/openai/deployments/%s%s%sapi-version=%s" % (
+                    quote(p.azure_deployment, safe=""), rest, "&" if "?" in rest else "?",
+                    p.azure_api_version)
+            else:
+                path = "/openai/v1" + rest
+                if p.azure_api_version is not None:
+                    path += ("&" if "?" in rest else "?") + "api-version=" + p.azure_api_version
+        elif p.vertex_project is not None and p.protocol == "gemini":
+            # /v1beta/models/{m}:{action} → Vertex's publisher model resource, same action.
+            i = path.find("/models/")
+            if i >= 0:
+                path = "/v1/projects/%s/locations/%s/publishers/google%s" % (
+                    p.vertex_project, p.vertex_location, path[i:])
+        return self.prefix + path
+
+    def _vertex_anthropic(self, body: bytes, stream: bool):
+        """Claude on Vertex AI: the model moves from the body to the path and the API version
+        into the body, as anthropic.AnthropicVertex sends it."""
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            obj = None
+        if not isinstance(obj, dict):
+            return self.prefix + "/v1/messages", body
+        model = obj.pop("model", None)
+        obj["anthropic_version"] = VERTEX_ANTHROPIC_VERSION
+        p = self.provider
+        path = "%s/v1/projects/%s/locations/%s/publishers/anthropic/models/%s:%s" % (
+            self.prefix, p.vertex_project, p.vertex_location, quote(str(model or ""), safe="@._-"),
+            "streamRawPredict" if stream else "rawPredict")
+        return path, orjson.dumps(obj)
 
     def request(self, path: str, body: bytes, stream: bool, extra: bytes = b"") -> bytes:
         """The whole HTTP/1.1 request: request line, headers, body."""
+        if self.vertex_anthropic:
+            full, body = self._vertex_anthropic(body, stream)
+            return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n",
+                             self.head_stream if stream else self.head_json, extra,
+                             b"Content-Length: %d\r\n\r\n" % len(body), body))
         if self.signer is None:
             # Paths come from the configured upstream models, so this cache is bounded.
             k = (path, stream)
             head = self._lines.get(k)
             if head is None:
                 head = self._lines[k] = b"".join((
-                    b"POST ", (self.prefix + path).encode("ascii"), b" HTTP/1.1\r\n",
+                    b"POST ", self.provider_path(path).encode("ascii"), b" HTTP/1.1\r\n",
                     self.head_stream if stream else self.head_json))
             return b"".join((head, extra, b"Content-Length: %d\r\n\r\n" % len(body), body))
-        full = self.prefix + path
+        full = self._paths.get(path)
+        if full is None:
+            full = self._paths[path] = self.provider_path(path)
         head = self.head_stream if stream else self.head_json
         p, _, q = full.partition("?")
         for name, value in self.signer.sign("POST", self.host, p, q, body):

@@ -24,9 +24,10 @@ import orjson
 from cbusbar import ir
 from cbusbar.framing import FramingError, scan_top, splice
 
+from busbar.engine import operations
 from busbar.engine import route as R
 from busbar.engine.records import (
-    Attempt, RequestRecord, F_CANCELLED, F_CONNECT, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
+    Attempt, RequestRecord, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
     O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR)
 from busbar.engine.status import status_line
@@ -55,6 +56,8 @@ STREAM_TIMEOUT = "The upstream timed out."
 EXHAUSTED = {
     F_CONNECT: (502, "api_error", "busbar could not connect to the upstream provider."),
     F_TIMEOUT: (504, "timeout", "The upstream provider did not answer in time."),
+    F_CREDENTIALS: (503, "overloaded", "busbar has no credentials for the upstream provider yet "
+                    "(they are being fetched); retry shortly."),
     F_RESET: (502, "api_error", "The upstream provider closed the connection before answering."),
     F_MALFORMED: (502, "api_error", "The upstream provider returned a response busbar could not read."),
     F_TRUNCATED: (502, "api_error", "The upstream provider's stream ended before it was complete."),
@@ -77,7 +80,7 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end")
+                 "client_status", "bytes_out", "t_end", "op")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -116,6 +119,7 @@ class Exchange:
         self.bytes_out = 0
         self.last_model = None
         self.egress = None
+        self.op = None          # an operations.Op for embeddings / token counting; None = chat
 
     # ================================================================== entry
     def start(self):
@@ -123,7 +127,7 @@ class Exchange:
         site = self.site
         kind = route.kind
         site.inflight += 1
-        if kind == R.CHAT:
+        if kind == R.CHAT or kind == R.EMBED or kind == R.COUNT_TOKENS:
             mi = self.snap.max_inbound
             if mi and site.inflight > mi:
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
@@ -134,6 +138,8 @@ class Exchange:
             ok = bool(self.snap.router.lanes)
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
                          b"ok" if ok else b"no usable lanes")
+        elif kind == R.MODEL_GET:
+            operations.model_get(self)
         elif kind == R.MODELS:
             self.respond(200, b"application/json",
                          CODECS[self.proto].write_model_list(self.snap.router.names()))
@@ -167,7 +173,13 @@ class Exchange:
         else:
             name = route.name
         self.name = name
-        if ingress.BODY_MODEL:
+        op = self.op = operations.select(self)
+        if op is not None:
+            msg = op.begin(self, body)
+            if msg is not None:
+                self.error(400, "invalid_request", msg)
+                return
+        elif ingress.BODY_MODEL:
             s = spans.get(b"stream")
             self.stream = s is not None and body[s[0]:s[1]] == b"true"
         else:
@@ -177,6 +189,17 @@ class Exchange:
             self.error(404, "not_found", ingress.not_found_message(name, route.gemini_version))
             return
         self.target = target
+        # Lanes that do not serve the operation are never candidates; none left is a native 404.
+        tried = self.tried
+        tried.update(target.lacking(op.name if op is not None else "chat"))
+        if op is not None:
+            egress = self.snap.egress
+            for lane in target.lanes:
+                if not op.candidate(egress[lane.model.provider.name]):
+                    tried.add(lane)
+        if len(tried) >= len(target.lanes):
+            self.error(404, "not_found", operations.NOT_SERVED)
+            return
         self.attempt()
 
     # ================================================================== attempts
@@ -201,9 +224,26 @@ class Exchange:
         self.codec = codec
         wire = model.upstream_model
         self.last_model = wire
+        if not eg.ready:
+            # The provider's refreshed credentials (AWS chain, GCP OAuth) have not arrived yet.
+            self.end_attempt(F_CREDENTIALS, "no upstream credentials yet")
+            self.attempt()
+            return
         stream = self.stream
         extra = b""
         self.forced = None
+        op = self.op
+        if op is not None:
+            try:
+                body, path, self.same, extra = op.request(self, lane, eg)
+            except ir.CodecError as e:
+                self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
+                self.error(400, "invalid_request", str(e))
+                return
+            self.data = eg.request(path, body, False, extra)
+            self.site.deadlines.arm(self, self._attempt_secs())
+            self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
+            return
         if proto == self.proto:
             self.same = True
             body = self.req.body
@@ -478,7 +518,11 @@ class Exchange:
             body = b"".join(self.chunks)
             self.chunks = None
             try:
-                self.usage = self.codec.read_usage(body)
+                op = self.op
+                if op is None:
+                    self.usage = self.codec.read_usage(body)
+                else:
+                    self.usage = op.read_usage(self.egress.protocol, body)
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return
@@ -510,8 +554,12 @@ class Exchange:
             self.chunks = None
             ing = self.ingress
             try:
-                out, self.usage = translate_response(self.codec, ing, body, self.forced,
-                                                     ing.mint_id(), self.last_model)
+                op = self.op
+                if op is None:
+                    out, self.usage = translate_response(self.codec, ing, body, self.forced,
+                                                         ing.mint_id(), self.last_model)
+                else:
+                    out, self.usage = op.response(self, self.egress.protocol, body)
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 # Attempt.fault: what ended an attempt. None = the upstream answered and the answer was read whole.
 F_CONNECT = "connect"           # refused, unreachable, TLS failure, connect timeout
+F_CREDENTIALS = "credentials"   # the provider's refreshed credentials have not arrived (yet)
 F_TIMEOUT = "timeout"           # the attempt's deadline passed (headers, error body, stalled body)
 F_RESET = "reset"               # the connection closed or reset before the response ended
 F_PROTOCOL = "protocol"         # not HTTP/1.1 we accept: garbage status line, 101 upgrade

@@ -8,11 +8,16 @@ MODELS = 2          # GET /v1/models, /v1beta/models
 CHAT = 3            # a protocol call
 NOT_FOUND = 4       # a path no protocol owns (answered in the dialect inferred from the path)
 METHOD = 5          # a protocol path with the wrong method → 405
-UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (embeddings, …) → 404
+UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (moderations, …) → 404
+# Operations other than chat (busbar/engine/operations.py)
+EMBED = 7           # POST /v1/embeddings, /v2/embed, Gemini :embedContent / :batchEmbedContents
+COUNT_TOKENS = 8    # POST /v1/messages/count_tokens, Gemini :countTokens (same-protocol lanes)
+MODEL_GET = 9       # GET /v1/models/{id} (OpenAI, Anthropic), GET /v1beta/models/{name} (Gemini)
 
 
 class Route:
-    __slots__ = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body")
+    __slots__ = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body",
+                 "may_embed")
 
     def __init__(self, kind, protocol, name=None, stream=False, name_in_body=True):
         self.kind = kind
@@ -22,3 +27,6 @@ class Route:
         self.name_in_body = name_in_body
         self.gemini_version = None
         self.json_array = False
+        # A path whose body may be an embeddings request instead (Bedrock /model/{id}/invoke):
+        # the engine tells the two apart by the body's shape (operations.select).
+        self.may_embed = False

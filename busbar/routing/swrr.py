@@ -73,7 +73,7 @@ class Target:
     current weight untouched, exactly as nginx treats a peer that is down or at max_conns.
     """
 
-    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning")
+    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning", "_lacking")
 
     def __init__(
         self, name: str, is_pool: bool, members: list[tuple[Lane, int, bool | None]]
@@ -88,6 +88,21 @@ class Target:
             lane: (lane.model.reasoning if override is None else override)
             for lane, _, override in members
         }
+        # Lanes whose model does not serve an operation (config `operations:`): never candidates
+        # for it. Built once; `pick(exclude)` takes them with the lanes already tried.
+        self._lacking: dict[str, frozenset] = {}
+        for lane in self.lanes:
+            for op in ("chat", "embeddings"):
+                if op not in lane.model.operations:
+                    self._lacking[op] = self._lacking.get(op, frozenset()) | {lane}
+
+    def lacking(self, op: str) -> frozenset:
+        """The lanes of this target that do not serve `op`."""
+        return self._lacking.get(op, _NO_LANES)
+
+    def serves(self, op: str) -> bool:
+        """Whether any lane of this target serves `op`."""
+        return len(self._lacking.get(op, _NO_LANES)) < len(self.lanes)
 
     def eligible(self, lane: Lane) -> bool:
         """Whether `lane` may take a request through this target right now. Today that is a free

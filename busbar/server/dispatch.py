@@ -9,7 +9,7 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 from busbar.engine.route import (  # noqa: F401 (the kinds are part of this module's answer)
-    CHAT, HEALTH, METHOD, MODELS, NOT_FOUND, UNSUPPORTED, Route)
+    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, NOT_FOUND, UNSUPPORTED, Route)
 
 
 def header_protocol(headers: dict) -> str | None:
@@ -34,7 +34,11 @@ def _gemini(path: str, query: str, method: bytes) -> Route:
     if method != b"POST":
         return Route(METHOD, "gemini")
     model = unquote(model)
-    if action == "generateContent":
+    if action in ("embedContent", "batchEmbedContents"):   # reach
+        r = Route(EMBED, "gemini", model, False, name_in_body=False)
+    elif action == "countTokens":
+        r = Route(COUNT_TOKENS, "gemini", model, False, name_in_body=False)
+    elif action == "generateContent":
         r = Route(CHAT, "gemini", model, False, name_in_body=False)
     elif action == "streamGenerateContent":
         r = Route(CHAT, "gemini", model, True, name_in_body=False)
@@ -58,6 +62,13 @@ def _bedrock(path: str, method: bytes) -> Route:
         return Route(CHAT, "bedrock", model, False, name_in_body=False)
     if op == "converse-stream":
         return Route(CHAT, "bedrock", model, True, name_in_body=False)
+    # reach: InvokeModel with an Anthropic Messages body (anthropic.AnthropicBedrock).
+    if op == "invoke":
+        r = Route(CHAT, "bedrock-invoke", model, False, name_in_body=False)
+        r.may_embed = True
+        return r
+    if op == "invoke-with-response-stream":
+        return Route(CHAT, "bedrock-invoke", model, True, name_in_body=False)
     return Route(UNSUPPORTED, "bedrock", model)
 
 
@@ -66,6 +77,11 @@ def _bedrock(path: str, method: bytes) -> Route:
 _FIXED_CHAT = {path: Route(CHAT, proto) for path, proto in (
     ("/v1/chat/completions", "openai"), ("/v1/responses", "responses"), ("/v2/chat", "cohere"),
     ("/v1/messages", "anthropic"))}
+
+
+# reach: the body-model paths of operations other than chat.
+_OPERATIONS = {"/v1/embeddings": (EMBED, "openai"), "/v2/embed": (EMBED, "cohere"),
+               "/v1/messages/count_tokens": (COUNT_TOKENS, "anthropic")}
 
 
 def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
@@ -84,6 +100,19 @@ def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
         return Route(MODELS, proto)
 
     by_header = header_protocol(headers)
+    if method == b"GET" and ":" not in path and (
+            path.startswith("/v1/models/") or path.startswith("/v1beta/models/")):
+        # reach: retrieve one model, in the shape of whoever asks (as GET /v1/models).
+        proto = "gemini" if path.startswith("/v1beta/") or by_header == "gemini" else (
+            "anthropic" if by_header == "anthropic" else "openai")
+        name = unquote(path[path.index("/models/") + 8:])
+        if proto == "gemini" and name.startswith("models/"):
+            name = name[7:]
+        return Route(MODEL_GET, proto, name) if name else Route(NOT_FOUND, proto)
+    if method == b"POST" and path in _OPERATIONS:   # reach: embeddings, token counting
+        kind, proto = _OPERATIONS[path]
+        if by_header is None or by_header == proto:
+            return Route(kind, proto)
     if path.startswith("/model/"):
         r = _bedrock(path, method)
         if by_header in (None, "bedrock"):

@@ -164,6 +164,10 @@ class Gateway:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self, sock):
+        # reach hook: dynamic upstream credentials (AWS chain, GCP OAuth), first fetched here and
+        # then refreshed in the background (busbar/upstream/refresh.py).
+        from busbar.upstream.refresh import start_credentials
+        self.credentials = await start_credentials(self.loop, self.snapshot.egress.values())
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
                                                backlog=4096)
         self.servers.append(server)
@@ -185,6 +189,8 @@ class Gateway:
             c.transport.close()
         self.pool.close()
         self.deadlines.close()
+        if getattr(self, "credentials", None) is not None:  # reach hook
+            self.credentials.close()
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -233,8 +239,9 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     gw = Gateway(config, loop, shared)
     # Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
     # use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench.
-    for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock"):
+    for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
         CODECS[name]
+    import cbusbar.embed  # noqa: F401 (embeddings: the same first-request cost otherwise)
     # What exists now lives as long as the process: freezing it keeps the collector's full passes
     # (which would otherwise walk every module and config object) off the request path.
     gc.collect()

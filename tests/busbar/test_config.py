@@ -729,9 +729,14 @@ def test_every_catalog_entry_loads_as_a_provider():
         if entry["base_url"].startswith("http://"):
             lines.append(f"  {name}:")
         else:
-            key = "AK:SK" if entry["protocol"] == "bedrock" else "k"
+            key = "AK:SK" if entry["protocol"] in ("bedrock", "bedrock-invoke") else "k"
             env[f"K_{len(env)}"] = key
-            lines.append(f"  {name}: {{api_key: {{env: K_{len(env) - 1}}}}}")
+            more = ""
+            if entry.get("azure") is not None:
+                more = ", base_url: https://r1.openai.azure.com"
+            if entry.get("vertex") is not None:
+                more = ", vertex: {project: proj-1234, location: us-central1}"
+            lines.append(f"  {name}: {{api_key: {{env: K_{len(env) - 1}}}{more}}}")
     lines.append("models: {}")
     c = load(text="\n".join(lines) + "\n", env=env)
     assert set(c.providers) == set(catalog)

@@ -43,7 +43,7 @@ def test_misc_routes():
     assert route(b"GET", "/v1beta/models").protocol == "gemini"
     assert route(b"GET", "/v1/models", {b"anthropic-version": b"x"}).protocol == "anthropic"
     assert route(b"GET", "/v1/chat/completions").kind == D.METHOD
-    assert route(b"POST", "/v1/embeddings").kind == D.UNSUPPORTED
-    assert route(b"POST", "/v1beta/models/m:countTokens").kind == D.UNSUPPORTED
+    assert route(b"POST", "/v1/moderations").kind == D.UNSUPPORTED
+    assert route(b"POST", "/v1beta/models/m:predict").kind == D.UNSUPPORTED
     assert route(b"POST", "/nowhere").kind == D.NOT_FOUND
     assert route(b"POST", "/prefix/v1/chat/completions").kind == D.NOT_FOUND

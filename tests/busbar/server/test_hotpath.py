@@ -38,8 +38,8 @@ def test_egress_head_cache_gives_the_same_bytes():
     # The whole request, spelled out: a cache that returned another path's or mode's head, or
     # dropped a header, differs here.
     head = (b"POST /pre/v1/messages HTTP/1.1\r\nHost: 127.0.0.1:1\r\nUser-Agent: Anthropic/Python "
-            b"0.39.0\r\nContent-Type: application/json\r\nx-api-key: sk-a\r\n"
-            b"anthropic-version: 2023-06-01\r\n")
+            b"0.39.0\r\nContent-Type: application/json\r\nanthropic-version: 2023-06-01\r\n"
+            b"x-api-key: sk-a\r\n")
     for _ in range(2):    # first build, then from the cache
         for stream, accept in ((False, b"application/json"), (True, b"text/event-stream")):
             data = eg.request("/v1/messages", b"{}", stream, b"anthropic-beta: b\r\n")

@@ -1,0 +1,148 @@
+"""Google service-account access tokens for Vertex AI: the OAuth2 JWT bearer grant (RFC 7523).
+
+busbar signs an RS256 assertion {iss: client_email, scope: cloud-platform, aud: token URL, iat,
+exp} with the service account's private key and trades it at the token URL for an access token
+(`grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`), exactly what google-auth's
+`service_account.Credentials.refresh` does (google/oauth2/_client.py). The signing uses
+`cryptography` (RSA PKCS#1 v1.5 + SHA-256): the well-kept library google-auth itself signs with.
+
+`fetch()` blocks (one HTTPS POST): busbar.upstream.refresh runs it on a worker thread, ahead of
+expiry, so no request ever waits for a token. Messages never include the key or the token.
+"""
+from __future__ import annotations
+
+import base64
+import json
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+# The scope Vertex AI documents for service accounts (and what google-genai asks for).
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+# Google issues assertions valid for at most an hour; google-auth asks for exactly 3600 s.
+ASSERTION_LIFETIME = 3600
+# Google's token endpoint answers in well under a second; a stuck one must not hold the refresh
+# thread for long (it retries with backoff).
+TOKEN_TIMEOUT = 10.0
+# google-auth refreshes 3 min 45 s before expiry (_helpers.REFRESH_THRESHOLD); we refresh 5 min
+# early, off the request path, so a token is never used in its last minutes.
+REFRESH_MARGIN = 300.0
+JWT_BEARER = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+
+class ServiceAccountError(ValueError):
+    """The credentials file is not a usable service account (message safe to print)."""
+
+
+class TokenError(RuntimeError):
+    """The token endpoint refused or failed (message safe to log: no key, no token)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccountInfo:
+    client_email: str
+    token_uri: str
+    private_key_id: str | None
+    key: object          # cryptography RSAPrivateKey
+
+    def __repr__(self) -> str:
+        return f"ServiceAccountInfo({self.client_email!r}, token_uri={self.token_uri!r})"
+
+
+def parse_service_account(text: str) -> ServiceAccountInfo:
+    """A service-account JSON key file (as `gcloud iam service-accounts keys create` writes it)."""
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise ServiceAccountError("the credentials file is not JSON") from None
+    if not isinstance(doc, dict):
+        raise ServiceAccountError("the credentials file is not a JSON object")
+    if doc.get("type") != "service_account":
+        raise ServiceAccountError("expected a service-account key file (\"type\": \"service_account\")")
+    for field in ("client_email", "private_key", "token_uri"):
+        if not isinstance(doc.get(field), str) or not doc[field]:
+            raise ServiceAccountError(f"the credentials file has no {field}")
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+    try:
+        key = load_pem_private_key(doc["private_key"].encode(), password=None)
+    except (ValueError, TypeError):
+        raise ServiceAccountError("the credentials file's private_key is not a PEM private key") from None
+    if not isinstance(key, rsa.RSAPrivateKey):
+        raise ServiceAccountError("the credentials file's private_key is not an RSA key (RS256)")
+    kid = doc.get("private_key_id")
+    return ServiceAccountInfo(doc["client_email"], doc["token_uri"],
+                              kid if isinstance(kid, str) else None, key)
+
+
+def _b64(data: bytes) -> bytes:
+    return base64.urlsafe_b64encode(data).rstrip(b"=")
+
+
+def assertion(info: ServiceAccountInfo, audience: str, now: float | None = None,
+              scope: str = CLOUD_PLATFORM) -> bytes:
+    """The signed JWT (compact form) for the bearer grant."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric import padding
+    iat = int(time.time() if now is None else now)
+    header = {"alg": "RS256", "typ": "JWT"}
+    if info.private_key_id:
+        header["kid"] = info.private_key_id
+    claims = {"iss": info.client_email, "scope": scope, "aud": audience, "iat": iat,
+              "exp": iat + ASSERTION_LIFETIME}
+    signing_input = (_b64(json.dumps(header, separators=(",", ":")).encode()) + b"." +
+                     _b64(json.dumps(claims, separators=(",", ":")).encode()))
+    signature = info.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+    return signing_input + b"." + _b64(signature)
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    # The token URL passed the SSRF guard; a redirect would go somewhere that did not.
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
+class GcpTokenSource:
+    """One service account's access tokens. `fetch()` → (token, expires_at epoch seconds)."""
+
+    kind = "gcp-oauth"
+    refresh_margin = REFRESH_MARGIN
+
+    def __init__(self, service_account_json: str, token_url: str | None = None,
+                 scope: str = CLOUD_PLATFORM):
+        self.info = parse_service_account(service_account_json)
+        self.token_url = token_url or self.info.token_uri
+        self.scope = scope
+
+    def __repr__(self) -> str:
+        return f"GcpTokenSource({self.info.client_email!r}, token_url={self.token_url!r})"
+
+    def fetch(self):
+        now = time.time()
+        body = urllib.parse.urlencode({
+            "grant_type": JWT_BEARER,
+            "assertion": assertion(self.info, self.token_url, now, self.scope).decode(),
+        }).encode()
+        req = urllib.request.Request(self.token_url, data=body, method="POST", headers={
+            "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"})
+        try:
+            with _OPENER.open(req, timeout=TOKEN_TIMEOUT) as resp:
+                raw = resp.read(65536)
+        except urllib.error.HTTPError as exc:
+            raise TokenError(f"token endpoint {self.token_url} answered {exc.code}") from None
+        except (OSError, ValueError) as exc:
+            raise TokenError(f"token endpoint {self.token_url} failed: {exc.__class__.__name__}") from None
+        try:
+            doc = json.loads(raw)
+            token = doc["access_token"]
+            expires_in = float(doc.get("expires_in", 3600))
+        except (ValueError, KeyError, TypeError):
+            raise TokenError(f"token endpoint {self.token_url} sent no access_token") from None
+        if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
+            raise TokenError(f"token endpoint {self.token_url} sent an unusable access_token")
+        return token, now + expires_in
