@@ -131,6 +131,10 @@ class UpstreamConnection(asyncio.Protocol):
 
     # -- httptools callbacks
     def on_message_begin(self):
+        if self.handler is None:
+            # A response nobody asked for, right behind the last one in the same read: the
+            # connection cannot frame the next answer (the error closes it).
+            raise ValueError("unsolicited response")
         self._partial = True
 
     def on_header(self, name, value):

@@ -1,0 +1,128 @@
+"""The lifecycle's two exits, observed through their hooks on a real server over real HTTP (an
+in-process gateway on its own loop thread, the mock as upstream): every request ends in exactly one
+RequestRecord with its usage read on every path (same-protocol buffered and streamed, translated
+buffered and streamed), and every attempt in exactly one Attempt."""
+import asyncio
+import http.client
+import json
+import threading
+
+import pytest
+import uvloop
+
+from busbar import config as cfgmod
+from busbar.engine.records import F_CONNECT, O_CLIENT_ERROR, O_OK
+from busbar.server.gateway import Gateway, bind
+from tests.conftest import CONFIG, free_port
+
+
+@pytest.fixture(scope="module")
+def site(mock_port):
+    port = free_port()
+    cfg = cfgmod.load(text=CONFIG.format(port=port, mock=mock_port, dead=free_port()),
+                      env={"MOCK_KEY": "sk-test-key",
+                           "MOCK_AWS": "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"})
+    loop = uvloop.new_event_loop()
+    ready = threading.Event()
+    box = {}
+
+    def run():
+        asyncio.set_event_loop(loop)
+        gw = Gateway(cfg, loop)
+        box["records"] = records = []
+        box["attempts"] = attempts = []
+        gw.finish_hooks.append(records.append)
+        gw.attempt_hooks.append(lambda ex, a: attempts.append(a))
+        box["gw"] = gw
+        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    box["port"] = port
+    yield box
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+def _post(site, path, body, headers=None):
+    site["records"].clear()
+    site["attempts"].clear()
+    c = http.client.HTTPConnection("127.0.0.1", site["port"], timeout=10)
+    h = {"content-type": "application/json"}
+    h.update(headers or {})
+    c.request("POST", path, json.dumps(body), h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    (rec,) = site["records"]       # exactly one record per request
+    return r.status, data, rec
+
+
+ANT = {"anthropic-version": "2023-06-01"}
+
+
+def _events(data):
+    return [json.loads(line[6:]) for line in data.split(b"\n")
+            if line.startswith(b"data: ") and line != b"data: [DONE]"]
+
+
+def test_same_protocol_buffered_usage(site):
+    status, data, rec = _post(site, "/v1/chat/completions", {
+        "model": "oai-model", "messages": [{"role": "user", "content": "count these words"}]})
+    u = json.loads(data)["usage"]
+    assert status == 200 and rec.outcome == O_OK and rec.status == 200
+    assert (rec.usage.input_tokens, rec.usage.output_tokens) == (u["prompt_tokens"],
+                                                                 u["completion_tokens"])
+    assert (rec.ingress, rec.egress, rec.target, rec.lane) == ("openai", "openai", "oai-model",
+                                                               "oai-model")
+    assert len(rec.attempts) == 1 and rec.attempts[0].fault is None
+    assert site["attempts"] == list(rec.attempts)
+
+
+def test_same_protocol_stream_usage_from_the_tap(site):
+    status, data, rec = _post(site, "/v1/chat/completions", {
+        "model": "oai-model", "stream": True, "stream_options": {"include_usage": True},
+        "messages": [{"role": "user", "content": "count these words"}]})
+    u = [e for e in _events(data) if e.get("usage")][-1]["usage"]
+    assert status == 200 and rec.outcome == O_OK and rec.stream
+    assert (rec.usage.input_tokens, rec.usage.output_tokens) == (u["prompt_tokens"],
+                                                                 u["completion_tokens"])
+
+
+def test_translated_buffered_usage(site):
+    status, data, rec = _post(site, "/v1/messages", {
+        "model": "oai-model", "max_tokens": 64,
+        "messages": [{"role": "user", "content": "count these words"}]}, ANT)
+    u = json.loads(data)["usage"]
+    assert status == 200 and rec.egress == "openai" and rec.ingress == "anthropic"
+    assert rec.usage.output_tokens == u["output_tokens"] > 0
+    assert rec.usage.input_tokens == u["input_tokens"] > 0
+
+
+def test_translated_stream_usage(site):
+    status, data, rec = _post(site, "/v1/messages", {
+        "model": "oai-model", "max_tokens": 64, "stream": True,
+        "messages": [{"role": "user", "content": "count these words"}]}, ANT)
+    delta = [e for e in _events(data) if e.get("type") == "message_delta"][-1]
+    assert status == 200 and rec.outcome == O_OK
+    assert rec.usage.output_tokens == delta["usage"]["output_tokens"] > 0
+
+
+def test_failover_shows_each_attempt_once(site):
+    status, data, rec = _post(site, "/v1/chat/completions", {
+        "model": "failover", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 200 and rec.outcome == O_OK and rec.target == "failover"
+    assert [(a.lane.name, a.fault) for a in rec.attempts] == [("dead-model", F_CONNECT),
+                                                               ("ant-model", None)]
+    assert rec.lane == "ant-model" and rec.egress == "anthropic"
+    assert site["attempts"] == list(rec.attempts)
+
+
+def test_a_refused_request_is_one_record_without_attempts(site):
+    status, data, rec = _post(site, "/v1/chat/completions", {
+        "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert status == 404 and rec.outcome == O_CLIENT_ERROR and rec.status == 404
+    assert rec.attempts == () and rec.usage is None and rec.target is None
