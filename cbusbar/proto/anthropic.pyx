@@ -160,6 +160,14 @@ cdef list _citations(object cs):
 # read_request
 
 
+cdef inline str _field_str(dict d, str key, str where, bint required):
+    """d[key] as a string; the path `where.key` is only built for the error (per-block fast path)."""
+    cdef object v = d.get(key)
+    if type(v) is str or (v is None and not required):
+        return v
+    return as_str(v, where + "." + key, SHAPE)
+
+
 cdef object _cache_control(dict d):
     cdef object cc = d.get("cache_control")
     return cc if isinstance(cc, dict) else None
@@ -173,17 +181,17 @@ cdef void _read_source(ir.Block b, object src, str where, bint document) except 
     st = src.get("type")
     if st == "base64":
         b.src_kind = ir.SRC_BASE64
-        b.media_type = req_str(src, "media_type", where + ".media_type", SHAPE)
-        b.data = req_str(src, "data", where + ".data", SHAPE)
+        b.media_type = _field_str(src, "media_type", where, True)
+        b.data = _field_str(src, "data", where, True)
     elif st == "url":
         b.src_kind = ir.SRC_URL
-        b.data = req_str(src, "url", where + ".url", SHAPE)
+        b.data = _field_str(src, "url", where, True)
     elif st == "file":
         b.src_kind = ir.SRC_VENDOR
-        b.data = req_str(src, "file_id", where + ".file_id", SHAPE)
+        b.data = _field_str(src, "file_id", where, True)
     elif document and st == "text":
         b.media_type = "text/plain"
-        b.text = req_str(src, "data", where + ".data", SHAPE)
+        b.text = _field_str(src, "data", where, True)
     elif document and st == "content":
         # A document made of content blocks: the IR keeps its text (images inside are dropped).
         content = src.get("content")
@@ -210,11 +218,11 @@ cdef ir.Block _read_block(object raw, str where):
     cdef list inner
     cdef Py_ssize_t i
     as_dict(raw, where, SHAPE)
-    t = as_str(raw.get("type"), where + ".type", SHAPE)
+    t = _field_str(raw, "type", where, True)
     b = ir.Block.__new__(ir.Block)
     if t == "text":
         b.kind = ir.B_TEXT
-        b.text = req_str(raw, "text", where + ".text", SHAPE)
+        b.text = _field_str(raw, "text", where, True)
         v = raw.get("citations")
         if isinstance(v, list) and v:
             b.citations = v
@@ -234,13 +242,13 @@ cdef ir.Block _read_block(object raw, str where):
             b.citations = v
     elif t == "tool_use":
         b.kind = ir.B_TOOL_USE
-        b.id = req_str(raw, "id", where + ".id", SHAPE)
-        b.name = req_str(raw, "name", where + ".name", SHAPE)
+        b.id = _field_str(raw, "id", where, True)
+        b.name = _field_str(raw, "name", where, True)
         v = raw.get("input")
         b.input = v if v is not None else {}
     elif t == "tool_result":
         b.kind = ir.B_TOOL_RESULT
-        b.id = req_str(raw, "tool_use_id", where + ".tool_use_id", SHAPE)
+        b.id = _field_str(raw, "tool_use_id", where, True)
         content = raw.get("content")
         inner = []
         if type(content) is str:
@@ -257,12 +265,12 @@ cdef ir.Block _read_block(object raw, str where):
         b.is_error = opt_bool(raw, "is_error", where + ".is_error", SHAPE) is True
     elif t == "thinking":
         b.kind = ir.B_THINKING
-        b.text = req_str(raw, "thinking", where + ".thinking", SHAPE)
-        b.signature = opt_str(raw, "signature", where + ".signature", SHAPE)
+        b.text = _field_str(raw, "thinking", where, True)
+        b.signature = _field_str(raw, "signature", where, False)
     elif t == "redacted_thinking":
         b.kind = ir.B_THINKING
         b.redacted = True
-        b.data = req_str(raw, "data", where + ".data", SHAPE)
+        b.data = _field_str(raw, "data", where, True)
     else:
         return None
     b.cache_control = _cache_control(raw)
@@ -299,7 +307,7 @@ cdef list _read_system(object system, str where):
         raw = system[i]
         if not isinstance(raw, dict) or raw.get("type") != "text":
             raise CodecError(f"{where}.{i}.type: Input should be 'text'")
-        b = ir.text_block(req_str(raw, "text", f"{where}.{i}.text", SHAPE))
+        b = ir.text_block(_field_str(raw, "text", f"{where}.{i}", True))
         b.cache_control = _cache_control(raw)
         out.append(b)
     return out
@@ -308,11 +316,14 @@ cdef list _read_system(object system, str where):
 cdef void _read_tools(ir.Request req, object tools) except *:
     cdef list server = []
     cdef Py_ssize_t i
+    cdef str where
     cdef object raw, t, schema, desc
     cdef ir.Tool tool
     as_list(tools, "tools", SHAPE)
     for i in range(len(tools)):
-        raw = as_dict(tools[i], f"tools.{i}", SHAPE)
+        raw = tools[i]
+        if type(raw) is not dict:
+            as_dict(raw, f"tools.{i}", SHAPE)
         t = raw.get("type")
         if t is not None and t != "custom":
             # Server tools (web_search_20250305, bash_..., mcp toolsets) run at Anthropic: they
@@ -320,9 +331,12 @@ cdef void _read_tools(ir.Request req, object tools) except *:
             server.append(raw)
             continue
         tool = ir.Tool.__new__(ir.Tool)
-        tool.name = req_str(raw, "name", f"tools.{i}.name", SHAPE)
-        tool.description = opt_str(raw, "description", f"tools.{i}.description", SHAPE)
-        tool.schema = req_dict(raw, "input_schema", f"tools.{i}.input_schema", SHAPE)
+        where = f"tools.{i}"
+        tool.name = _field_str(raw, "name", where, True)
+        tool.description = _field_str(raw, "description", where, False)
+        tool.schema = raw.get("input_schema")
+        if type(tool.schema) is not dict:
+            as_dict(tool.schema, f"tools.{i}.input_schema", SHAPE)
         tool.cache_control = _cache_control(raw)
         req.tools.append(tool)
     if server:
@@ -378,7 +392,9 @@ cpdef ir.Request read_request(bytes body):
 
     msgs = req_list(d, "messages", "messages", SHAPE)
     for i in range(len(msgs)):
-        raw = as_dict(msgs[i], f"messages.{i}", SHAPE)
+        raw = msgs[i]
+        if type(raw) is not dict:
+            as_dict(raw, f"messages.{i}", SHAPE)
         role = raw.get("role")
         if "content" not in raw:
             raise SHAPE.missing(f"messages.{i}.content")

@@ -700,7 +700,7 @@ cdef Request _read_request(dict data):
 
     contents = req_list(data, "contents", "contents", SHAPE)
     for i in range(len(contents)):
-        content = as_dict(contents[i], "contents[%d]" % i, SHAPE)
+        content = contents[i] if type(contents[i]) is dict else as_dict(contents[i], "contents[%d]" % i, SHAPE)
         role = _string(content.get("role"), "contents.role")
         m = Message.__new__(Message)
         if role is None or role == "user" or role == "function":
