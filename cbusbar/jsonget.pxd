@@ -11,13 +11,23 @@ cdef enum:
     J_BOOLEAN = 4
     J_OBJECT = 5
     J_ARRAY = 6
+    J_CONTENT = 7       # a message content: a string or an array of parts
+    J_STRINGS = 8       # a string or an array of strings (stop sequences)
+    J_CHOICE = 9        # a string or an object (tool_choice)
 
 
 cdef class Shape:
-    """A protocol's wording of a client body's shape errors. The base words are OpenAI's short
-    form; codecs override both methods."""
+    """A protocol's wording of a client body's shape errors. The base words are the short form
+    `Invalid type for '<path>': expected <a type>.` (Cohere's: its stop_sequences take no single string, so J_STRINGS reads "an array of strings"); codecs subclass it to speak like
+    their provider."""
     cpdef object bad_type(self, str path, int expected, object value)   # returns a CodecError
     cpdef object missing(self, str path)                                # returns a CodecError
+
+
+cdef class OpenAIShape(Shape):
+    """OpenAI's own wording, shared by Chat Completions and Responses (one platform, one
+    validator): `Invalid type for 'messages': expected an array, but got a string instead.`"""
+    pass
 
 
 # Client bodies (strict). `path` is what the error names; None/absent is "unset" for opt_*.
@@ -28,6 +38,13 @@ cdef object opt_number(dict d, str key, str path, Shape shape)
 cdef object opt_bool(dict d, str key, str path, Shape shape)
 cdef dict opt_dict(dict d, str key, str path, Shape shape)
 cdef list opt_list(dict d, str key, str path, Shape shape)
+cdef dict req_dict(dict d, str key, str path, Shape shape)
+cdef list req_list(dict d, str key, str path, Shape shape)
+# A value already in hand (an array item, a field read under another spelling): required, so None
+# is "missing" and any other wrong type is "bad type".
+cdef str as_str(object v, str path, Shape shape)
+cdef dict as_dict(object v, str path, Shape shape)
+cdef list as_list(object v, str path, Shape shape)
 cdef dict request_object(bytes body, str not_object)    # parse; PARSE_ERROR / not_object
 
 

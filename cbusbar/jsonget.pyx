@@ -15,7 +15,33 @@ UPSTREAM_NOT_JSON = "The upstream returned a body that is not a JSON object."
 UPSTREAM_BAD_FRAME = "The upstream sent a stream frame busbar could not read."
 UPSTREAM_FRAME_TOO_LARGE = "The upstream sent a stream frame larger than busbar accepts."
 
-cdef tuple _WORDS = (None, "a string", "an integer", "a number", "a boolean", "an object", "an array")
+cdef tuple _WORDS = (None, "a string", "an integer", "a number", "a boolean", "an object", "an array",
+                     "a string or an array of content parts", "an array of strings",
+                     "a string or an object")
+
+# OpenAI's names of the expected type (its validator says "a decimal" for a number) and of the type
+# it got instead.
+cdef tuple _OPENAI_WORDS = (None, "a string", "an integer", "a decimal", "a boolean", "an object",
+                            "an array", "one of a string or array of objects",
+                            "one of a string or array of strings", "one of a string or object")
+
+
+cdef str _openai_kind(object v):
+    if v is None:
+        return "null"
+    if v is True or v is False:
+        return "a boolean"
+    if type(v) is str:
+        return "a string"
+    if type(v) is int:
+        return "an integer"
+    if type(v) is float:
+        return "a decimal"
+    if type(v) is list:
+        return "an array"
+    if type(v) is dict:
+        return "an object"
+    return "a value"
 
 
 cdef class Shape:
@@ -25,6 +51,13 @@ cdef class Shape:
 
     cpdef object missing(self, str path):
         return CodecError("Missing required parameter: '%s'." % path)
+
+
+cdef class OpenAIShape(Shape):
+
+    cpdef object bad_type(self, str path, int expected, object value):
+        return CodecError("Invalid type for '%s': expected %s, but got %s instead."
+                          % (path, _OPENAI_WORDS[expected], _openai_kind(value)))
 
 
 cdef str opt_str(dict d, str key, str path, Shape shape):
@@ -75,6 +108,38 @@ cdef list opt_list(dict d, str key, str path, Shape shape):
     cdef object v = d.get(key)
     if v is None or type(v) is list:
         return v
+    raise shape.bad_type(path, J_ARRAY, v)
+
+
+cdef dict req_dict(dict d, str key, str path, Shape shape):
+    return as_dict(d.get(key), path, shape)
+
+
+cdef list req_list(dict d, str key, str path, Shape shape):
+    return as_list(d.get(key), path, shape)
+
+
+cdef str as_str(object v, str path, Shape shape):
+    if type(v) is str:
+        return <str>v
+    if v is None:
+        raise shape.missing(path)
+    raise shape.bad_type(path, J_STRING, v)
+
+
+cdef dict as_dict(object v, str path, Shape shape):
+    if type(v) is dict:
+        return <dict>v
+    if v is None:
+        raise shape.missing(path)
+    raise shape.bad_type(path, J_OBJECT, v)
+
+
+cdef list as_list(object v, str path, Shape shape):
+    if type(v) is list:
+        return <list>v
+    if v is None:
+        raise shape.missing(path)
     raise shape.bad_type(path, J_ARRAY, v)
 
 

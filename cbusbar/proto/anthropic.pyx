@@ -16,6 +16,11 @@ from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonget cimport (
+    Shape, as_dict, as_list, as_str, opt_bool, opt_dict, opt_int, opt_list, opt_number, opt_str,
+    req_dict, req_list, req_str, is_int, count,
+    J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT,
+)
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
@@ -79,25 +84,27 @@ cdef frozenset OWNED_KEYS = frozenset((
     "top_k", "stop_sequences", "stream", "metadata", "thinking"))
 
 
+# Anthropic validates bodies with pydantic and words a shape error the pydantic way:
+# `messages: Input should be a valid list`, `messages.0.content: Field required`.
+cdef tuple PYDANTIC_WORDS = (None, "a valid string", "a valid integer", "a valid number",
+                             "a valid boolean", "a valid dictionary", "a valid list",
+                             "a valid string or list", "a valid string or list", "a valid dictionary")
+
+
+cdef class AnthropicShape(Shape):
+
+    cpdef object bad_type(self, str path, int expected, object value):
+        return CodecError("%s: Input should be %s" % (path, PYDANTIC_WORDS[expected]))
+
+    cpdef object missing(self, str path):
+        return CodecError("%s: Field required" % path)
+
+
+cdef AnthropicShape SHAPE = AnthropicShape()
+
+
 # ---------------------------------------------------------------------------------------------
 # small shared helpers
-
-
-cdef inline bint _is_int(object v):
-    return type(v) is int
-
-
-cdef inline bint _is_num(object v):
-    return type(v) is float or type(v) is int
-
-
-cdef inline long long _count(object v):
-    """A token count from an upstream usage object: absent, null or malformed counts as 0."""
-    if type(v) is int:
-        return <long long>v if v > 0 else 0
-    if type(v) is float and v > 0:
-        return <long long>v
-    return 0
 
 
 cdef str _random_b62(int n):
@@ -153,15 +160,12 @@ cdef list _citations(object cs):
 # read_request
 
 
-cdef str _str_field(dict d, str key, str where, bint required):
+cdef inline str _field_str(dict d, str key, str where, bint required):
+    """d[key] as a string; the path `where.key` is only built for the error (per-block fast path)."""
     cdef object v = d.get(key)
-    if v is None:
-        if required:
-            raise CodecError(f"{where}.{key}: Field required")
-        return None
-    if type(v) is not str:
-        raise CodecError(f"{where}.{key}: Input should be a valid string")
-    return <str>v
+    if type(v) is str or (v is None and not required):
+        return v
+    return as_str(v, where + "." + key, SHAPE)
 
 
 cdef object _cache_control(dict d):
@@ -172,23 +176,22 @@ cdef object _cache_control(dict d):
 cdef void _read_source(ir.Block b, object src, str where, bint document) except *:
     cdef object st, content
     cdef list texts
-    if not isinstance(src, dict):
-        raise CodecError(f"{where}.source: Field required")
-    st = src.get("type")
     where = where + ".source"
+    as_dict(src, where, SHAPE)
+    st = src.get("type")
     if st == "base64":
         b.src_kind = ir.SRC_BASE64
-        b.media_type = _str_field(src, "media_type", where, True)
-        b.data = _str_field(src, "data", where, True)
+        b.media_type = _field_str(src, "media_type", where, True)
+        b.data = _field_str(src, "data", where, True)
     elif st == "url":
         b.src_kind = ir.SRC_URL
-        b.data = _str_field(src, "url", where, True)
+        b.data = _field_str(src, "url", where, True)
     elif st == "file":
         b.src_kind = ir.SRC_VENDOR
-        b.data = _str_field(src, "file_id", where, True)
+        b.data = _field_str(src, "file_id", where, True)
     elif document and st == "text":
         b.media_type = "text/plain"
-        b.text = _str_field(src, "data", where, True)
+        b.text = _field_str(src, "data", where, True)
     elif document and st == "content":
         # A document made of content blocks: the IR keeps its text (images inside are dropped).
         content = src.get("content")
@@ -199,7 +202,7 @@ cdef void _read_source(ir.Block b, object src, str where, bint document) except 
                      if isinstance(c, dict) and c.get("type") == "text" and type(c.get("text")) is str]
             b.text = "\n".join(texts)
         else:
-            raise CodecError(f"{where}.content: Field required")
+            raise SHAPE.bad_type(where + ".content", J_CONTENT, content)
         b.media_type = "text/plain"
     elif document:
         raise CodecError(f"{where}.type: Input should be 'base64', 'text', 'content', 'url' or 'file'")
@@ -214,15 +217,12 @@ cdef ir.Block _read_block(object raw, str where):
     cdef object t, v, content
     cdef list inner
     cdef Py_ssize_t i
-    if not isinstance(raw, dict):
-        raise CodecError(f"{where}: Input should be a valid dictionary")
-    t = raw.get("type")
-    if type(t) is not str:
-        raise CodecError(f"{where}.type: Field required")
+    as_dict(raw, where, SHAPE)
+    t = _field_str(raw, "type", where, True)
     b = ir.Block.__new__(ir.Block)
     if t == "text":
         b.kind = ir.B_TEXT
-        b.text = _str_field(raw, "text", where, True)
+        b.text = _field_str(raw, "text", where, True)
         v = raw.get("citations")
         if isinstance(v, list) and v:
             b.citations = v
@@ -242,13 +242,13 @@ cdef ir.Block _read_block(object raw, str where):
             b.citations = v
     elif t == "tool_use":
         b.kind = ir.B_TOOL_USE
-        b.id = _str_field(raw, "id", where, True)
-        b.name = _str_field(raw, "name", where, True)
+        b.id = _field_str(raw, "id", where, True)
+        b.name = _field_str(raw, "name", where, True)
         v = raw.get("input")
         b.input = v if v is not None else {}
     elif t == "tool_result":
         b.kind = ir.B_TOOL_RESULT
-        b.id = _str_field(raw, "tool_use_id", where, True)
+        b.id = _field_str(raw, "tool_use_id", where, True)
         content = raw.get("content")
         inner = []
         if type(content) is str:
@@ -260,20 +260,17 @@ cdef ir.Block _read_block(object raw, str where):
                 if v is not None and (<ir.Block>v).kind in (ir.B_TEXT, ir.B_IMAGE, ir.B_DOCUMENT):
                     inner.append(v)
         elif content is not None:
-            raise CodecError(f"{where}.content: Input should be a valid list")
+            raise SHAPE.bad_type(where + ".content", J_CONTENT, content)
         b.content = inner
-        v = raw.get("is_error")
-        if v is not None and type(v) is not bool:
-            raise CodecError(f"{where}.is_error: Input should be a valid boolean")
-        b.is_error = v is True
+        b.is_error = opt_bool(raw, "is_error", where + ".is_error", SHAPE) is True
     elif t == "thinking":
         b.kind = ir.B_THINKING
-        b.text = _str_field(raw, "thinking", where, True)
-        b.signature = _str_field(raw, "signature", where, False)
+        b.text = _field_str(raw, "thinking", where, True)
+        b.signature = _field_str(raw, "signature", where, False)
     elif t == "redacted_thinking":
         b.kind = ir.B_THINKING
         b.redacted = True
-        b.data = _str_field(raw, "data", where, True)
+        b.data = _field_str(raw, "data", where, True)
     else:
         return None
     b.cache_control = _cache_control(raw)
@@ -287,8 +284,8 @@ cdef list _read_content(object content, str where):
     if type(content) is str:
         out.append(ir.text_block(content))
         return out
-    if not isinstance(content, list):
-        raise CodecError(f"{where}: Input should be a valid list")
+    if type(content) is not list:
+        raise SHAPE.bad_type(where, J_CONTENT, content)
     for i in range(len(content)):
         b = _read_block(content[i], f"{where}.{i}")
         if b is not None:
@@ -304,13 +301,13 @@ cdef list _read_system(object system, str where):
     if type(system) is str:
         out.append(ir.text_block(system))
         return out
-    if not isinstance(system, list):
-        raise CodecError(f"{where}: Input should be a valid string or list")
+    if type(system) is not list:
+        raise SHAPE.bad_type(where, J_CONTENT, system)
     for i in range(len(system)):
         raw = system[i]
         if not isinstance(raw, dict) or raw.get("type") != "text":
             raise CodecError(f"{where}.{i}.type: Input should be 'text'")
-        b = ir.text_block(_str_field(raw, "text", f"{where}.{i}", True))
+        b = ir.text_block(_field_str(raw, "text", f"{where}.{i}", True))
         b.cache_control = _cache_control(raw)
         out.append(b)
     return out
@@ -319,14 +316,14 @@ cdef list _read_system(object system, str where):
 cdef void _read_tools(ir.Request req, object tools) except *:
     cdef list server = []
     cdef Py_ssize_t i
+    cdef str where
     cdef object raw, t, schema, desc
     cdef ir.Tool tool
-    if not isinstance(tools, list):
-        raise CodecError("tools: Input should be a valid list")
+    as_list(tools, "tools", SHAPE)
     for i in range(len(tools)):
         raw = tools[i]
-        if not isinstance(raw, dict):
-            raise CodecError(f"tools.{i}: Input should be a valid dictionary")
+        if type(raw) is not dict:
+            as_dict(raw, f"tools.{i}", SHAPE)
         t = raw.get("type")
         if t is not None and t != "custom":
             # Server tools (web_search_20250305, bash_..., mcp toolsets) run at Anthropic: they
@@ -334,15 +331,12 @@ cdef void _read_tools(ir.Request req, object tools) except *:
             server.append(raw)
             continue
         tool = ir.Tool.__new__(ir.Tool)
-        tool.name = _str_field(raw, "name", f"tools.{i}", True)
-        desc = raw.get("description")
-        if desc is not None and type(desc) is not str:
-            raise CodecError(f"tools.{i}.description: Input should be a valid string")
-        tool.description = desc
-        schema = raw.get("input_schema")
-        if not isinstance(schema, dict):
-            raise CodecError(f"tools.{i}.input_schema: Field required")
-        tool.schema = schema
+        where = f"tools.{i}"
+        tool.name = _field_str(raw, "name", where, True)
+        tool.description = _field_str(raw, "description", where, False)
+        tool.schema = raw.get("input_schema")
+        if type(tool.schema) is not dict:
+            as_dict(tool.schema, f"tools.{i}.input_schema", SHAPE)
         tool.cache_control = _cache_control(raw)
         req.tools.append(tool)
     if server:
@@ -351,8 +345,7 @@ cdef void _read_tools(ir.Request req, object tools) except *:
 
 cdef void _read_tool_choice(ir.Request req, object tc) except *:
     cdef object t, v
-    if not isinstance(tc, dict):
-        raise CodecError("tool_choice: Input should be a valid dictionary")
+    as_dict(tc, "tool_choice", SHAPE)
     t = tc.get("type")
     if t == "auto":
         req.tool_choice = ir.TC_AUTO
@@ -362,30 +355,20 @@ cdef void _read_tool_choice(ir.Request req, object tc) except *:
         req.tool_choice = ir.TC_NONE
     elif t == "tool":
         req.tool_choice = ir.TC_TOOL
-        req.tool_choice_name = _str_field(tc, "name", "tool_choice", True)
+        req.tool_choice_name = req_str(tc, "name", "tool_choice.name", SHAPE)
     else:
         raise CodecError("tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'")
-    v = tc.get("disable_parallel_tool_use")
+    v = opt_bool(tc, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use", SHAPE)
     if v is not None:
-        if type(v) is not bool:
-            raise CodecError("tool_choice.disable_parallel_tool_use: Input should be a valid boolean")
         req.parallel_tool_calls = not v
 
 
-cdef object _opt_int(dict d, str key):
+cdef object _lax_int(dict d, str key, str path):
+    """Anthropic validates with pydantic in lax mode: 1024.0 passes as an integer too."""
     cdef object v = d.get(key)
-    if v is None or _is_int(v):
-        return v
     if type(v) is float and v.is_integer():
-        return int(v)  # 1024.0 passes Anthropic's (pydantic, lax) validation too
-    raise CodecError(f"{key}: Input should be a valid integer")
-
-
-cdef object _opt_num(dict d, str key):
-    cdef object v = d.get(key)
-    if v is None or _is_num(v):
-        return v
-    raise CodecError(f"{key}: Input should be a valid number")
+        return int(v)
+    return opt_int(d, key, path, SHAPE)
 
 
 cpdef ir.Request read_request(bytes body):
@@ -400,32 +383,21 @@ cpdef ir.Request read_request(bytes body):
     d = jsonget.request_object(body, NOT_AN_OBJECT)
     req = ir.Request()
 
-    v = d.get("model")
-    if v is not None and type(v) is not str:
-        raise CodecError("model: Input should be a valid string")
-    req.model = v
-
-    v = d.get("stream")
-    if v is not None and type(v) is not bool:
-        raise CodecError("stream: Input should be a valid boolean")
-    req.stream = v is True
+    req.model = opt_str(d, "model", "model", SHAPE)
+    req.stream = opt_bool(d, "stream", "stream", SHAPE) is True
 
     v = d.get("system")
     if v is not None:
         req.system = _read_system(v, "system")
 
-    msgs = d.get("messages")
-    if msgs is None:
-        raise CodecError("messages: Field required")
-    if not isinstance(msgs, list):
-        raise CodecError("messages: Input should be a valid list")
+    msgs = req_list(d, "messages", "messages", SHAPE)
     for i in range(len(msgs)):
         raw = msgs[i]
-        if not isinstance(raw, dict):
-            raise CodecError(f"messages.{i}: Input should be a valid dictionary")
+        if type(raw) is not dict:
+            as_dict(raw, f"messages.{i}", SHAPE)
         role = raw.get("role")
         if "content" not in raw:
-            raise CodecError(f"messages.{i}.content: Field required")
+            raise SHAPE.missing(f"messages.{i}.content")
         if role == "system":
             # Newer SDKs allow system turns inside `messages`; the IR has one system prompt, so
             # their text joins it in order.
@@ -448,42 +420,33 @@ cpdef ir.Request read_request(bytes body):
     if v is not None:
         _read_tool_choice(req, v)
 
-    req.max_tokens = _opt_int(d, "max_tokens")
-    req.temperature = _opt_num(d, "temperature")
-    req.top_p = _opt_num(d, "top_p")
-    req.top_k = _opt_int(d, "top_k")
+    req.max_tokens = _lax_int(d, "max_tokens", "max_tokens")
+    req.temperature = opt_number(d, "temperature", "temperature", SHAPE)
+    req.top_p = opt_number(d, "top_p", "top_p", SHAPE)
+    req.top_k = _lax_int(d, "top_k", "top_k")
 
-    v = d.get("stop_sequences")
+    v = opt_list(d, "stop_sequences", "stop_sequences", SHAPE)
     if v is not None:
-        if not isinstance(v, list):
-            raise CodecError("stop_sequences: Input should be a valid list")
         for i in range(len(v)):
-            if type(v[i]) is not str:
-                raise CodecError(f"stop_sequences.{i}: Input should be a valid string")
+            as_str(v[i], f"stop_sequences.{i}", SHAPE)
         req.stop = v
 
-    v = d.get("metadata")
+    v = opt_dict(d, "metadata", "metadata", SHAPE)
     if v is not None:
-        if not isinstance(v, dict):
-            raise CodecError("metadata: Input should be a valid dictionary")
         meta = dict(v)
         raw = meta.pop("user_id", None)
         if raw is not None:
-            if type(raw) is not str:
-                raise CodecError("metadata.user_id: Input should be a valid string")
-            req.user = raw
+            req.user = as_str(raw, "metadata.user_id", SHAPE)
         if meta:
             req.extra["metadata"] = meta
 
-    v = d.get("thinking")
+    v = opt_dict(d, "thinking", "thinking", SHAPE)
     if v is not None:
-        if not isinstance(v, dict):
-            raise CodecError("thinking: Input should be a valid dictionary")
         if v.get("type") == "enabled":
             raw = v.get("budget_tokens")
-            if not _is_int(raw):
-                raise CodecError("thinking.budget_tokens: Input should be a valid integer")
-            req.reasoning_budget = raw
+            req.reasoning_budget = _lax_int(v, "budget_tokens", "thinking.budget_tokens")
+            if req.reasoning_budget is None:
+                raise SHAPE.missing("thinking.budget_tokens")
         else:
             # disabled / adaptive / between_tools: no budget to carry, kept same-protocol.
             req.extra["thinking"] = v
@@ -868,7 +831,7 @@ cpdef bytes write_request(ir.Request req):
     if isinstance(v, dict):
         d["thinking"] = v
     else:
-        budget = claude_budget(req.reasoning_budget, req.reasoning_effort, mt) if _is_int(mt) else None
+        budget = claude_budget(req.reasoning_budget, req.reasoning_effort, mt) if is_int(mt) else None
         # Anthropic rejects thinking with a forced tool choice, and mid tool loop when the calling
         # turn has no thinking block; answering without thinking beats a 400.
         if (budget is not None and not (tc is not None and tc["type"] in ("any", "tool"))
@@ -900,13 +863,13 @@ cdef ir.Usage _read_usage_obj(object u):
     if not isinstance(u, dict):
         usage.input_known = False
         return usage
-    usage.cache_read_tokens = _count(u.get("cache_read_input_tokens"))
-    usage.cache_write_tokens = _count(u.get("cache_creation_input_tokens"))
-    usage.input_tokens = _count(u.get("input_tokens")) + usage.cache_read_tokens + usage.cache_write_tokens
-    usage.output_tokens = _count(u.get("output_tokens"))
+    usage.cache_read_tokens = count(u.get("cache_read_input_tokens"))
+    usage.cache_write_tokens = count(u.get("cache_creation_input_tokens"))
+    usage.input_tokens = count(u.get("input_tokens")) + usage.cache_read_tokens + usage.cache_write_tokens
+    usage.output_tokens = count(u.get("output_tokens"))
     det = u.get("output_tokens_details")
     if isinstance(det, dict):
-        usage.reasoning_tokens = _count(det.get("thinking_tokens"))
+        usage.reasoning_tokens = count(det.get("thinking_tokens"))
     usage.input_known = u.get("input_tokens") is not None
     return usage
 
@@ -1209,7 +1172,7 @@ cdef class StreamDecoder:
         cdef object up = obj.get("index"), cb = obj.get("content_block"), t, v
         cdef ir.Block b
         cdef int index
-        if not _is_int(up) or not isinstance(cb, dict):
+        if not is_int(up) or not isinstance(cb, dict):
             return
         t = cb.get("type")
         b = ir.Block.__new__(ir.Block)
@@ -1302,21 +1265,21 @@ cdef class StreamDecoder:
             # newer APIs repeat input and the cache buckets, or report them only here.
             v = u.get("output_tokens")
             if v is not None:
-                usage.output_tokens = _count(v)
+                usage.output_tokens = count(v)
             v = u.get("input_tokens")
             if v is not None:
-                self.raw_input = _count(v)
+                self.raw_input = count(v)
                 usage.input_known = True
             v = u.get("cache_read_input_tokens")
             if v is not None:
-                usage.cache_read_tokens = _count(v)
+                usage.cache_read_tokens = count(v)
             v = u.get("cache_creation_input_tokens")
             if v is not None:
-                usage.cache_write_tokens = _count(v)
+                usage.cache_write_tokens = count(v)
             usage.input_tokens = self.raw_input + usage.cache_read_tokens + usage.cache_write_tokens
             det = u.get("output_tokens_details")
             if isinstance(det, dict):
-                usage.reasoning_tokens = _count(det.get("thinking_tokens"))
+                usage.reasoning_tokens = count(det.get("thinking_tokens"))
         out.append(ir.ev_message_delta(sr, seq, usage.copy()))
 
 

@@ -42,6 +42,9 @@ from cbusbar.eventstream import EventStreamError
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonget cimport (
+    Shape, opt_dict, opt_int, opt_list, opt_number, str_or_none, count, J_STRINGS,
+)
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
@@ -148,19 +151,27 @@ cdef dict EVENT_HEADERS = {
 }
 
 
+# Bedrock's wording of a shape error: `messages must be a list.`; an absent required member in
+# AWS's own ValidationException words.
+cdef tuple BEDROCK_WORDS = (None, "a string", "an integer", "a number", "a boolean", "an object",
+                            "a list", "a string or a list", "a list of strings", "an object")
+
+
+cdef class BedrockShape(Shape):
+
+    cpdef object bad_type(self, str path, int expected, object value):
+        return CodecError("%s must be %s." % (path, BEDROCK_WORDS[expected]))
+
+    cpdef object missing(self, str path):
+        return CodecError("1 validation error detected: Value null at '%s' failed to satisfy "
+                          "constraint: Member must not be null" % path)
+
+
+cdef BedrockShape SHAPE = BedrockShape()
+
+
 # ---------------------------------------------------------------------------------------------
 # Small helpers
-
-
-cdef inline str _s(object v):
-    return <str>v if isinstance(v, str) else None
-
-
-cdef inline long long _count(object v):
-    """A token count from the wire: a non-negative int, anything else is 0."""
-    if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < (1 << 53):
-        return v
-    return 0
 
 
 cdef Usage _unknown_usage():
@@ -175,10 +186,10 @@ cdef Usage _usage_of(object raw):
     if not isinstance(raw, dict):
         return u
     d = raw
-    u.cache_read_tokens = _count(d.get("cacheReadInputTokens"))
-    u.cache_write_tokens = _count(d.get("cacheWriteInputTokens"))
-    u.input_tokens = _count(d.get("inputTokens")) + u.cache_read_tokens + u.cache_write_tokens
-    u.output_tokens = _count(d.get("outputTokens"))
+    u.cache_read_tokens = count(d.get("cacheReadInputTokens"))
+    u.cache_write_tokens = count(d.get("cacheWriteInputTokens"))
+    u.input_tokens = count(d.get("inputTokens")) + u.cache_read_tokens + u.cache_write_tokens
+    u.output_tokens = count(d.get("outputTokens"))
     u.input_known = True
     return u
 
@@ -299,7 +310,7 @@ cdef Block _read_document(object v):
     fmt = d.get("format")
     b = Block.__new__(Block)
     b.kind = B_DOCUMENT
-    b.name = _s(d.get("name"))
+    b.name = str_or_none(d.get("name"))
     b.media_type = DOC_MEDIA.get(fmt) if isinstance(fmt, str) else None
     data = src.get("bytes")
     if isinstance(data, str):
@@ -415,7 +426,7 @@ cdef Block _read_block(dict raw):
         if not isinstance(v, dict) or not isinstance((<dict>v).get("text"), str):
             raise CodecError("reasoningContent needs reasoningText with a text, or redactedContent.")
         b.text = (<dict>v)["text"]
-        b.signature = _s((<dict>v).get("signature"))
+        b.signature = str_or_none((<dict>v).get("signature"))
         return b
     if "document" in raw:
         return _read_document(raw["document"])
@@ -481,10 +492,9 @@ cpdef Request read_request(bytes body):
     obj = jsonget.request_object(body, NOT_AN_OBJECT)
     req = Request()
 
-    v = obj.get("messages")
+    # Converse takes no messages when modelId is a prompt-management ARN, so they are optional.
+    v = opt_list(obj, "messages", "messages", SHAPE)
     if v is not None:
-        if not isinstance(v, list):
-            raise CodecError("messages must be a list.")
         for item in v:
             if not isinstance(item, dict):
                 raise CodecError("Each message must be an object with a role and content.")
@@ -503,10 +513,8 @@ cpdef Request read_request(bytes body):
             else:
                 raise CodecError("Each message needs a role of user or assistant.")
 
-    v = obj.get("system")
+    v = opt_list(obj, "system", "system", SHAPE)
     if v is not None:
-        if not isinstance(v, list):
-            raise CodecError("system must be a list.")
         last = None
         for item in v:
             if not isinstance(item, dict):
@@ -521,42 +529,24 @@ cpdef Request read_request(bytes body):
                 if last is not None:
                     last.cache_control = _cache_control(d["cachePoint"])
 
-    v = obj.get("inferenceConfig")
-    if v is not None:
-        if not isinstance(v, dict):
-            raise CodecError("inferenceConfig must be an object.")
-        d = v
-        x = d.get("maxTokens")
-        if x is not None:
-            if not isinstance(x, int) or isinstance(x, bool):
-                raise CodecError("inferenceConfig.maxTokens must be an integer.")
-            req.max_tokens = x
-        for key in ("temperature", "topP"):
-            x = d.get(key)
-            if x is not None:
-                if not isinstance(x, (int, float)) or isinstance(x, bool):
-                    raise CodecError("inferenceConfig.%s must be a number." % key)
-                if key == "temperature":
-                    req.temperature = x
-                else:
-                    req.top_p = x
+    d = opt_dict(obj, "inferenceConfig", "inferenceConfig", SHAPE)
+    if d is not None:
+        req.max_tokens = opt_int(d, "maxTokens", "inferenceConfig.maxTokens", SHAPE)
+        req.temperature = opt_number(d, "temperature", "inferenceConfig.temperature", SHAPE)
+        req.top_p = opt_number(d, "topP", "inferenceConfig.topP", SHAPE)
         x = d.get("stopSequences")
         if x is not None:
-            if not isinstance(x, list):
-                raise CodecError("inferenceConfig.stopSequences must be a list of strings.")
+            if type(x) is not list:
+                raise SHAPE.bad_type("inferenceConfig.stopSequences", J_STRINGS, x)
             for item in x:
-                if not isinstance(item, str):
-                    raise CodecError("inferenceConfig.stopSequences must be a list of strings.")
+                if type(item) is not str:
+                    raise SHAPE.bad_type("inferenceConfig.stopSequences", J_STRINGS, x)
             req.stop = list(x)
 
-    v = obj.get("toolConfig")
+    v = opt_dict(obj, "toolConfig", "toolConfig", SHAPE)
     if v is not None:
-        if not isinstance(v, dict):
-            raise CodecError("toolConfig must be an object.")
         d = v
-        tools = d.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise CodecError("toolConfig.tools must be a list.")
+        tools = opt_list(d, "tools", "toolConfig.tools", SHAPE)
         last_tool = None
         for item in tools or ():
             if not isinstance(item, dict):
@@ -567,7 +557,7 @@ cpdef Request read_request(bytes body):
                     raise CodecError("Each toolSpec needs a name.")
                 t = Tool.__new__(Tool)
                 t.name = (<dict>spec)["name"]
-                t.description = _s((<dict>spec).get("description"))
+                t.description = str_or_none((<dict>spec).get("description"))
                 schema = (<dict>spec).get("inputSchema")
                 t.schema = (<dict>schema).get("json") if isinstance(schema, dict) else None
                 req.tools.append(t)
@@ -619,7 +609,7 @@ cpdef Request read_request(bytes body):
                     raise CodecError("outputConfig.textFormat jsonSchema.schema must be JSON text.")
                 req.response_format = RF_JSON_SCHEMA
                 req.rf_schema = schema
-                req.rf_name = _s((<dict>js).get("name"))
+                req.rf_name = str_or_none((<dict>js).get("name"))
     return req
 
 
@@ -876,7 +866,7 @@ cdef int _stop_of(object v):
 cdef str _stop_sequence_of(object fields):
     """Claude on Bedrock names the matched stop sequence in additionalModelResponseFields."""
     if isinstance(fields, dict):
-        return _s((<dict>fields).get("stop_sequence"))
+        return str_or_none((<dict>fields).get("stop_sequence"))
     return None
 
 
@@ -1120,15 +1110,15 @@ cdef class StreamDecoder:
                 raw = None
             msg = None
             if isinstance(raw, dict):
-                msg = _s((<dict>raw).get("message")) or _s((<dict>raw).get("Message"))
+                msg = str_or_none((<dict>raw).get("message")) or str_or_none((<dict>raw).get("Message"))
             etype = headers.get(":exception-type")
             out.append(ev_error(_kind_of_exception(etype),
-                                msg or _s(etype) or "The upstream reported an error."))
+                                msg or str_or_none(etype) or "The upstream reported an error."))
             self.done = True
             return
         if mtype == "error":
             out.append(ev_error(_kind_of_exception(headers.get(":error-code")),
-                                _s(headers.get(":error-message")) or "The upstream reported an error."))
+                                str_or_none(headers.get(":error-message")) or "The upstream reported an error."))
             self.done = True
             return
         if mtype != "event":
@@ -1145,7 +1135,7 @@ cdef class StreamDecoder:
                 return
             delta = v
             if "text" in delta:
-                text = _s(delta["text"])
+                text = str_or_none(delta["text"])
                 if text is None:
                     return
                 index = self.open_blocks.get(wire, -1)
@@ -1155,7 +1145,7 @@ cdef class StreamDecoder:
                 out.append(ev_block_delta(index, D_TEXT, text))
             elif "toolUse" in delta:
                 v = delta["toolUse"]
-                text = _s((<dict>v).get("input")) if isinstance(v, dict) else None
+                text = str_or_none((<dict>v).get("input")) if isinstance(v, dict) else None
                 if text is None:
                     return
                 index = self.open_blocks.get(wire, -1)
@@ -1170,7 +1160,7 @@ cdef class StreamDecoder:
                 x = v
                 index = self.open_blocks.get(wire, -1)
                 if "redactedContent" in x:
-                    data = _s(x["redactedContent"])
+                    data = str_or_none(x["redactedContent"])
                     if data is None or index >= 0:
                         return
                     b = Block.__new__(Block)
@@ -1183,11 +1173,11 @@ cdef class StreamDecoder:
                     self._close(wire, out)
                     index = self._open(wire, B_THINKING, None, out)
                 if "text" in x:
-                    text = _s(x["text"])
+                    text = str_or_none(x["text"])
                     if text is not None:
                         out.append(ev_block_delta(index, D_THINKING, text))
                 elif "signature" in x:
-                    text = _s(x["signature"])
+                    text = str_or_none(x["signature"])
                     if text is not None:
                         out.append(ev_block_delta(index, D_SIGNATURE, text))
             elif "citation" in delta:
@@ -1204,8 +1194,8 @@ cdef class StreamDecoder:
                 x = (<dict>v)["toolUse"]
                 b = Block.__new__(Block)
                 b.kind = B_TOOL_USE
-                b.id = _s(x.get("toolUseId"))
-                b.name = _s(x.get("name"))
+                b.id = str_or_none(x.get("toolUseId"))
+                b.name = str_or_none(x.get("name"))
                 self._close(wire, out)
                 self._open(wire, B_TOOL_USE, b, out)
         elif etype == "contentBlockStop":

@@ -28,6 +28,10 @@ from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError
 from cbusbar cimport jsonget
+from cbusbar.jsonget cimport (
+    Shape, as_dict, as_str, opt_bool, opt_int, opt_number, opt_str, req_list,
+    J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS,
+)
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 
 from cbusbar.ir cimport (
@@ -99,44 +103,17 @@ _FINISH_OF_STOP = {
 # small readers
 
 
-cdef inline object _bad_type(str path, str expected):
-    return CodecError("Invalid type for '%s': expected %s." % (path, expected))
+# Cohere words its shape errors as jsonget's base Shape does (`Invalid type for 'messages':
+# expected an array.`, `Missing required parameter: 'model'.`).
+cdef Shape SHAPE = Shape()
 
 
-cdef object _number(object v, str path):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise _bad_type(path, "a number")
-    return v
-
-
-cdef object _integer(object v, str path):
-    if v is None:
-        return None
-    if isinstance(v, bool):
-        raise _bad_type(path, "an integer")
-    if isinstance(v, int):
-        return v
-    if isinstance(v, float) and v.is_integer():
+cdef object _lax_int(dict d, str key, str path):
+    """Cohere's SDK validates with pydantic in lax mode: 1024.0 passes as an integer too."""
+    cdef object v = d.get(key)
+    if type(v) is float and v.is_integer():
         return int(v)
-    raise _bad_type(path, "an integer")
-
-
-cdef object _boolean(object v, str path):
-    if v is None:
-        return None
-    if not isinstance(v, bool):
-        raise _bad_type(path, "a boolean")
-    return v
-
-
-cdef str _string(object v, str path):
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise _bad_type(path, "a string")
-    return <str>v
+    return opt_int(d, key, path, SHAPE)
 
 
 cdef object _get(object obj, str key):
@@ -202,13 +179,13 @@ cdef list _text_parts(object content, str path):
     if isinstance(content, str):
         out.append(text_block(content))
         return out
-    if not isinstance(content, list):
-        raise _bad_type(path, "a string or an array of content parts")
+    if type(content) is not list:
+        raise SHAPE.bad_type(path, J_CONTENT, content)
     for i, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise _bad_type("%s[%d]" % (path, i), "an object")
+        if type(part) is not dict:
+            raise SHAPE.bad_type("%s[%d]" % (path, i), J_OBJECT, part)
         if part.get("type", "text") == "text":
-            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(opt_str(part, "text", "%s[%d].text" % (path, i), SHAPE) or ""))
     return out
 
 
@@ -221,21 +198,21 @@ cdef list _user_parts(object content, str path):
     if isinstance(content, str):
         out.append(text_block(content))
         return out
-    if not isinstance(content, list):
-        raise _bad_type(path, "a string or an array of content parts")
+    if type(content) is not list:
+        raise SHAPE.bad_type(path, J_CONTENT, content)
     for i, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise _bad_type("%s[%d]" % (path, i), "an object")
-        kind = _string(part.get("type"), "%s[%d].type" % (path, i))
+        if type(part) is not dict:
+            raise SHAPE.bad_type("%s[%d]" % (path, i), J_OBJECT, part)
+        kind = opt_str(part, "type", "%s[%d].type" % (path, i), SHAPE)
         if kind == "text":
-            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(opt_str(part, "text", "%s[%d].text" % (path, i), SHAPE) or ""))
         elif kind == "image_url":
             image = part.get("image_url")
             # Accept the bare-string spelling some OpenAI-style clients send, as Cohere does.
-            url = image if isinstance(image, str) else _string(_get(image, "url"),
-                                                               "%s[%d].image_url.url" % (path, i))
+            url = image if isinstance(image, str) else opt_str(as_dict(image, "%s[%d].image_url" % (path, i), SHAPE),
+                                                               "url", "%s[%d].image_url.url" % (path, i), SHAPE)
             if not url:
-                raise CodecError("Missing required parameter: '%s[%d].image_url.url'." % (path, i))
+                raise SHAPE.missing("%s[%d].image_url.url" % (path, i))
             out.append(_image_block(url))
     return out
 
@@ -249,14 +226,14 @@ cdef list _tool_result_parts(object content, str path):
     if isinstance(content, str):
         out.append(text_block(content))
         return out
-    if not isinstance(content, list):
-        raise _bad_type(path, "a string or an array of content parts")
+    if type(content) is not list:
+        raise SHAPE.bad_type(path, J_CONTENT, content)
     for i, part in enumerate(content):
-        if not isinstance(part, dict):
-            raise _bad_type("%s[%d]" % (path, i), "an object")
-        kind = _string(part.get("type"), "%s[%d].type" % (path, i))
+        if type(part) is not dict:
+            raise SHAPE.bad_type("%s[%d]" % (path, i), J_OBJECT, part)
+        kind = opt_str(part, "type", "%s[%d].type" % (path, i), SHAPE)
         if kind == "text":
-            out.append(text_block(_string(part.get("text"), "%s[%d].text" % (path, i)) or ""))
+            out.append(text_block(opt_str(part, "text", "%s[%d].text" % (path, i), SHAPE) or ""))
         elif kind == "document":
             data = _get(part.get("document"), "data")
             if isinstance(data, str):
@@ -274,7 +251,7 @@ cdef Message _assistant(dict m, str path):
     cdef Py_ssize_t i
     cdef str kind, plan, id, name, arguments, s
     content = m.get("content")
-    plan = _string(m.get("tool_plan"), path + ".tool_plan")
+    plan = opt_str(m, "tool_plan", path + ".tool_plan", SHAPE)
     if plan:
         text.append(text_block(plan))
     if isinstance(content, str):
@@ -282,32 +259,32 @@ cdef Message _assistant(dict m, str path):
             text.append(text_block(content))
     elif isinstance(content, list):
         for i, part in enumerate(content):
-            if not isinstance(part, dict):
-                raise _bad_type("%s.content[%d]" % (path, i), "an object")
-            kind = _string(part.get("type"), "%s.content[%d].type" % (path, i))
+            if type(part) is not dict:
+                raise SHAPE.bad_type("%s.content[%d]" % (path, i), J_OBJECT, part)
+            kind = opt_str(part, "type", "%s.content[%d].type" % (path, i), SHAPE)
             if kind == "text":
-                s = _string(part.get("text"), "%s.content[%d].text" % (path, i))
+                s = opt_str(part, "text", "%s.content[%d].text" % (path, i), SHAPE)
                 if s:
                     text.append(text_block(s))
             elif kind == "thinking":
-                s = _string(part.get("thinking"), "%s.content[%d].thinking" % (path, i))
+                s = opt_str(part, "thinking", "%s.content[%d].thinking" % (path, i), SHAPE)
                 if s:
                     thinking.append(_thinking(s))
     elif content is not None:
-        raise _bad_type(path + ".content", "a string or an array of content parts")
+        raise SHAPE.bad_type(path + ".content", J_CONTENT, content)
     tool_calls = m.get("tool_calls")
     if tool_calls is not None:
-        if not isinstance(tool_calls, list):
-            raise _bad_type(path + ".tool_calls", "an array")
+        if type(tool_calls) is not list:
+            raise SHAPE.bad_type(path + ".tool_calls", J_ARRAY, tool_calls)
         for i, call in enumerate(tool_calls):
-            if not isinstance(call, dict):
-                raise _bad_type("%s.tool_calls[%d]" % (path, i), "an object")
+            if type(call) is not dict:
+                raise SHAPE.bad_type("%s.tool_calls[%d]" % (path, i), J_OBJECT, call)
             fn = call.get("function")
-            if not isinstance(fn, dict):
-                raise _bad_type("%s.tool_calls[%d].function" % (path, i), "an object")
-            id = _string(call.get("id"), "%s.tool_calls[%d].id" % (path, i))
-            name = _string(fn.get("name"), "%s.tool_calls[%d].function.name" % (path, i))
-            arguments = _string(fn.get("arguments"), "%s.tool_calls[%d].function.arguments" % (path, i))
+            if type(fn) is not dict:
+                raise SHAPE.bad_type("%s.tool_calls[%d].function" % (path, i), J_OBJECT, fn)
+            id = opt_str(call, "id", "%s.tool_calls[%d].id" % (path, i), SHAPE)
+            name = opt_str(fn, "name", "%s.tool_calls[%d].function.name" % (path, i), SHAPE)
+            arguments = opt_str(fn, "arguments", "%s.tool_calls[%d].function.arguments" % (path, i), SHAPE)
             calls.append(_tool_use(id, name, _parse_arguments(arguments)))
     msg = Message.__new__(Message)
     msg.role = ROLE_ASSISTANT
@@ -321,17 +298,17 @@ cdef list _read_tools(object tools):
     cdef Tool t
     if tools is None:
         return out
-    if not isinstance(tools, list):
-        raise _bad_type("tools", "an array")
+    if type(tools) is not list:
+        raise SHAPE.bad_type("tools", J_ARRAY, tools)
     for i, tool in enumerate(tools):
         fn = _get(tool, "function")
-        if not isinstance(fn, dict):
-            raise _bad_type("tools[%d].function" % i, "an object")
+        if type(fn) is not dict:
+            raise SHAPE.bad_type("tools[%d].function" % i, J_OBJECT, fn)
         t = Tool.__new__(Tool)
-        t.name = _string(fn.get("name"), "tools[%d].function.name" % i)
+        t.name = opt_str(fn, "name", "tools[%d].function.name" % i, SHAPE)
         if not t.name:
-            raise CodecError("Missing required parameter: 'tools[%d].function.name'." % i)
-        t.description = _string(fn.get("description"), "tools[%d].function.description" % i)
+            raise SHAPE.missing("tools[%d].function.name" % i)
+        t.description = opt_str(fn, "description", "tools[%d].function.description" % i, SHAPE)
         t.schema = fn.get("parameters")
         out.append(t)
     return out
@@ -349,18 +326,14 @@ cpdef Request read_request(bytes body):
     cdef Py_ssize_t i
     cdef str role, path, choice
     cdef list stop
-    req.model = _string(doc.get("model"), "model")
+    req.model = opt_str(doc, "model", "model", SHAPE)
     if not req.model:
-        raise CodecError("Missing required parameter: 'model'.")
-    messages = doc.get("messages")
-    if messages is None:
-        raise CodecError("Missing required parameter: 'messages'.")
-    if not isinstance(messages, list):
-        raise _bad_type("messages", "an array")
+        raise SHAPE.missing("model")
+    messages = req_list(doc, "messages", "messages", SHAPE)
     for i, m in enumerate(messages):
         path = "messages[%d]" % i
-        if not isinstance(m, dict):
-            raise _bad_type(path, "an object")
+        if type(m) is not dict:
+            raise SHAPE.bad_type(path, J_OBJECT, m)
         role = m.get("role") if isinstance(m.get("role"), str) else None
         if role == "system":
             # Cohere allows system turns anywhere; the IR has one system prompt, so they collect.
@@ -379,9 +352,9 @@ cpdef Request read_request(bytes body):
         elif role == "tool":
             b = Block.__new__(Block)
             b.kind = B_TOOL_RESULT
-            b.id = _string(m.get("tool_call_id"), path + ".tool_call_id")
+            b.id = opt_str(m, "tool_call_id", path + ".tool_call_id", SHAPE)
             if not b.id:
-                raise CodecError("Missing required parameter: '%s.tool_call_id'." % path)
+                raise SHAPE.missing("%s.tool_call_id" % path)
             b.content = _tool_result_parts(m.get("content"), path + ".content")
             # Consecutive tool messages answer one assistant turn: one USER message holds them all.
             if results is None:
@@ -397,7 +370,7 @@ cpdef Request read_request(bytes body):
     req.tools = _read_tools(doc.get("tools"))
     tc = doc.get("tool_choice")
     if tc is not None:
-        choice = _string(tc, "tool_choice").upper()
+        choice = as_str(tc, "tool_choice", SHAPE).upper()
         if choice == "REQUIRED":
             req.tool_choice = TC_REQUIRED
         elif choice == "NONE":
@@ -407,8 +380,8 @@ cpdef Request read_request(bytes body):
 
     rf = doc.get("response_format")
     if rf is not None:
-        if not isinstance(rf, dict):
-            raise _bad_type("response_format", "an object")
+        if type(rf) is not dict:
+            raise SHAPE.bad_type("response_format", J_OBJECT, rf)
         kind = rf.get("type")
         if kind == "text":
             req.response_format = RF_TEXT
@@ -423,23 +396,23 @@ cpdef Request read_request(bytes body):
             raise CodecError("Invalid value for 'response_format.type': expected 'text' or "
                              "'json_object'.")
 
-    req.max_tokens = _integer(doc.get("max_tokens"), "max_tokens")
-    req.temperature = _number(doc.get("temperature"), "temperature")
-    req.top_p = _number(doc.get("p"), "p")
-    req.top_k = _integer(doc.get("k"), "k")
-    req.frequency_penalty = _number(doc.get("frequency_penalty"), "frequency_penalty")
-    req.presence_penalty = _number(doc.get("presence_penalty"), "presence_penalty")
-    req.seed = _integer(doc.get("seed"), "seed")
-    req.logprobs = _boolean(doc.get("logprobs"), "logprobs")
-    req.stream = _boolean(doc.get("stream"), "stream") is True
+    req.max_tokens = _lax_int(doc, "max_tokens", "max_tokens")
+    req.temperature = opt_number(doc, "temperature", "temperature", SHAPE)
+    req.top_p = opt_number(doc, "p", "p", SHAPE)
+    req.top_k = _lax_int(doc, "k", "k")
+    req.frequency_penalty = opt_number(doc, "frequency_penalty", "frequency_penalty", SHAPE)
+    req.presence_penalty = opt_number(doc, "presence_penalty", "presence_penalty", SHAPE)
+    req.seed = _lax_int(doc, "seed", "seed")
+    req.logprobs = opt_bool(doc, "logprobs", "logprobs", SHAPE)
+    req.stream = opt_bool(doc, "stream", "stream", SHAPE) is True
     seqs = doc.get("stop_sequences")
     if seqs is not None:
-        if not isinstance(seqs, list):
-            raise _bad_type("stop_sequences", "an array of strings")
+        if type(seqs) is not list:
+            raise SHAPE.bad_type("stop_sequences", J_STRINGS, seqs)
         stop = []
         for s in seqs:
-            if not isinstance(s, str):
-                raise _bad_type("stop_sequences", "an array of strings")
+            if type(s) is not str:
+                raise SHAPE.bad_type("stop_sequences", J_STRINGS, seqs)
             stop.append(s)
         req.stop = stop
 

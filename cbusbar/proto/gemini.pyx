@@ -33,6 +33,9 @@ from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport JsonArrayParser, SSEParser, json_array_item, sse_data_crlf, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonget cimport (
+    Shape, as_dict, req_list, is_int, is_number, J_STRING, J_INTEGER, J_NUMBER, J_OBJECT, J_ARRAY,
+)
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.reasoning cimport budget_of_effort
 
@@ -132,46 +135,57 @@ cdef str _camel(str key):
     return words[0] + "".join(w[:1].upper() + w[1:] for w in words[1:])
 
 
+# Gemini's wording of a shape error (google.rpc INVALID_ARGUMENT field violations): `Invalid value
+# at 'contents': expected a list.`, and for an absent required field the API's own
+# `* GenerateContentRequest.contents: contents is not specified`.
+cdef tuple GEMINI_WORDS = (None, "a string", "an integer", "a number", "a boolean", "an object",
+                           "a list", "a string or a list", "a list of strings", "an object")
+
+
+cdef class GeminiShape(Shape):
+
+    cpdef object bad_type(self, str path, int expected, object value):
+        return CodecError("Invalid value at '%s': expected %s." % (path, GEMINI_WORDS[expected]))
+
+    cpdef object missing(self, str path):
+        return CodecError("* GenerateContentRequest.%s: %s is not specified" % (path, path))
+
+
+cdef GeminiShape SHAPE = GeminiShape()
+
+
+# Gemini fields arrive under two spellings (camelCase, snake_case), so they are read as values
+# (`_get`) and checked here through the shared Shape; None is unset.
 cdef dict _dict_or_none(object v, str what):
-    if v is None:
-        return None
-    if not isinstance(v, dict):
-        raise CodecError("Invalid value at '%s': expected an object." % what)
-    return <dict>v
+    if v is None or type(v) is dict:
+        return v
+    raise SHAPE.bad_type(what, J_OBJECT, v)
 
 
 cdef list _list_or_none(object v, str what):
-    if v is None:
-        return None
-    if not isinstance(v, list):
-        raise CodecError("Invalid value at '%s': expected a list." % what)
-    return <list>v
+    if v is None or type(v) is list:
+        return v
+    raise SHAPE.bad_type(what, J_ARRAY, v)
 
 
 cdef object _number(object v, str what):
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise CodecError("Invalid value at '%s': expected a number." % what)
-    return v
+    if v is None or is_number(v):
+        return v
+    raise SHAPE.bad_type(what, J_NUMBER, v)
 
 
 cdef object _integer(object v, str what):
-    v = _number(v, what)
-    if isinstance(v, float):
-        # the SDK types topK as a float and sends 3.0
-        if not (<double>v).is_integer():
-            raise CodecError("Invalid value at '%s': expected an integer." % what)
-        return int(v)
-    return v
+    if v is None or is_int(v):
+        return v
+    if type(v) is float and (<double>v).is_integer():
+        return int(v)  # the SDK types topK as a float and sends 3.0
+    raise SHAPE.bad_type(what, J_INTEGER, v)
 
 
 cdef str _string(object v, str what):
-    if v is None:
-        return None
-    if not isinstance(v, str):
-        raise CodecError("Invalid value at '%s': expected a string." % what)
-    return <str>v
+    if v is None or type(v) is str:
+        return v
+    raise SHAPE.bad_type(what, J_STRING, v)
 
 
 cdef inline int _b64_value(Py_UCS4 c):
@@ -684,11 +698,9 @@ cdef Request _read_request(dict data):
             if (<Block>b).kind == B_TEXT:
                 req.system.append(b)
 
-    contents = _list_or_none(data.get("contents"), "contents") or []
+    contents = req_list(data, "contents", "contents", SHAPE)
     for i in range(len(contents)):
-        content = _dict_or_none(contents[i], "contents")
-        if content is None:
-            raise CodecError("Invalid value at 'contents[%d]': expected an object." % i)
+        content = contents[i] if type(contents[i]) is dict else as_dict(contents[i], "contents[%d]" % i, SHAPE)
         role = _string(content.get("role"), "contents.role")
         m = Message.__new__(Message)
         if role is None or role == "user" or role == "function":

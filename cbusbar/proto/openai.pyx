@@ -34,6 +34,10 @@ from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonget cimport (
+    OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
+    J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
+)
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.reasoning cimport effort_of_budget
 
@@ -126,99 +130,12 @@ cpdef str upstream_path(str model, bint stream):
     return "/v1/chat/completions"
 
 
-cdef str _a(object v):
-    """How OpenAI names a JSON value's type in its error messages."""
-    if v is None:
-        return "null"
-    if v is True or v is False:
-        return "a boolean"
-    if isinstance(v, str):
-        return "a string"
-    if isinstance(v, int):
-        return "an integer"
-    if isinstance(v, float):
-        return "a decimal"
-    if isinstance(v, list):
-        return "an array"
-    if isinstance(v, dict):
-        return "an object"
-    return "a value"
-
-
-cdef object _bad_type(str path, str expected, object v):
-    return CodecError("Invalid type for '%s': expected %s, but got %s instead." % (path, expected, _a(v)))
-
-
-cdef object _missing(str path):
-    return CodecError("Missing required parameter: '%s'." % path)
+# OpenAI's own wording of a client body's shape errors (jsonget.OpenAIShape).
+cdef OpenAIShape SHAPE = OpenAIShape()
 
 
 cdef object _bad_value(object v, str supported):
     return CodecError("Invalid value: '%s'. Supported values are: %s." % (v, supported))
-
-
-cdef inline bint _is_int(object v):
-    return isinstance(v, int) and not (v is True or v is False)
-
-
-cdef inline bint _is_number(object v):
-    return (isinstance(v, int) or isinstance(v, float)) and not (v is True or v is False)
-
-
-cdef object _opt_number(dict obj, str key):
-    cdef object v = obj.get(key)
-    if v is None or _is_number(v):
-        return v
-    raise _bad_type(key, "a decimal", v)
-
-
-cdef object _opt_int(dict obj, str key):
-    cdef object v = obj.get(key)
-    if v is None or _is_int(v):
-        return v
-    raise _bad_type(key, "an integer", v)
-
-
-cdef object _opt_bool(dict obj, str key):
-    cdef object v = obj.get(key)
-    if v is None or v is True or v is False:
-        return v
-    raise _bad_type(key, "a boolean", v)
-
-
-cdef str _opt_str(dict obj, str key, str path):
-    cdef object v = obj.get(key)
-    if v is None or isinstance(v, str):
-        return v
-    raise _bad_type(path, "a string", v)
-
-
-cdef str _req_str(dict obj, str key, str path):
-    cdef object v = obj.get(key)
-    if v is None:
-        raise _missing(path)
-    if not isinstance(v, str):
-        raise _bad_type(path, "a string", v)
-    return v
-
-
-cdef dict _opt_dict(dict obj, str key, str path):
-    cdef object v = obj.get(key)
-    if v is None or isinstance(v, dict):
-        return v
-    raise _bad_type(path, "an object", v)
-
-
-cdef inline str _s(object v):
-    """A string field of an upstream body, or None when absent or not a string."""
-    return v if isinstance(v, str) else None
-
-
-cdef inline long long _n(object v):
-    """A token count of an upstream body: 0 when absent or not an integer."""
-    if _is_int(v) and v >= 0:
-        return v
-    return 0
 
 
 cdef inline Block _block(int kind):
@@ -293,10 +210,10 @@ cdef Block _file(dict f, str path):
     """A `file` part: an uploaded file id stays a vendor reference; inline data is a data URI (or
     bare base64, which OpenAI only accepts for PDFs)."""
     cdef Block b = _block(B_DOCUMENT)
-    cdef str file_id = _opt_str(f, "file_id", path + ".file_id")
-    cdef str data = _opt_str(f, "file_data", path + ".file_data")
+    cdef str file_id = opt_str(f, "file_id", path + ".file_id", SHAPE)
+    cdef str data = opt_str(f, "file_data", path + ".file_data", SHAPE)
     cdef Block parsed
-    b.name = _opt_str(f, "filename", path + ".filename")
+    b.name = opt_str(f, "filename", path + ".filename", SHAPE)
     if data is not None:
         parsed = _image(data)
         b.src_kind = SRC_BASE64
@@ -310,7 +227,7 @@ cdef Block _file(dict f, str path):
         b.src_kind = SRC_VENDOR
         b.data = file_id
     else:
-        raise _missing(path + ".file_id")
+        raise SHAPE.missing(path + ".file_id")
     return b
 
 
@@ -318,10 +235,10 @@ cdef Block _audio(dict a, str path):
     """`input_audio` {data, format} has no IR block of its own: it is carried as a base64 document
     with an audio media type, which Gemini and Bedrock writers can forward as inline media."""
     cdef Block b = _block(B_DOCUMENT)
-    cdef str fmt = _req_str(a, "format", path + ".format")
+    cdef str fmt = req_str(a, "format", path + ".format", SHAPE)
     b.src_kind = SRC_BASE64
     b.media_type = "audio/mpeg" if fmt == "mp3" else "audio/" + fmt
-    b.data = _req_str(a, "data", path + ".data")
+    b.data = req_str(a, "data", path + ".data", SHAPE)
     return b
 
 
@@ -337,36 +254,30 @@ cdef list _parts(object content, str path, int allowed):
         out.append(text_block(content))
         return out
     if not isinstance(content, list):
-        raise _bad_type(path, "one of a string or array of objects", content)
+        raise SHAPE.bad_type(path, J_CONTENT, content)
     for v in content:
         ppath = "%s[%d]" % (path, i)
         i += 1
         if not isinstance(v, dict):
-            raise _bad_type(ppath, "an object", v)
+            raise SHAPE.bad_type(ppath, J_OBJECT, v)
         part = v
-        kind = _req_str(part, "type", ppath + ".type")
+        kind = req_str(part, "type", ppath + ".type", SHAPE)
         if kind == "text":
-            b = text_block(_req_str(part, "text", ppath + ".text"))
+            b = text_block(req_str(part, "text", ppath + ".text", SHAPE))
         elif kind == "refusal" and allowed & P_REFUSAL:
-            b = text_block(_req_str(part, "refusal", ppath + ".refusal"))
+            b = text_block(req_str(part, "refusal", ppath + ".refusal", SHAPE))
         elif kind == "image_url" and allowed & P_MEDIA:
             v = part.get("image_url")
             if isinstance(v, str):  # a common client shortcut the OpenAI-compatible servers take
                 b = _image(v)
             else:
-                inner = _opt_dict(part, "image_url", ppath + ".image_url")
-                if inner is None:
-                    raise _missing(ppath + ".image_url")
-                b = _image(_req_str(inner, "url", ppath + ".image_url.url"))
+                inner = req_dict(part, "image_url", ppath + ".image_url", SHAPE)
+                b = _image(req_str(inner, "url", ppath + ".image_url.url", SHAPE))
         elif kind == "input_audio" and allowed & P_MEDIA:
-            inner = _opt_dict(part, "input_audio", ppath + ".input_audio")
-            if inner is None:
-                raise _missing(ppath + ".input_audio")
+            inner = req_dict(part, "input_audio", ppath + ".input_audio", SHAPE)
             b = _audio(inner, ppath + ".input_audio")
         elif kind == "file" and allowed & P_MEDIA:
-            inner = _opt_dict(part, "file", ppath + ".file")
-            if inner is None:
-                raise _missing(ppath + ".file")
+            inner = req_dict(part, "file", ppath + ".file", SHAPE)
             b = _file(inner, ppath + ".file")
         elif allowed & P_MEDIA:
             raise _bad_value(kind, "'text', 'image_url', 'input_audio', and 'file'")
@@ -408,40 +319,36 @@ cdef list _assistant(dict m, str path, dict legacy):
         for b in _parts(v, path + ".content", P_TEXT | P_REFUSAL):
             if b.text:  # `content: ""` beside tool_calls is not a turn of text
                 out.append(b)
-    v = _opt_str(m, "refusal", path + ".refusal")
+    v = opt_str(m, "refusal", path + ".refusal", SHAPE)
     if v:
         out.append(text_block(v))
     v = m.get("tool_calls")
     if v is not None:
         if not isinstance(v, list):
-            raise _bad_type(path + ".tool_calls", "an array", v)
+            raise SHAPE.bad_type(path + ".tool_calls", J_ARRAY, v)
         for call in v:
             cpath = "%s.tool_calls[%d]" % (path, i)
             i += 1
             if not isinstance(call, dict):
-                raise _bad_type(cpath, "an object", call)
+                raise SHAPE.bad_type(cpath, J_OBJECT, call)
             c = call
-            id = _req_str(c, "id", cpath + ".id")
-            kind = _opt_str(c, "type", cpath + ".type") or "function"
+            id = req_str(c, "id", cpath + ".id", SHAPE)
+            kind = opt_str(c, "type", cpath + ".type", SHAPE) or "function"
             if kind == "function":
-                fn = _opt_dict(c, "function", cpath + ".function")
-                if fn is None:
-                    raise _missing(cpath + ".function")
-                out.append(_tool_use(id, _req_str(fn, "name", cpath + ".function.name"),
+                fn = req_dict(c, "function", cpath + ".function", SHAPE)
+                out.append(_tool_use(id, req_str(fn, "name", cpath + ".function.name", SHAPE),
                                      _parse_arguments(fn.get("arguments"))))
             elif kind == "custom":
-                fn = _opt_dict(c, "custom", cpath + ".custom")
-                if fn is None:
-                    raise _missing(cpath + ".custom")
-                out.append(_tool_use(id, _req_str(fn, "name", cpath + ".custom.name"),
-                                     _opt_str(fn, "input", cpath + ".custom.input") or ""))
+                fn = req_dict(c, "custom", cpath + ".custom", SHAPE)
+                out.append(_tool_use(id, req_str(fn, "name", cpath + ".custom.name", SHAPE),
+                                     opt_str(fn, "input", cpath + ".custom.input", SHAPE) or ""))
             else:
                 raise _bad_value(kind, "'function' and 'custom'")
-    fn = _opt_dict(m, "function_call", path + ".function_call")
+    fn = opt_dict(m, "function_call", path + ".function_call", SHAPE)
     if fn is not None:
         # The deprecated single function call has no id; mint one a later `role: function`
         # message of the same name answers (see _read_messages).
-        kind = _req_str(fn, "name", path + ".function_call.name")
+        kind = req_str(fn, "name", path + ".function_call.name", SHAPE)
         id = "call_%s_%d" % (kind, len(legacy))
         legacy.setdefault(kind, []).append(id)
         out.append(_tool_use(id, kind, _parse_arguments(fn.get("arguments"))))
@@ -454,9 +361,9 @@ cdef Block _tool_result(dict m, str path, dict legacy):
     cdef list pending
     cdef object content = m.get("content")
     if m.get("role") == "tool":
-        b.id = _req_str(m, "tool_call_id", path + ".tool_call_id")
+        b.id = req_str(m, "tool_call_id", path + ".tool_call_id", SHAPE)
     else:  # deprecated `role: function` answers the oldest open function_call of its name
-        name = _req_str(m, "name", path + ".name")
+        name = req_str(m, "name", path + ".name", SHAPE)
         pending = legacy.get(name)
         if pending:
             b.id = pending.pop(0)
@@ -476,10 +383,7 @@ cdef void _read_messages(Request req, object messages) except *:
     cdef object v, role
     cdef str path
     cdef Py_ssize_t i = 0
-    if messages is None:
-        raise _missing("messages")
-    if not isinstance(messages, list):
-        raise _bad_type("messages", "an array", messages)
+    as_list(messages, "messages", SHAPE)
     if not messages:
         raise CodecError("Invalid 'messages': empty array. Expected an array with minimum length 1, "
                          "but got an empty array instead.")
@@ -487,7 +391,7 @@ cdef void _read_messages(Request req, object messages) except *:
         path = "messages[%d]" % i
         i += 1
         if not isinstance(v, dict):
-            raise _bad_type(path, "an object", v)
+            raise SHAPE.bad_type(path, J_OBJECT, v)
         m = v
         role = m.get("role")
         if role == "tool" or role == "function":
@@ -502,17 +406,17 @@ cdef void _read_messages(Request req, object messages) except *:
             # and developer message joins the one system prompt, in order.
             v = m.get("content")
             if v is None:
-                raise _missing(path + ".content")
+                raise SHAPE.missing(path + ".content")
             req.system.extend(_parts(v, path + ".content", P_TEXT))
         elif role == "user":
             v = m.get("content")
             if v is None:
-                raise _missing(path + ".content")
+                raise SHAPE.missing(path + ".content")
             req.messages.append(_message(ROLE_USER, _parts(v, path + ".content", P_TEXT | P_MEDIA)))
         elif role == "assistant":
             req.messages.append(_message(ROLE_ASSISTANT, _assistant(m, path, legacy)))
         elif role is None:
-            raise _missing(path + ".role")
+            raise SHAPE.missing(path + ".role")
         else:
             raise _bad_value(role, "'system', 'assistant', 'user', 'function', 'tool', and 'developer'")
 
@@ -521,10 +425,10 @@ cdef Tool _function_tool(dict fn, str path, dict strict):
     cdef Tool t = Tool.__new__(Tool)
     cdef object params = fn.get("parameters")
     cdef object s
-    t.name = _req_str(fn, "name", path + ".name")
-    t.description = _opt_str(fn, "description", path + ".description")
+    t.name = req_str(fn, "name", path + ".name", SHAPE)
+    t.description = opt_str(fn, "description", path + ".description", SHAPE)
     if params is not None and not isinstance(params, dict):
-        raise _bad_type(path + ".parameters", "an object", params)
+        raise SHAPE.bad_type(path + ".parameters", J_OBJECT, params)
     t.schema = params
     s = fn.get("strict")
     if s is True or s is False:
@@ -542,37 +446,33 @@ cdef void _read_tools(Request req, dict obj) except *:
     v = obj.get("tools")
     if v is not None:
         if not isinstance(v, list):
-            raise _bad_type("tools", "an array", v)
+            raise SHAPE.bad_type("tools", J_ARRAY, v)
         for tool in v:
             path = "tools[%d]" % i
             i += 1
             if not isinstance(tool, dict):
-                raise _bad_type(path, "an object", tool)
+                raise SHAPE.bad_type(path, J_OBJECT, tool)
             t = tool
-            kind = _req_str(t, "type", path + ".type")
+            kind = req_str(t, "type", path + ".type", SHAPE)
             if kind == "function":
-                fn = _opt_dict(t, "function", path + ".function")
-                if fn is None:
-                    raise _missing(path + ".function")
+                fn = req_dict(t, "function", path + ".function", SHAPE)
                 req.tools.append(_function_tool(fn, path + ".function", strict))
             else:
                 # custom (grammar) tools and future kinds have no IR form: same-protocol only.
                 if kind == "custom":
-                    fn = _opt_dict(t, "custom", path + ".custom")
-                    if fn is None:
-                        raise _missing(path + ".custom")
-                    _req_str(fn, "name", path + ".custom.name")
+                    fn = req_dict(t, "custom", path + ".custom", SHAPE)
+                    req_str(fn, "name", path + ".custom.name", SHAPE)
                 raw.append(t)
     v = obj.get("functions")  # the deprecated spelling of function tools
     if v is not None:
         if not isinstance(v, list):
-            raise _bad_type("functions", "an array", v)
+            raise SHAPE.bad_type("functions", J_ARRAY, v)
         i = 0
         for tool in v:
             path = "functions[%d]" % i
             i += 1
             if not isinstance(tool, dict):
-                raise _bad_type(path, "an object", tool)
+                raise SHAPE.bad_type(path, J_OBJECT, tool)
             req.tools.append(_function_tool(tool, path, strict))
     if strict:
         req.extra["_tool_strict"] = strict
@@ -590,7 +490,7 @@ cdef void _read_tool_choice(Request req, dict obj) except *:
         key = "function_call"
         if isinstance(v, dict):
             req.tool_choice = TC_TOOL
-            req.tool_choice_name = _req_str(v, "name", "function_call.name")
+            req.tool_choice_name = req_str(v, "name", "function_call.name", SHAPE)
             return
     if v is None:
         return
@@ -605,20 +505,16 @@ cdef void _read_tool_choice(Request req, dict obj) except *:
             raise _bad_value(v, "'none', 'auto', and 'required'")
         return
     if not isinstance(v, dict):
-        raise _bad_type(key, "one of a string or object", v)
+        raise SHAPE.bad_type(key, J_CHOICE, v)
     d = v
-    kind = _req_str(d, "type", "tool_choice.type")
+    kind = req_str(d, "type", "tool_choice.type", SHAPE)
     if kind == "function" or kind == "custom":
-        inner = _opt_dict(d, kind, "tool_choice." + kind)
-        if inner is None:
-            raise _missing("tool_choice." + kind)
+        inner = req_dict(d, kind, "tool_choice." + kind, SHAPE)
         req.tool_choice = TC_TOOL
-        req.tool_choice_name = _req_str(inner, "name", "tool_choice.%s.name" % kind)
+        req.tool_choice_name = req_str(inner, "name", "tool_choice.%s.name" % kind, SHAPE)
     elif kind == "allowed_tools":
-        inner = _opt_dict(d, "allowed_tools", "tool_choice.allowed_tools")
-        if inner is None:
-            raise _missing("tool_choice.allowed_tools")
-        kind = _req_str(inner, "mode", "tool_choice.allowed_tools.mode")
+        inner = req_dict(d, "allowed_tools", "tool_choice.allowed_tools", SHAPE)
+        kind = req_str(inner, "mode", "tool_choice.allowed_tools.mode", SHAPE)
         if kind == "auto":
             req.tool_choice = TC_AUTO
         elif kind == "required":
@@ -632,30 +528,28 @@ cdef void _read_tool_choice(Request req, dict obj) except *:
 
 
 cdef void _read_response_format(Request req, dict obj) except *:
-    cdef dict rf = _opt_dict(obj, "response_format", "response_format")
+    cdef dict rf = opt_dict(obj, "response_format", "response_format", SHAPE)
     cdef dict js
     cdef str kind
     cdef object v
     if rf is None:
         return
-    kind = _req_str(rf, "type", "response_format.type")
+    kind = req_str(rf, "type", "response_format.type", SHAPE)
     if kind == "text":
         req.response_format = RF_TEXT
     elif kind == "json_object":
         req.response_format = RF_JSON_OBJECT
     elif kind == "json_schema":
-        js = _opt_dict(rf, "json_schema", "response_format.json_schema")
-        if js is None:
-            raise _missing("response_format.json_schema")
+        js = req_dict(rf, "json_schema", "response_format.json_schema", SHAPE)
         req.response_format = RF_JSON_SCHEMA
-        req.rf_name = _req_str(js, "name", "response_format.json_schema.name")
+        req.rf_name = req_str(js, "name", "response_format.json_schema.name", SHAPE)
         v = js.get("schema")
         if v is not None and not isinstance(v, dict):
-            raise _bad_type("response_format.json_schema.schema", "an object", v)
+            raise SHAPE.bad_type("response_format.json_schema.schema", J_OBJECT, v)
         req.rf_schema = v
         v = js.get("strict")
         if v is not None and not (v is True or v is False):
-            raise _bad_type("response_format.json_schema.strict", "a boolean", v)
+            raise SHAPE.bad_type("response_format.json_schema.strict", J_BOOLEAN, v)
         req.rf_strict = v
     else:
         raise _bad_value(kind, "'text', 'json_object', and 'json_schema'")
@@ -669,58 +563,51 @@ cdef list _read_stop(object v):
     if isinstance(v, str):
         return [v]
     if not isinstance(v, list):
-        raise _bad_type("stop", "one of a string or array of strings", v)
+        raise SHAPE.bad_type("stop", J_STRINGS, v)
     out = []
     for s in v:
         if not isinstance(s, str):
-            raise _bad_type("stop", "one of a string or array of strings", v)
+            raise SHAPE.bad_type("stop", J_STRINGS, v)
         out.append(s)
     return out
 
 
 cpdef Request read_request(bytes body):
-    cdef object obj
-    cdef dict d
+    # OpenAI answers a body that is JSON but not an object with its parse error too.
+    cdef dict d = jsonget.request_object(body, PARSE_ERROR)
     cdef Request req = Request()
     cdef object v, key
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        raise CodecError(PARSE_ERROR)
-    if not isinstance(obj, dict):
-        raise CodecError(PARSE_ERROR)
-    d = obj
     v = d.get("model")
     if v is None or v == "":
-        raise _missing("model")
+        raise SHAPE.missing("model")
     if not isinstance(v, str):
-        raise _bad_type("model", "a string", v)
+        raise SHAPE.bad_type("model", J_STRING, v)
     req.model = v
-    v = _opt_bool(d, "stream")
+    v = opt_bool(d, "stream", "stream", SHAPE)
     req.stream = v is True
     _read_messages(req, d.get("messages"))
     _read_tools(req, d)
     _read_tool_choice(req, d)
-    req.parallel_tool_calls = _opt_bool(d, "parallel_tool_calls")
+    req.parallel_tool_calls = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls", SHAPE)
     _read_response_format(req, d)
-    v = _opt_int(d, "max_completion_tokens")
+    v = opt_int(d, "max_completion_tokens", "max_completion_tokens", SHAPE)
     if v is not None:
         # o-series models reject `max_tokens`: remember the spelling for a same-protocol hop.
         req.extra["_max_completion_tokens"] = True
     else:
-        v = _opt_int(d, "max_tokens")
+        v = opt_int(d, "max_tokens", "max_tokens", SHAPE)
     req.max_tokens = v
-    req.temperature = _opt_number(d, "temperature")
-    req.top_p = _opt_number(d, "top_p")
-    req.frequency_penalty = _opt_number(d, "frequency_penalty")
-    req.presence_penalty = _opt_number(d, "presence_penalty")
-    req.seed = _opt_int(d, "seed")
-    req.n = _opt_int(d, "n")
+    req.temperature = opt_number(d, "temperature", "temperature", SHAPE)
+    req.top_p = opt_number(d, "top_p", "top_p", SHAPE)
+    req.frequency_penalty = opt_number(d, "frequency_penalty", "frequency_penalty", SHAPE)
+    req.presence_penalty = opt_number(d, "presence_penalty", "presence_penalty", SHAPE)
+    req.seed = opt_int(d, "seed", "seed", SHAPE)
+    req.n = opt_int(d, "n", "n", SHAPE)
     req.stop = _read_stop(d.get("stop"))
-    req.user = _opt_str(d, "user", "user")
-    req.reasoning_effort = _opt_str(d, "reasoning_effort", "reasoning_effort")
-    req.logprobs = _opt_bool(d, "logprobs")
-    req.top_logprobs = _opt_int(d, "top_logprobs")
+    req.user = opt_str(d, "user", "user", SHAPE)
+    req.reasoning_effort = opt_str(d, "reasoning_effort", "reasoning_effort", SHAPE)
+    req.logprobs = opt_bool(d, "logprobs", "logprobs", SHAPE)
+    req.top_logprobs = opt_int(d, "top_logprobs", "top_logprobs", SHAPE)
     for key, v in d.items():
         if key not in READ_FIELDS:
             req.extra[key] = v
@@ -956,17 +843,17 @@ cdef Usage _usage_of(object u):
         return _unknown_usage()
     d = u
     out = Usage()
-    out.input_tokens = _n(d.get("prompt_tokens"))
-    out.output_tokens = _n(d.get("completion_tokens"))
+    out.input_tokens = count(d.get("prompt_tokens"))
+    out.output_tokens = count(d.get("completion_tokens"))
     details = d.get("prompt_tokens_details")
     if isinstance(details, dict):
-        out.cache_read_tokens = _n(details.get("cached_tokens"))
-        out.cache_write_tokens = _n(details.get("cache_write_tokens"))
+        out.cache_read_tokens = count(details.get("cached_tokens"))
+        out.cache_write_tokens = count(details.get("cache_write_tokens"))
     elif "prompt_cache_hit_tokens" in d:  # DeepSeek reports its cache hits beside the details
-        out.cache_read_tokens = _n(d.get("prompt_cache_hit_tokens"))
+        out.cache_read_tokens = count(d.get("prompt_cache_hit_tokens"))
     details = d.get("completion_tokens_details")
     if isinstance(details, dict):
-        out.reasoning_tokens = _n(details.get("reasoning_tokens"))
+        out.reasoning_tokens = count(details.get("reasoning_tokens"))
     return out
 
 
@@ -1018,7 +905,7 @@ cdef dict _first_choice(object choices):
     for c in choices:
         if isinstance(c, dict):
             index = c.get("index")
-            if index is None or (_is_int(index) and index == 0):  # n > 1: choice 0 only
+            if index is None or (is_int(index) and index == 0):  # n > 1: choice 0 only
                 return c
     return None
 
@@ -1063,19 +950,19 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
             if not isinstance(call, dict):
                 continue
             c = call
-            kind = _s(c.get("type")) or "function"
-            id = _s(c.get("id")) or _random_id("call_", 24)
+            kind = str_or_none(c.get("type")) or "function"
+            id = str_or_none(c.get("id")) or _random_id("call_", 24)
             if kind == "custom" and isinstance(c.get("custom"), dict):
                 fn = c["custom"]
-                out.append(_tool_use(id, _s(fn.get("name")) or "", _s(fn.get("input")) or ""))
+                out.append(_tool_use(id, str_or_none(fn.get("name")) or "", str_or_none(fn.get("input")) or ""))
             elif isinstance(c.get("function"), dict):
                 fn = c["function"]
-                out.append(_tool_use(id, _s(fn.get("name")) or "",
+                out.append(_tool_use(id, str_or_none(fn.get("name")) or "",
                                      _parse_arguments(fn.get("arguments"))))
     v = msg.get("function_call")
     if isinstance(v, dict):
         fn = v
-        out.append(_tool_use(_random_id("call_", 24), _s(fn.get("name")) or "",
+        out.append(_tool_use(_random_id("call_", 24), str_or_none(fn.get("name")) or "",
                              _parse_arguments(fn.get("arguments"))))
     return out
 
@@ -1089,10 +976,10 @@ cpdef Response read_response(bytes body):
     cdef bint saw_tool = False
     cdef Block b
     d = jsonget.upstream_object(body)
-    resp.id = _s(d.get("id"))
-    resp.model = _s(d.get("model"))
+    resp.id = str_or_none(d.get("id"))
+    resp.model = str_or_none(d.get("model"))
     v = d.get("created")
-    resp.created = v if _is_int(v) else None
+    resp.created = v if is_int(v) else None
     choice = _first_choice(d.get("choices"))
     if choice is not None:
         v = choice.get("message")
@@ -1124,7 +1011,7 @@ cdef list _annotations(Block b, Py_ssize_t start):
             out.append(c)
         elif isinstance(c.get("url"), str):
             out.append({"type": "url_citation",
-                        "url_citation": {"url": c["url"], "title": _s(c.get("title")) or "",
+                        "url_citation": {"url": c["url"], "title": str_or_none(c.get("title")) or "",
                                          "start_index": start, "end_index": end}})
     return out
 
@@ -1202,7 +1089,7 @@ cdef str _kind_of_error(dict err):
     kind = err.get("type")
     if isinstance(kind, str) and kind in KIND_OF_ERROR:
         return KIND_OF_ERROR[kind]
-    if _is_int(code) and 400 <= code < 600:  # some compatible servers put the HTTP status here
+    if is_int(code) and 400 <= code < 600:  # some compatible servers put the HTTP status here
         return kind_of_status(code)
     return "api_error"
 
@@ -1350,12 +1237,12 @@ cdef class StreamDecoder:
             err = v if isinstance(v, dict) else {"message": v}
             self._close_block(out)
             out.append(ev_error(_kind_of_error(err),
-                                _s(err.get("message")) or "The upstream reported an error."))
+                                str_or_none(err.get("message")) or "The upstream reported an error."))
             self.done = True
             return
         if not self.started:
             self.started = True
-            out.append(ev_message_start(_s(d.get("id")), _s(d.get("model")), _unknown_usage()))
+            out.append(ev_message_start(str_or_none(d.get("id")), str_or_none(d.get("model")), _unknown_usage()))
         c = _first_choice(d.get("choices"))
         if c is not None:
             self._choice(c, out)
@@ -1408,11 +1295,11 @@ cdef class StreamDecoder:
         cdef object fn = call.get("function")
         cdef object args
         cdef object index
-        cdef str id = _s(call.get("id"))
+        cdef str id = str_or_none(call.get("id"))
         cdef Block b
         if not isinstance(fn, dict):
             fn = {}
-        if not _is_int(key):
+        if not is_int(key):
             # Not every compatible server numbers its calls: fall back to the id, then to the
             # call in progress.
             key = id if id else self.last_tool
@@ -1421,7 +1308,7 @@ cdef class StreamDecoder:
             self._close_block(out)
             b = _block(B_TOOL_USE)
             b.id = id or _random_id("call_", 24)
-            b.name = _s(fn.get("name")) or ""
+            b.name = str_or_none(fn.get("name")) or ""
             index = self.next_index
             self.next_index += 1
             self.open_index = index

@@ -15,7 +15,9 @@ from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar cimport jsonget
-from cbusbar.jsonget cimport Shape, opt_bool, opt_int, opt_number, opt_str
+from cbusbar.jsonget cimport (
+    OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
+)
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.reasoning cimport effort_of_budget
 
@@ -54,26 +56,8 @@ cpdef str mint_id():
 # Shape checks: every bad shape in a client body becomes a caller-safe CodecError.
 
 
-cdef dict _object(object v, str what):
-    if type(v) is not dict:
-        raise CodecError("Invalid type for '%s': expected an object." % what)
-    return <dict>v
-
-
-cdef list _array(object v, str what):
-    if type(v) is not list:
-        raise CodecError("Invalid type for '%s': expected an array." % what)
-    return <list>v
-
-
-cdef str _string(object v, str what):
-    if type(v) is not str:
-        raise CodecError("Invalid type for '%s': expected a string." % what)
-    return <str>v
-
-
-# Responses words its shape errors as jsonget's base Shape does.
-cdef Shape SHAPE = Shape()
+# Responses is OpenAI's platform and words its shape errors as Chat Completions does.
+cdef OpenAIShape SHAPE = OpenAIShape()
 
 
 cdef object _args(str arguments):
@@ -165,13 +149,17 @@ cdef list _parts(object content, str what):
     if type(content) is str:
         out.append(text_block(<str>content))
         return out
-    for p in _array(content, what):
-        part = _object(p, what)
+    if content is None:
+        raise SHAPE.missing(what)
+    if type(content) is not list:
+        raise SHAPE.bad_type(what, J_CONTENT, content)
+    for p in <list>content:
+        part = as_dict(p, what, SHAPE)
         t = part.get("type")
         if t == "input_text" or t == "output_text" or t == "text":
-            out.append(text_block(_string(part.get("text"), what + ".text")))
+            out.append(text_block(as_str(part.get("text"), what + ".text", SHAPE)))
         elif t == "refusal":
-            out.append(text_block(_string(part.get("refusal"), what + ".refusal")))
+            out.append(text_block(as_str(part.get("refusal"), what + ".refusal", SHAPE)))
         elif t == "input_image":
             out.append(_input_image(part))
         elif t == "input_file":
@@ -217,15 +205,15 @@ cdef Block _reasoning(dict item):
     b.id = opt_str(item, "id", "id", SHAPE)
     parts = item.get("summary")
     if parts is not None:
-        for p in _array(parts, "reasoning.summary"):
-            part = _object(p, "reasoning.summary")
-            texts.append(_string(part.get("text"), "reasoning.summary.text"))
+        for p in as_list(parts, "reasoning.summary", SHAPE):
+            part = as_dict(p, "reasoning.summary", SHAPE)
+            texts.append(as_str(part.get("text"), "reasoning.summary.text", SHAPE))
     if not texts:
         parts = item.get("content")
         if parts is not None:
-            for p in _array(parts, "reasoning.content"):
-                part = _object(p, "reasoning.content")
-                texts.append(_string(part.get("text"), "reasoning.content.text"))
+            for p in as_list(parts, "reasoning.content", SHAPE):
+                part = as_dict(p, "reasoning.content", SHAPE)
+                texts.append(as_str(part.get("text"), "reasoning.content.text", SHAPE))
     b.text = "\n\n".join(texts)
     b.signature = opt_str(item, "encrypted_content", "encrypted_content", SHAPE)
     return b
@@ -238,7 +226,7 @@ cdef void _read_input(list items, Request req) except *:
     cdef Block b
     cdef str arguments
     for it in items:
-        item = _object(it, "input")
+        item = as_dict(it, "input", SHAPE)
         t = item.get("type")
         if t is None or t == "message":
             role = item.get("role")
@@ -260,15 +248,15 @@ cdef void _read_input(list items, Request req) except *:
         elif t == "function_call":
             b = Block.__new__(Block)
             b.kind = B_TOOL_USE
-            b.id = _string(item.get("call_id"), "input.call_id")
-            b.name = _string(item.get("name"), "input.name")
+            b.id = as_str(item.get("call_id"), "input.call_id", SHAPE)
+            b.name = as_str(item.get("name"), "input.name", SHAPE)
             arguments = opt_str(item, "arguments", "arguments", SHAPE)
             b.input = _args(arguments)
             _turn(req.messages, ROLE_ASSISTANT).content.append(b)
         elif t == "function_call_output":
             b = Block.__new__(Block)
             b.kind = B_TOOL_RESULT
-            b.id = _string(item.get("call_id"), "input.call_id")
+            b.id = as_str(item.get("call_id"), "input.call_id", SHAPE)
             output = item.get("output")
             b.content = _parts(output if output is not None else "", "input.output")
             m = _turn(req.messages, ROLE_USER)
@@ -289,15 +277,15 @@ cdef void _read_tools(list tools, Request req) except *:
     cdef Tool t
     cdef object schema
     for it in tools:
-        tool = _object(it, "tools")
+        tool = as_dict(it, "tools", SHAPE)
         if tool.get("type") != "function":
             continue
         t = Tool.__new__(Tool)
-        t.name = _string(tool.get("name"), "tools.name")
+        t.name = as_str(tool.get("name"), "tools.name", SHAPE)
         t.description = opt_str(tool, "description", "description", SHAPE)
         schema = tool.get("parameters")
         if schema is not None:
-            t.schema = _object(schema, "tools.parameters")
+            t.schema = as_dict(schema, "tools.parameters", SHAPE)
         req.tools.append(t)
     # The full list (hosted tools, `strict` and other per-tool flags) stays for a same-protocol
     # write, which overlays it.
@@ -316,7 +304,7 @@ cdef void _read_tool_choice(object tc, Request req) except *:
         d = <dict>tc
         if d.get("type") == "function":
             req.tool_choice = TC_TOOL
-            req.tool_choice_name = _string(d.get("name"), "tool_choice.name")
+            req.tool_choice_name = as_str(d.get("name"), "tool_choice.name", SHAPE)
         else:
             req.extra["tool_choice"] = tc
     else:
@@ -330,7 +318,7 @@ cdef void _read_text(dict text, Request req) except *:
     req.extra["text"] = text
     if f is None:
         return
-    fmt = _object(f, "text.format")
+    fmt = as_dict(f, "text.format", SHAPE)
     t = fmt.get("type")
     if t == "text":
         req.response_format = RF_TEXT
@@ -339,7 +327,7 @@ cdef void _read_text(dict text, Request req) except *:
     elif t == "json_schema":
         req.response_format = RF_JSON_SCHEMA
         req.rf_name = opt_str(fmt, "name", "name", SHAPE)
-        req.rf_schema = _object(fmt.get("schema"), "text.format.schema")
+        req.rf_schema = as_dict(fmt.get("schema"), "text.format.schema", SHAPE)
         req.rf_strict = opt_bool(fmt, "strict", "strict", SHAPE)
     else:
         raise CodecError("Invalid value for 'text.format.type'.")
@@ -359,9 +347,9 @@ cpdef Request read_request(bytes body):
     cdef str s
     cdef dict reasoning
     v = d.get("model")
-    if v is None or v == "":
-        raise CodecError("Missing required parameter: 'model'.")
-    req.model = _string(v, "model")
+    if v == "":
+        raise SHAPE.missing("model")
+    req.model = as_str(v, "model", SHAPE)
     req.stream = opt_bool(d, "stream", "stream", SHAPE) is True
     s = opt_str(d, "instructions", "instructions", SHAPE)
     if s:
@@ -369,18 +357,20 @@ cpdef Request read_request(bytes body):
     v = d.get("input")
     if type(v) is str:
         req.messages.append(Message(ROLE_USER, [text_block(<str>v)]))
+    elif type(v) is list:
+        _read_input(<list>v, req)
     elif v is not None:
-        _read_input(_array(v, "input"), req)
+        raise SHAPE.bad_type("input", J_CONTENT, v)
     v = d.get("tools")
     if v is not None:
-        _read_tools(_array(v, "tools"), req)
+        _read_tools(as_list(v, "tools", SHAPE), req)
     v = d.get("tool_choice")
     if v is not None:
         _read_tool_choice(v, req)
     req.parallel_tool_calls = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls", SHAPE)
     v = d.get("text")
     if v is not None:
-        _read_text(_object(v, "text"), req)
+        _read_text(as_dict(v, "text", SHAPE), req)
     req.max_tokens = opt_int(d, "max_output_tokens", "max_output_tokens", SHAPE)
     req.temperature = opt_number(d, "temperature", "temperature", SHAPE)
     req.top_p = opt_number(d, "top_p", "top_p", SHAPE)
@@ -388,7 +378,7 @@ cpdef Request read_request(bytes body):
     req.user = opt_str(d, "user", "user", SHAPE)
     v = d.get("reasoning")
     if v is not None:
-        reasoning = _object(v, "reasoning")
+        reasoning = as_dict(v, "reasoning", SHAPE)
         req.reasoning_effort = opt_str(reasoning, "effort", "effort", SHAPE)
         req.extra["reasoning"] = reasoning
     for k, v in d.items():

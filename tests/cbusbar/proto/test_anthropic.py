@@ -309,7 +309,7 @@ def test_read_request_native_structured_output():
     ({"messages": ["hi"]}, "messages.0: Input should be a valid dictionary"),
     ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role: Input should be 'user' or 'assistant'"),
     ({"messages": [{"role": "user"}]}, "messages.0.content: Field required"),
-    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content: Input should be a valid list"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content: Input should be a valid string or list"),
     ({"messages": [{"role": "user", "content": [{"text": "x"}]}]}, "messages.0.content.0.type: Field required"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 3}]}]},
      "messages.0.content.0.text: Input should be a valid string"),
@@ -320,7 +320,7 @@ def test_read_request_native_structured_output():
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "is_error": "yes"}]}]},
      "messages.0.content.0.is_error: Input should be a valid boolean"),
     ({"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": 7}]}]},
-     "messages.0.content.0.content: Input should be a valid list"),
+     "messages.0.content.0.content: Input should be a valid string or list"),
     ({"messages": [{"role": "assistant", "content": [{"type": "tool_use", "name": "f", "input": {}}]}]},
      "messages.0.content.0.id: Field required"),
     ({"model": 7}, "model: Input should be a valid string"),
@@ -340,7 +340,7 @@ def test_read_request_native_structured_output():
     ({"tool_choice": {"type": "required"}}, "tool_choice.type: Input should be 'auto', 'any', 'tool' or 'none'"),
     ({"tool_choice": {"type": "tool"}}, "tool_choice.name: Field required"),
     ({"metadata": {"user_id": 5}}, "metadata.user_id: Input should be a valid string"),
-    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens: Input should be a valid integer"),
+    ({"thinking": {"type": "enabled"}}, "thinking.budget_tokens: Field required"),
     ({"thinking": "on"}, "thinking: Input should be a valid dictionary"),
 ])
 def test_read_request_bad_shapes(fields, message):
@@ -1234,3 +1234,25 @@ def test_sdk_reads_error_envelope(kind, exc):
 def test_sdk_reads_model_list():
     client = sdk_client(responder(200, codec.write_model_list(["a", "b"])))
     assert [m.id for m in client.models.list()] == ["a", "b"]
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in anthropic's own words (jsonget's getters, AnthropicShape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', 'messages: Input should be a valid list'),
+    (3, 'messages: Input should be a valid list'),
+    ({'role': 'user'}, 'messages: Input should be a valid list'),
+    (None, 'messages: Field required'),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import anthropic as _codec
+    body = {'model': 'x', 'max_tokens': 10}
+    body['messages'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message

@@ -1099,3 +1099,25 @@ def test_ev_error_in_the_event_list_becomes_an_exception_frame():
     frames = EventStreamParser().feed(data)
     assert [h.get(":exception-type") for h, _ in frames] == [None, "serviceUnavailableException"]
     assert orjson.loads(frames[1][1]) == {"message": "busy"}
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in bedrock's own words (jsonget's getters, BedrockShape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', 'messages must be a list.'),
+    (3, 'messages must be a list.'),
+    ({'role': 'user'}, 'messages must be a list.'),
+    (None, None),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import bedrock as _codec
+    body = {}
+    body['messages'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message

@@ -901,3 +901,25 @@ def test_foreign_citations_become_cohere_or_drop():
     cite = parsed.message.citations[0]
     assert (cite.start, cite.end, cite.content_index) == (4, 11, 0)
     assert cite.sources[0].document == {"url": "https://example.com", "title": "Example"}
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in cohere's own words (jsonget's getters, the base Shape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', "Invalid type for 'messages': expected an array."),
+    (3, "Invalid type for 'messages': expected an array."),
+    ({'role': 'user'}, "Invalid type for 'messages': expected an array."),
+    (None, "Missing required parameter: 'messages'."),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import cohere as _codec
+    body = {'model': 'x'}
+    body['messages'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message

@@ -994,3 +994,25 @@ def test_signature_check_matches_the_sdk_decoder():
         except Exception:
             sdk_ok = False
         assert ("thoughtSignature" in body["candidates"][0]["content"]["parts"][0]) == sdk_ok, sig
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in gemini's own words (jsonget's getters, GeminiShape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', "Invalid value at 'contents': expected a list."),
+    (3, "Invalid value at 'contents': expected a list."),
+    ({'role': 'user'}, "Invalid value at 'contents': expected a list."),
+    (None, '* GenerateContentRequest.contents: contents is not specified'),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import gemini as _codec
+    body = {}
+    body['contents'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message

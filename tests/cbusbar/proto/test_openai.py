@@ -976,3 +976,26 @@ def test_decoder_drops_fragments_of_closed_tool_calls():
     events = decode(data)
     check_order(events)
     assert [(e.index, e.text) for e in events if e.kind == ir.BLOCK_DELTA] == [(0, "{"), (1, "{}")]
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in openai's own words (jsonget's getters, OpenAIShape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', "Invalid type for 'messages': expected an array, but got a string instead."),
+    (3, "Invalid type for 'messages': expected an array, but got an integer instead."),
+    (2.5, "Invalid type for 'messages': expected an array, but got a decimal instead."),
+    ({'role': 'user'}, "Invalid type for 'messages': expected an array, but got an object instead."),
+    (None, "Missing required parameter: 'messages'."),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import openai as _codec
+    body = {'model': 'x'}
+    body['messages'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message

@@ -218,9 +218,10 @@ def test_read_text_formats(fmt, want):
     (b"[1, 2]", "The request body must be a JSON object."),
     (b'{"input": "x"}', "Missing required parameter: 'model'."),
     (b'{"model": "", "input": "x"}', "Missing required parameter: 'model'."),
-    (b'{"model": 5}', "Invalid type for 'model': expected a string."),
-    (b'{"model": "m", "input": 5}', "Invalid type for 'input': expected an array."),
-    (b'{"model": "m", "input": [5]}', "Invalid type for 'input': expected an object."),
+    (b'{"model": 5}', "Invalid type for 'model': expected a string, but got an integer instead."),
+    (b'{"model": "m", "input": 5}',
+     "Invalid type for 'input': expected one of a string or array of objects, but got an integer instead."),
+    (b'{"model": "m", "input": [5]}', "Invalid type for 'input': expected an object, but got an integer instead."),
     (b'{"model": "m", "input": [{"role": "robot", "content": "x"}]}', None),
     (b'{"model": "m", "input": [{"role": "user"}]}', None),
     (b'{"model": "m", "input": [{"type": "function_call", "name": "f"}]}', None),
@@ -955,3 +956,25 @@ def test_buffered_round_trip():
         (ir.THINKING, "t", "rs_x1_0", None), (ir.TEXT, "a", None, None), (ir.TOOL_USE, None, "c", {"x": [1]})]
     assert resp.content[0].signature == "s" and resp.stop_reason == ir.TOOL_USE_STOP
     assert resp.usage.cache_write_tokens == 6
+
+
+# The conversation field given as a string, a number, an object or null: a wrong type is reported
+# as a wrong type (never as missing), in responses's own words (jsonget's getters, OpenAIShape).
+@pytest.mark.parametrize("value, message", [
+    ('hi', None),
+    (3, "Invalid type for 'input': expected one of a string or array of objects, but got an integer instead."),
+    ({'role': 'user'}, "Invalid type for 'input': expected one of a string or array of objects, but got an object instead."),
+    (None, None),
+])
+def test_read_request_conversation_field_type(value, message):
+    import orjson as _orjson
+    from cbusbar import ir as _ir
+    from cbusbar.proto import responses as _codec
+    body = {'model': 'x'}
+    body['input'] = value
+    if message is None:
+        _codec.read_request(_orjson.dumps(body))
+        return
+    with pytest.raises(_ir.CodecError) as e:
+        _codec.read_request(_orjson.dumps(body))
+    assert str(e.value) == message
