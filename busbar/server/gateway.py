@@ -205,8 +205,6 @@ def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
     return sock
 
 
-# glibc's mallopt parameter number for the mmap threshold (malloc.h: M_MMAP_THRESHOLD = -3).
-_M_MMAP_THRESHOLD = -3
 # Allocations from this size up get their own mapping, returned to the system when freed. 128 KiB
 # is glibc's own initial value; fixing it turns off glibc's adaptive threshold, which after the
 # first large free (a 31 MB request body) raises itself to that size (up to 32 MiB), so later large
@@ -217,12 +215,8 @@ MMAP_THRESHOLD = 128 * 1024
 
 
 def _return_large_allocations():
-    try:
-        import ctypes
-        libc = ctypes.CDLL(None)
-        libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    except (OSError, AttributeError):    # not glibc: its allocator has its own policy
-        pass
+    from cbusbar.sysmem import set_mmap_threshold
+    set_mmap_threshold(MMAP_THRESHOLD)
 
 
 def _install_uvloop():
