@@ -362,7 +362,10 @@ class Exchange:
         hooks = self.site.attempt_hooks
         if hooks:
             for h in hooks:
-                h(self, a)
+                try:
+                    h(self, a)
+                except Exception:   # an observer's bug never costs the request
+                    _log_hook_failure(h)
         if fault is not None and fault != F_CANCELLED and fault != F_REFUSED:
             self.site.log_debug("attempt on %s failed: %s (%s)", a.lane.name, fault, reason)
 
@@ -736,7 +739,10 @@ class Exchange:
         if hooks:
             rec = self.record(outcome)
             for h in hooks:
-                h(rec)
+                try:
+                    h(rec)
+                except Exception:   # an observer's bug never costs the request
+                    _log_hook_failure(h)
         conn = self.conn
         req = self.req
         # The request body can be large: nothing keeps it once the answer is out.
@@ -772,6 +778,11 @@ class Exchange:
         r.bytes_out = self.bytes_out
         r.client = getattr(self.conn, "peer", None)
         return r
+
+
+def _log_hook_failure(hook):
+    import logging
+    logging.getLogger("busbar").exception("lifecycle hook %r failed", hook)
 
 
 def _header(headers, name):

@@ -126,3 +126,20 @@ def test_a_refused_request_is_one_record_without_attempts(site):
         "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
     assert status == 404 and rec.outcome == O_CLIENT_ERROR and rec.status == 404
     assert rec.attempts == () and rec.usage is None and rec.target is None
+
+
+def test_a_failing_hook_costs_nothing_but_its_own_work(site):
+    gw = site["gw"]
+
+    def broken(*_):
+        raise RuntimeError("observer bug")
+
+    gw.finish_hooks.insert(0, broken)
+    gw.attempt_hooks.insert(0, broken)
+    try:
+        status, data, rec = _post(site, "/v1/chat/completions", {
+            "model": "oai-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200 and rec.outcome == O_OK and len(site["attempts"]) == 1
+    finally:
+        gw.finish_hooks.remove(broken)
+        gw.attempt_hooks.remove(broken)
