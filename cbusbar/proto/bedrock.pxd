@@ -45,7 +45,7 @@ cdef class StreamEncoder:
     cdef int next_index             # next contentBlockIndex
     cdef int stop_reason
     cdef str stop_sequence
-    cdef Usage usage                # the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

@@ -46,6 +46,7 @@ from cbusbar.jsonget cimport (
     Shape, opt_dict, opt_int, opt_list, opt_number, str_or_none, count, J_STRINGS,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "bedrock"
@@ -1347,12 +1348,12 @@ cdef class StreamEncoder:
             elif k == EV_BLOCK_STOP:
                 self._stop_block(ev.index, out)
             elif k == EV_MESSAGE_START:
+                self.usage = merge_usage(self.usage, ev.usage)
                 self._start(out)
             elif k == EV_MESSAGE_DELTA:
                 self.stop_reason = ev.stop_reason
                 self.stop_sequence = ev.stop_sequence
-                if ev.usage is not None:
-                    self.usage = ev.usage
+                self.usage = merge_usage(self.usage, ev.usage)
             elif k == EV_MESSAGE_STOP:
                 self._finish(out)
             elif k == EV_ERROR:

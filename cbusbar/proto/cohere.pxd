@@ -42,13 +42,12 @@ cdef class StreamEncoder:
     cdef int tool_n             # next Cohere tool-call index
     cdef int cite_n             # next Cohere citation index
     cdef dict blocks            # IR index -> (family, Cohere index)
-    cdef Usage usage            # running totals (input from MESSAGE_START when MESSAGE_DELTA lacks it)
+    cdef Usage usage            # running totals (usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs)
     cdef int stop_reason
     cdef bint have_delta        # a MESSAGE_DELTA arrived
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)
-    cdef void _take_usage(self, Usage u)
     cdef void _start(self, bytearray out)
     cdef void _block_start(self, bytearray out, Event e)
     cdef void _block_delta(self, bytearray out, Event e)

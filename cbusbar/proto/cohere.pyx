@@ -33,6 +33,7 @@ from cbusbar.jsonget cimport (
     J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -1105,8 +1106,7 @@ cdef class StreamEncoder:
             if self.finished:
                 break
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None and e.usage.input_known:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
                 self._start(out)
             elif e.kind == EV_BLOCK_START:
                 self._block_start(out, e)
@@ -1118,8 +1118,7 @@ cdef class StreamEncoder:
                 self.have_delta = True
                 if e.stop_reason:
                     self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    self._take_usage(e.usage)
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 self._end(out)
             elif e.kind == EV_ERROR:
@@ -1138,14 +1137,6 @@ cdef class StreamEncoder:
             "message": message,
             "delta": {"error": message, "finish_reason": "ERROR", "usage": _usage_obj(self.usage)},
         }))
-
-    cdef void _take_usage(self, Usage u):
-        cdef long long inp = self.usage.input_tokens
-        cdef bint known = self.usage.input_known
-        self.usage = u.copy()
-        if not u.input_known and known:
-            self.usage.input_tokens = inp
-            self.usage.input_known = True
 
     cdef void _start(self, bytearray out):
         if self.started:

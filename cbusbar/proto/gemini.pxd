@@ -41,7 +41,7 @@ cdef class StreamEncoder:
     cdef bint wrote                 # a chunk went out (JSON-array mode: the `[` is written)
     cdef bint finished              # the final chunk or an error went out
     cdef int stop_reason            # from MESSAGE_DELTA
-    cdef Usage usage                # MESSAGE_START input, then the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
     cdef dict tools                 # IR block index -> [call id, name, list of JSON fragments]
 
     cpdef bytes encode(self, list events)

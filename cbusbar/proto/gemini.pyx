@@ -37,6 +37,7 @@ from cbusbar.jsonget cimport (
     Shape, as_dict, req_list, is_int, is_number, J_STRING, J_INTEGER, J_NUMBER, J_OBJECT, J_ARRAY,
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport budget_of_effort
 
 NAME = "gemini"
@@ -1258,7 +1259,7 @@ cdef class StreamEncoder:
         self.model = model
         self.json_array = False
         self.tools = {}
-        self.usage = Usage()
+        self.usage = Usage(input_known=False)   # zeros until MESSAGE_START or MESSAGE_DELTA says more
 
     cdef bytes _frame(self, dict chunk):
         cdef bytes data = orjson.dumps(chunk)
@@ -1300,8 +1301,7 @@ cdef class StreamEncoder:
                 break
             e = <Event>ev
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_BLOCK_START:
                 if e.block is not None and e.block.kind == B_TOOL_USE:
                     self.tools[e.index] = [e.block.id, e.block.name, []]
@@ -1335,14 +1335,7 @@ cdef class StreamEncoder:
                     out += self._parts_chunk([{"functionCall": call}], None)
             elif e.kind == EV_MESSAGE_DELTA:
                 self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    u = e.usage.copy()
-                    if not u.input_known and self.usage.input_known:
-                        # input reported only at MESSAGE_START is backfilled (SPEC 1.5)
-                        u.input_tokens = self.usage.input_tokens
-                        u.cache_read_tokens = self.usage.cache_read_tokens
-                        u.input_known = True
-                    self.usage = u
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 out += self._final_chunk()
             elif e.kind == EV_ERROR:

@@ -42,7 +42,7 @@ cdef class StreamEncoder:
     cdef bint finished              # [DONE] or an error frame went out
     cdef int tool_count             # OpenAI tool-call indexes handed out so far
     cdef dict tool_of_block         # IR block index -> OpenAI tool-call index
-    cdef Usage usage                # the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

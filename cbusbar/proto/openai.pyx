@@ -39,6 +39,7 @@ from cbusbar.jsonget cimport (
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport effort_of_budget
 
 NAME = "openai"
@@ -1359,6 +1360,8 @@ cdef class StreamEncoder:
             if ev.kind == EV_ERROR:
                 out += self.error(ev.error_kind or "api_error", ev.message or "")
                 break
+            if ev.kind == EV_MESSAGE_START:
+                self.usage = merge_usage(self.usage, ev.usage)
             if not self.started:
                 if ev.kind == EV_MESSAGE_START and not self.model and ev.model:
                     self.model = ev.model
@@ -1390,8 +1393,7 @@ cdef class StreamEncoder:
                         "index": self.tool_of_block[ev.index],
                         "function": {"arguments": ev.text}}]}, None, None)
             elif ev.kind == EV_MESSAGE_DELTA:
-                if ev.usage is not None:
-                    self.usage = ev.usage
+                self.usage = merge_usage(self.usage, ev.usage)
                 out += self._chunk({}, _finish_of_stop(ev.stop_reason), None)
             elif ev.kind == EV_MESSAGE_STOP:
                 if self.include_usage:

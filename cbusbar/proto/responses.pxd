@@ -61,7 +61,7 @@ cdef class StreamEncoder:
     cdef dict blocks                # IR block index -> _Item (None for blocks this protocol drops)
     cdef list items                 # _Item in output order
     cdef int stop_reason            # from MESSAGE_DELTA
-    cdef Usage usage                # the latest totals (MESSAGE_START input, MESSAGE_DELTA running)
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

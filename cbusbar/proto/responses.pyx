@@ -19,6 +19,7 @@ from cbusbar.jsonget cimport (
     OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport effort_of_budget
 
 from cbusbar.ir cimport (
@@ -1466,8 +1467,7 @@ cdef class StreamEncoder:
                 break
             out.append(self._start())
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_BLOCK_START:
                 kind = e.block.kind if e.block is not None else 0
                 if kind == B_TEXT or kind == B_TOOL_USE or (
@@ -1522,8 +1522,7 @@ cdef class StreamEncoder:
             elif e.kind == EV_MESSAGE_DELTA:
                 if e.stop_reason != SR_UNSET:
                     self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 out.append(self._end())
                 break
