@@ -30,7 +30,7 @@ cdef class StreamEncoder:
     cdef bint delta_sent            # a message_delta written
     cdef bint done                  # message_stop or error written
     cdef ir.Usage start_usage       # what message_start reported, for the backfill
-    cdef ir.Usage last_usage        # the latest running totals
+    cdef ir.Usage last_usage        # running totals: usage.merge_usage of start_usage and MESSAGE_DELTAs
     cdef dict wire_index            # IR block index -> wire index (dense, as the SDK indexes by it)
     cdef dict wire_kind             # wire index -> K_* shape of the block
     cdef dict pending_signature     # wire index -> signature to send before the block stops

@@ -22,6 +22,7 @@ from cbusbar.jsonget cimport (
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "anthropic"
@@ -1505,19 +1506,11 @@ cdef class StreamEncoder:
                                                 "delta": delta}))
 
     cdef void _message_delta(self, int stop_reason, str stop_sequence, ir.Usage usage, list out) except *:
-        cdef ir.Usage u
         self._close_all(out)
-        if usage is not None:
-            u = usage.copy()
-            if not u.input_known and self.start_usage is not None:
-                # The upstream reported input only at the start: backfill the totals (SPEC 1.5).
-                u.input_tokens = self.start_usage.input_tokens
-                u.cache_read_tokens = self.start_usage.cache_read_tokens
-                u.cache_write_tokens = self.start_usage.cache_write_tokens
-                u.input_known = True
-            self.last_usage = u
-        elif self.last_usage is None:
-            self.last_usage = self.start_usage.copy() if self.start_usage is not None else ir.Usage()
+        self.last_usage = merge_usage(
+            self.last_usage if self.last_usage is not None else self.start_usage, usage)
+        if self.last_usage is None:
+            self.last_usage = ir.Usage()
         self.delta_sent = True
         out.append(_sse("message_delta", {
             "type": "message_delta",

@@ -4,6 +4,7 @@
 
 from cbusbar.ir cimport Usage
 from cbusbar.eventstream cimport EventStreamParser
+from cbusbar.sequencer cimport BlockSequencer
 
 
 cdef class StreamDecoder:
@@ -18,15 +19,15 @@ cdef class StreamDecoder:
     cdef int stop_reason
     cdef str stop_sequence
     cdef readonly Usage usage       # the metadata event's totals, None until it arrives
-    cdef dict open_blocks           # Bedrock contentBlockIndex -> IR index, open blocks only
-    cdef dict open_kinds            # IR index -> B_* kind, open blocks only
-    cdef int next_index             # IR index of the next block to open
+    cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes
+    cdef object open_wire           # Bedrock's contentBlockIndex of the open block (-1: unnamed)
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)
     cdef void _frame(self, dict headers, bytes payload, list out) except *
     cdef void _start(self, list out) except *
-    cdef int _open(self, object wire, int kind, object block, list out) except -1
+    cdef bint _open_as(self, object wire, int kind)
+    cdef void _open(self, object wire, int kind, list out) except *
     cdef void _close(self, object wire, list out) except *
     cdef void _finish(self, list out) except *
 
@@ -44,7 +45,7 @@ cdef class StreamEncoder:
     cdef int next_index             # next contentBlockIndex
     cdef int stop_reason
     cdef str stop_sequence
-    cdef Usage usage                # the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

@@ -46,6 +46,7 @@ from cbusbar.jsonget cimport (
     Shape, opt_dict, opt_int, opt_list, opt_number, str_or_none, count, J_STRINGS,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "bedrock"
@@ -1034,8 +1035,7 @@ cdef class StreamDecoder:
 
     def __cinit__(self, Py_ssize_t max_frame=0):
         self.parser = EventStreamParser(max_frame if max_frame > 0 else DEFAULT_MAX_FRAME)
-        self.open_blocks = {}
-        self.open_kinds = {}
+        self.seq = BlockSequencer()
         self.stop_reason = SR_UNSET
 
     cpdef list feed(self, bytes chunk):
@@ -1068,29 +1068,20 @@ cdef class StreamDecoder:
             self.started = True
             out.append(ev_message_start(None, None, _unknown_usage()))
 
-    cdef int _open(self, object wire, int kind, object block, list out) except -1:
-        cdef Block b
-        cdef int index = self.next_index
-        if block is None:
-            b = Block.__new__(Block)
-            b.kind = kind
-        else:
-            b = <Block>block
-        self.next_index += 1
-        self.open_blocks[wire] = index
-        self.open_kinds[index] = kind
-        out.append(ev_block_start(index, b))
-        return index
+    cdef bint _open_as(self, object wire, int kind):
+        """The open block is Bedrock's block `wire` and of `kind`."""
+        return self.seq.open_index >= 0 and self.seq.open_kind == kind and self.open_wire == wire
+
+    cdef void _open(self, object wire, int kind, list out) except *:
+        self.seq.open(out, kind)
+        self.open_wire = wire
 
     cdef void _close(self, object wire, list out) except *:
-        index = self.open_blocks.pop(wire, None)
-        if index is not None:
-            del self.open_kinds[index]
-            out.append(ev_block_stop(<int>index))
+        if self.seq.open_index >= 0 and self.open_wire == wire:
+            self.seq.close(out)
 
     cdef void _finish(self, list out) except *:
-        for wire in list(self.open_blocks):
-            self._close(wire, out)
+        self.seq.close(out)
         self._start(out)
         out.append(ev_message_delta(self.stop_reason if self.stop_reason != SR_UNSET else SR_END_TURN,
                                     self.stop_sequence,
@@ -1101,7 +1092,6 @@ cdef class StreamDecoder:
     cdef void _frame(self, dict headers, bytes payload, list out) except *:
         cdef dict obj, delta, x
         cdef Block b
-        cdef int index, kind
         mtype = headers.get(":message-type")
         if mtype == "exception":
             try:
@@ -1138,74 +1128,61 @@ cdef class StreamDecoder:
                 text = str_or_none(delta["text"])
                 if text is None:
                     return
-                index = self.open_blocks.get(wire, -1)
-                if index < 0 or self.open_kinds[index] != B_TEXT:
-                    self._close(wire, out)
-                    index = self._open(wire, B_TEXT, None, out)
-                out.append(ev_block_delta(index, D_TEXT, text))
+                if not self._open_as(wire, B_TEXT):
+                    self._open(wire, B_TEXT, out)
+                self.seq.text(out, text)
             elif "toolUse" in delta:
                 v = delta["toolUse"]
                 text = str_or_none((<dict>v).get("input")) if isinstance(v, dict) else None
                 if text is None:
                     return
-                index = self.open_blocks.get(wire, -1)
-                if index < 0 or self.open_kinds[index] != B_TOOL_USE:
-                    self._close(wire, out)
-                    index = self._open(wire, B_TOOL_USE, None, out)
-                out.append(ev_block_delta(index, D_INPUT_JSON, text))
+                if not self._open_as(wire, B_TOOL_USE):
+                    self._open(wire, B_TOOL_USE, out)
+                self.seq.tool_args(out, text)
             elif "reasoningContent" in delta:
                 v = delta["reasoningContent"]
                 if not isinstance(v, dict):
                     return
                 x = v
-                index = self.open_blocks.get(wire, -1)
                 if "redactedContent" in x:
                     data = str_or_none(x["redactedContent"])
-                    if data is None or index >= 0:
+                    if data is None or (self.seq.open_index >= 0 and self.open_wire == wire):
                         return
                     b = Block.__new__(Block)
                     b.kind = B_THINKING
                     b.redacted = True
                     b.data = data
-                    self._open(wire, B_THINKING, b, out)
+                    self.seq.start(out, b)
+                    self.open_wire = wire
                     return
-                if index < 0 or self.open_kinds[index] != B_THINKING:
-                    self._close(wire, out)
-                    index = self._open(wire, B_THINKING, None, out)
+                if not self._open_as(wire, B_THINKING):
+                    self._open(wire, B_THINKING, out)
                 if "text" in x:
                     text = str_or_none(x["text"])
                     if text is not None:
-                        out.append(ev_block_delta(index, D_THINKING, text))
+                        self.seq.thinking(out, text)
                 elif "signature" in x:
                     text = str_or_none(x["signature"])
                     if text is not None:
-                        out.append(ev_block_delta(index, D_SIGNATURE, text))
+                        self.seq.delta(out, D_SIGNATURE, text)
             elif "citation" in delta:
-                index = self.open_blocks.get(wire, -1)
-                if index < 0:
-                    index = self._open(wire, B_TEXT, None, out)
-                e = ev_block_delta(index, D_CITATION, None)
-                (<Event>e).data = delta["citation"]
-                out.append(e)
+                if not (self.seq.open_index >= 0 and self.open_wire == wire):
+                    self._open(wire, B_TEXT, out)
+                self.seq.delta(out, D_CITATION, None).data = delta["citation"]
         elif etype == "contentBlockStart":
             self._start(out)
             v = obj.get("start")
             if isinstance(v, dict) and isinstance((<dict>v).get("toolUse"), dict):
                 x = (<dict>v)["toolUse"]
-                b = Block.__new__(Block)
-                b.kind = B_TOOL_USE
-                b.id = str_or_none(x.get("toolUseId"))
-                b.name = str_or_none(x.get("name"))
-                self._close(wire, out)
-                self._open(wire, B_TOOL_USE, b, out)
+                self.seq.tool_start(out, str_or_none(x.get("toolUseId")), str_or_none(x.get("name")))
+                self.open_wire = wire
         elif etype == "contentBlockStop":
             self._close(wire, out)
         elif etype == "messageStart":
             self._start(out)
         elif etype == "messageStop":
             self._start(out)
-            for w in list(self.open_blocks):
-                self._close(w, out)
+            self.seq.close(out)
             self.stopped = True
             self.finished = True
             self.stop_reason = _stop_of(obj.get("stopReason"))
@@ -1371,12 +1348,12 @@ cdef class StreamEncoder:
             elif k == EV_BLOCK_STOP:
                 self._stop_block(ev.index, out)
             elif k == EV_MESSAGE_START:
+                self.usage = merge_usage(self.usage, ev.usage)
                 self._start(out)
             elif k == EV_MESSAGE_DELTA:
                 self.stop_reason = ev.stop_reason
                 self.stop_sequence = ev.stop_sequence
-                if ev.usage is not None:
-                    self.usage = ev.usage
+                self.usage = merge_usage(self.usage, ev.usage)
             elif k == EV_MESSAGE_STOP:
                 self._finish(out)
             elif k == EV_ERROR:

@@ -2,6 +2,7 @@
 
 from cbusbar.ir cimport Block, Event, Usage
 from cbusbar.framing cimport SSEParser
+from cbusbar.sequencer cimport BlockSequencer
 
 
 cdef class StreamDecoder:
@@ -10,13 +11,11 @@ cdef class StreamDecoder:
     cdef bint done              # message-end (or an error frame) seen; later frames are ignored
     cdef readonly bint finished # a message-end that is not an error seen
     cdef readonly Usage usage   # message-end's usage, None until it arrives
-    cdef int next_index         # the next IR block index
-    cdef int open_index         # IR index of the open block, -1 when none
-    cdef int open_kind          # its Block.kind
+    cdef BlockSequencer seq     # the IR blocks: one open at a time, dense indexes; its `filled`
+                                # says whether an open tool call received argument bytes
     cdef int open_src           # which Cohere event family opened it (SRC_* in cohere.pyx)
     cdef object open_cohere     # Cohere's own index for it (content or tool-call index), or None
     cdef bint open_ended        # content-end seen, BLOCK_STOP deferred (citations arrive after it)
-    cdef bint open_args         # a tool call received argument bytes
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)
@@ -43,13 +42,12 @@ cdef class StreamEncoder:
     cdef int tool_n             # next Cohere tool-call index
     cdef int cite_n             # next Cohere citation index
     cdef dict blocks            # IR index -> (family, Cohere index)
-    cdef Usage usage            # running totals (input from MESSAGE_START when MESSAGE_DELTA lacks it)
+    cdef Usage usage            # running totals (usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs)
     cdef int stop_reason
     cdef bint have_delta        # a MESSAGE_DELTA arrived
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)
-    cdef void _take_usage(self, Usage u)
     cdef void _start(self, bytearray out)
     cdef void _block_start(self, bytearray out, Event e)
     cdef void _block_delta(self, bytearray out, Event e)

@@ -33,6 +33,7 @@ from cbusbar.jsonget cimport (
     J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -885,7 +886,7 @@ cdef class StreamDecoder:
 
     def __cinit__(self, Py_ssize_t max_frame=0):
         self.parser = SSEParser(max_frame)
-        self.open_index = -1
+        self.seq = BlockSequencer()
         self.open_cohere = None
 
     cpdef list feed(self, bytes chunk):
@@ -969,28 +970,23 @@ cdef class StreamDecoder:
         out.append(ev_message_start(id if isinstance(id, str) else None, None, u))
 
     cdef void _close_open(self, list out):
-        if self.open_index < 0:
+        if self.seq.open_index < 0:
             return
-        if self.open_kind == B_TOOL_USE and not self.open_args:
+        if self.seq.open_kind == B_TOOL_USE and not self.seq.filled:
             # A call without arguments streams none (cohere-empty-tool-call): say "{}" so every
             # encoder downstream sees valid JSON arguments.
-            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, "{}"))
-        out.append(ev_block_stop(self.open_index))
-        self.open_index = -1
+            self.seq.tool_args(out, "{}")
+        self.seq.close(out)
         self.open_src = 0
         self.open_cohere = None
         self.open_ended = False
-        self.open_args = False
 
     cdef void _open(self, list out, int src, object cohere_index, Block block):
         self._start(out, None)
         self._close_open(out)
-        self.open_index = self.next_index
-        self.next_index += 1
-        self.open_kind = block.kind
+        self.seq.start(out, block)
         self.open_src = src
         self.open_cohere = cohere_index
-        out.append(ev_block_start(self.open_index, block))
 
     cdef void _content_start(self, list out, dict doc):
         content = _get(_get(_get(doc, "delta"), "message"), "content")
@@ -1003,8 +999,10 @@ cdef class StreamDecoder:
             first = _get(content, "text")
         self._open(out, SRC_CONTENT, doc.get("index"), b)
         if isinstance(first, str) and first:
-            out.append(ev_block_delta(self.open_index, D_THINKING if b.kind == B_THINKING else D_TEXT,
-                                      first))
+            if b.kind == B_THINKING:
+                self.seq.thinking(out, first)
+            else:
+                self.seq.text(out, first)
 
     cdef void _content_delta(self, list out, dict doc):
         content = _get(_get(_get(doc, "delta"), "message"), "content")
@@ -1016,11 +1014,11 @@ cdef class StreamDecoder:
             b = Block.__new__(Block)
             b.kind = B_THINKING if isinstance(thinking, str) and not isinstance(text, str) else B_TEXT
             self._open(out, SRC_CONTENT, doc.get("index"), b)
-        if self.open_kind == B_THINKING:
+        if self.seq.open_kind == B_THINKING:
             if isinstance(thinking, str) and thinking:
-                out.append(ev_block_delta(self.open_index, D_THINKING, thinking))
+                self.seq.thinking(out, thinking)
         elif isinstance(text, str) and text:
-            out.append(ev_block_delta(self.open_index, D_TEXT, text))
+            self.seq.text(out, text)
 
     cdef void _plan_delta(self, list out, dict doc):
         plan = _get(_get(_get(doc, "delta"), "message"), "tool_plan")
@@ -1028,7 +1026,7 @@ cdef class StreamDecoder:
             return
         if self.open_src != SRC_PLAN:
             self._open(out, SRC_PLAN, None, text_block(None))
-        out.append(ev_block_delta(self.open_index, D_TEXT, plan))
+        self.seq.text(out, plan)
 
     cdef void _tool_start(self, list out, dict doc):
         call = _get(_get(_get(doc, "delta"), "message"), "tool_calls")
@@ -1039,8 +1037,7 @@ cdef class StreamDecoder:
         self._open(out, SRC_TOOL, doc.get("index"), _tool_use(
             id if isinstance(id, str) else None, name if isinstance(name, str) else None, None))
         if isinstance(args, str) and args:
-            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, args))
-            self.open_args = True
+            self.seq.tool_args(out, args)
 
     cdef void _tool_delta(self, list out, dict doc):
         args = _get(_get(_get(_get(_get(doc, "delta"), "message"), "tool_calls"), "function"),
@@ -1049,29 +1046,25 @@ cdef class StreamDecoder:
         if self.open_src != SRC_TOOL or not self._same(doc.get("index")):
             return
         if isinstance(args, str) and args:
-            out.append(ev_block_delta(self.open_index, D_INPUT_JSON, args))
-            self.open_args = True
+            self.seq.tool_args(out, args)
 
     cdef void _citation(self, list out, dict doc):
         """A citation lands on the block it cites when that block is still the open one (Cohere
         sends citations right after content-end, hence the deferred BLOCK_STOP); otherwise there is
         no valid place in the IR event order for it and it is dropped."""
-        cdef Event e
         cite = _get(_get(_get(doc, "delta"), "message"), "citations")
-        if not isinstance(cite, dict) or self.open_index < 0:
+        if not isinstance(cite, dict) or self.seq.open_index < 0:
             return
         if cite.get("type") == "PLAN":
             if self.open_src != SRC_PLAN:
                 return
-        elif self.open_src != SRC_CONTENT or self.open_kind != B_TEXT:
+        elif self.open_src != SRC_CONTENT or self.seq.open_kind != B_TEXT:
             return
         else:
             ci = cite.get("content_index")
             if ci is not None and self.open_cohere is not None and ci != self.open_cohere:
                 return
-        e = ev_block_delta(self.open_index, D_CITATION, None)
-        e.data = cite
-        out.append(e)
+        self.seq.delta(out, D_CITATION, None).data = cite
 
     cdef void _end(self, list out, object delta):
         self._start(out, None)
@@ -1113,8 +1106,7 @@ cdef class StreamEncoder:
             if self.finished:
                 break
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None and e.usage.input_known:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
                 self._start(out)
             elif e.kind == EV_BLOCK_START:
                 self._block_start(out, e)
@@ -1126,8 +1118,7 @@ cdef class StreamEncoder:
                 self.have_delta = True
                 if e.stop_reason:
                     self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    self._take_usage(e.usage)
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 self._end(out)
             elif e.kind == EV_ERROR:
@@ -1146,14 +1137,6 @@ cdef class StreamEncoder:
             "message": message,
             "delta": {"error": message, "finish_reason": "ERROR", "usage": _usage_obj(self.usage)},
         }))
-
-    cdef void _take_usage(self, Usage u):
-        cdef long long inp = self.usage.input_tokens
-        cdef bint known = self.usage.input_known
-        self.usage = u.copy()
-        if not u.input_known and known:
-            self.usage.input_tokens = inp
-            self.usage.input_known = True
 
     cdef void _start(self, bytearray out):
         if self.started:

@@ -4,6 +4,7 @@
 
 from cbusbar.ir cimport Usage
 from cbusbar.framing cimport JsonArrayParser, SSEParser
+from cbusbar.sequencer cimport BlockSequencer
 
 
 cdef class StreamDecoder:
@@ -18,9 +19,7 @@ cdef class StreamDecoder:
     cdef readonly bint finished     # a candidate's finishReason (or a blocked prompt) seen
     cdef bint saw_tool              # a functionCall part arrived (finish STOP then means tool use)
     cdef bint sealed                # the open thinking block already got its signature
-    cdef int next_index             # IR index of the next block to open
-    cdef int open_index             # IR index of the open block, -1 when none
-    cdef int open_kind              # B_TEXT / B_THINKING of the open block, 0 when none
+    cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes
     cdef int tool_count             # functionCall parts seen (seeds their minted ids)
     cdef str response_id            # the upstream responseId (seeds minted tool-call ids)
     cdef readonly Usage usage       # the latest usageMetadata, None until one arrives
@@ -30,8 +29,6 @@ cdef class StreamDecoder:
     cdef void _frame(self, bytes data, list out) except *
     cdef void _chunk(self, dict chunk, list out) except *
     cdef void _part(self, dict part, object logprobs, list out) except *
-    cdef int _open(self, int kind, list out) except -1
-    cdef void _close_block(self, list out) except *
     cdef void _fail(self, str kind, str message, list out) except *
 
 
@@ -44,7 +41,7 @@ cdef class StreamEncoder:
     cdef bint wrote                 # a chunk went out (JSON-array mode: the `[` is written)
     cdef bint finished              # the final chunk or an error went out
     cdef int stop_reason            # from MESSAGE_DELTA
-    cdef Usage usage                # MESSAGE_START input, then the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
     cdef dict tools                 # IR block index -> [call id, name, list of JSON fragments]
 
     cpdef bytes encode(self, list events)

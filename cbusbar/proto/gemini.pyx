@@ -37,6 +37,7 @@ from cbusbar.jsonget cimport (
     Shape, as_dict, req_list, is_int, is_number, J_STRING, J_INTEGER, J_NUMBER, J_OBJECT, J_ARRAY,
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport budget_of_effort
 
 NAME = "gemini"
@@ -1098,7 +1099,7 @@ cdef class StreamDecoder:
     def __cinit__(self, Py_ssize_t max_frame=0):
         self.parser = SSEParser(max_frame)
         self.array = JsonArrayParser(max_frame)
-        self.open_index = -1
+        self.seq = BlockSequencer()
 
     cpdef list feed(self, bytes chunk):
         cdef list out = [], frames
@@ -1195,14 +1196,14 @@ cdef class StreamDecoder:
             for raw in _response_parts(cand):
                 if isinstance(raw, dict):
                     self._part(<dict>raw, lp, out)
-                    if lp is not None and self.open_kind == B_TEXT:
+                    if lp is not None and self.seq.open_kind == B_TEXT:
                         lp = None  # attached to this chunk's first text delta
             finish = (<dict>cand).get("finishReason")
         fb = chunk.get("promptFeedback")
         if finish is None and isinstance(fb, dict) and fb.get("blockReason"):
             finish = "SAFETY"
         if finish is not None:
-            self._close_block(out)
+            self.seq.close(out)
             out.append(ev_message_delta(_stop_of(finish, self.saw_tool), None,
                                         self.usage.copy() if self.usage is not None else Usage()))
             out.append(ev_message_stop())
@@ -1211,65 +1212,40 @@ cdef class StreamDecoder:
 
     cdef void _part(self, dict p, object logprobs, list out) except *:
         cdef object text = p.get("text"), sig = p.get("thoughtSignature"), fc
-        cdef Block b
         cdef Event e
-        cdef int idx
         if isinstance(text, str):
             if p.get("thought") is True:
-                if self.open_kind != B_THINKING or self.sealed:
+                if self.seq.open_kind != B_THINKING or self.sealed:
                     if not text and not isinstance(sig, str):
                         return
-                    self._open(B_THINKING, out)
+                    self.seq.close(out)     # a sealed thought run ends: the next one is a new block
+                    self.sealed = False
                 if text:
-                    out.append(ev_block_delta(self.open_index, D_THINKING, text))
+                    self.seq.thinking(out, text)
+                else:
+                    self.seq.ensure(out, B_THINKING)
                 if isinstance(sig, str) and sig:
-                    out.append(ev_block_delta(self.open_index, D_SIGNATURE, sig))
+                    self.seq.delta(out, D_SIGNATURE, sig)
                     self.sealed = True  # a signature ends a thought run
                 return
             # A signature on a text part signs the turn for Gemini only; no IR event carries it.
             if not text:
                 return
-            if self.open_kind != B_TEXT:
-                self._open(B_TEXT, out)
-            e = ev_block_delta(self.open_index, D_TEXT, text)
+            e = self.seq.text(out, text)
             e.data = logprobs
-            out.append(e)
             return
         fc = p.get("functionCall")
         if isinstance(fc, dict):
-            self._close_block(out)
             self.saw_tool = True
-            b = Block.__new__(Block)
-            b.kind = B_TOOL_USE
-            b.name = fc.get("name") if isinstance(fc.get("name"), str) else ""
-            b.id = fc.get("id") if isinstance(fc.get("id"), str) and fc.get("id") else _call_id(
-                None if self.response_id is None else "%s:%d" % (self.response_id, self.tool_count))
+            self.seq.tool_start(
+                out, fc.get("id") if isinstance(fc.get("id"), str) and fc.get("id") else _call_id(
+                    None if self.response_id is None else "%s:%d" % (self.response_id, self.tool_count)),
+                fc.get("name") if isinstance(fc.get("name"), str) else "")
             self.tool_count += 1
-            idx = self.next_index
-            self.next_index += 1
-            out.append(ev_block_start(idx, b))
             # Gemini sends a call whole: its arguments are one fragment
-            out.append(ev_block_delta(idx, D_INPUT_JSON, orjson.dumps(
-                fc.get("args") if fc.get("args") is not None else {}).decode("utf-8")))
-            out.append(ev_block_stop(idx))
-
-    cdef int _open(self, int kind, list out) except -1:
-        cdef Block b = Block.__new__(Block)
-        self._close_block(out)
-        b.kind = kind
-        b.text = ""
-        self.open_index = self.next_index
-        self.open_kind = kind
-        self.next_index += 1
-        self.sealed = False
-        out.append(ev_block_start(self.open_index, b))
-        return self.open_index
-
-    cdef void _close_block(self, list out) except *:
-        if self.open_index >= 0:
-            out.append(ev_block_stop(self.open_index))
-            self.open_index = -1
-            self.open_kind = 0
+            self.seq.tool_args(out, orjson.dumps(
+                fc.get("args") if fc.get("args") is not None else {}).decode("utf-8"))
+            self.seq.close(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1283,7 +1259,7 @@ cdef class StreamEncoder:
         self.model = model
         self.json_array = False
         self.tools = {}
-        self.usage = Usage()
+        self.usage = Usage(input_known=False)   # zeros until MESSAGE_START or MESSAGE_DELTA says more
 
     cdef bytes _frame(self, dict chunk):
         cdef bytes data = orjson.dumps(chunk)
@@ -1325,8 +1301,7 @@ cdef class StreamEncoder:
                 break
             e = <Event>ev
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_BLOCK_START:
                 if e.block is not None and e.block.kind == B_TOOL_USE:
                     self.tools[e.index] = [e.block.id, e.block.name, []]
@@ -1360,14 +1335,7 @@ cdef class StreamEncoder:
                     out += self._parts_chunk([{"functionCall": call}], None)
             elif e.kind == EV_MESSAGE_DELTA:
                 self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    u = e.usage.copy()
-                    if not u.input_known and self.usage.input_known:
-                        # input reported only at MESSAGE_START is backfilled (SPEC 1.5)
-                        u.input_tokens = self.usage.input_tokens
-                        u.cache_read_tokens = self.usage.cache_read_tokens
-                        u.input_known = True
-                    self.usage = u
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 out += self._final_chunk()
             elif e.kind == EV_ERROR:

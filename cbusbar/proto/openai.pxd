@@ -4,6 +4,7 @@
 
 from cbusbar.ir cimport Usage
 from cbusbar.framing cimport SSEParser
+from cbusbar.sequencer cimport BlockSequencer
 
 
 cdef class StreamDecoder:
@@ -17,9 +18,7 @@ cdef class StreamDecoder:
     cdef bint saw_tool              # a tool call was streamed (finish "stop" then means tool use)
     cdef bint saw_refusal           # delta.refusal text was streamed
     cdef int stop_reason            # IR stop reason of the remembered finish_reason
-    cdef int next_index             # IR index of the next block to open
-    cdef int open_index             # IR index of the open block, -1 when none
-    cdef int open_kind              # B_TEXT / B_THINKING / B_TOOL_USE of the open block, 0 when none
+    cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes
     cdef dict tools                 # OpenAI tool-call key (its `index`, else its id) -> IR block index
     cdef object last_tool           # key of the most recent tool call (fragments without index/id)
     cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
@@ -29,8 +28,6 @@ cdef class StreamDecoder:
     cdef void _frame(self, bytes data, list out) except *
     cdef void _choice(self, dict choice, list out) except *
     cdef void _tool_call(self, dict call, list out) except *
-    cdef int _open(self, int kind, list out) except -1
-    cdef void _close_block(self, list out) except *
     cdef void _finish(self, list out) except *
 
 
@@ -45,7 +42,7 @@ cdef class StreamEncoder:
     cdef bint finished              # [DONE] or an error frame went out
     cdef int tool_count             # OpenAI tool-call indexes handed out so far
     cdef dict tool_of_block         # IR block index -> OpenAI tool-call index
-    cdef Usage usage                # the latest MESSAGE_DELTA totals
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

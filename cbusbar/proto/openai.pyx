@@ -39,6 +39,7 @@ from cbusbar.jsonget cimport (
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport effort_of_budget
 
 NAME = "openai"
@@ -1185,7 +1186,7 @@ cdef class StreamDecoder:
 
     def __cinit__(self, Py_ssize_t max_frame=0):
         self.parser = SSEParser(max_frame)
-        self.open_index = -1
+        self.seq = BlockSequencer()
         self.tools = {}
 
     cpdef list feed(self, bytes chunk):
@@ -1235,7 +1236,7 @@ cdef class StreamDecoder:
         v = d.get("error")
         if v is not None:
             err = v if isinstance(v, dict) else {"message": v}
-            self._close_block(out)
+            self.seq.close(out)
             out.append(ev_error(_kind_of_error(err),
                                 str_or_none(err.get("message")) or "The upstream reported an error."))
             self.done = True
@@ -1255,28 +1256,23 @@ cdef class StreamDecoder:
         cdef object v, call, logprobs
         cdef dict d
         cdef Event ev
-        cdef int index
         if isinstance(delta, dict):
             d = delta
             v = d.get("reasoning_content")
             if not isinstance(v, str) or not v:
                 v = d.get("reasoning")  # OpenRouter / vLLM spelling
             if isinstance(v, str) and v:
-                index = self._open(B_THINKING, out)
-                out.append(ev_block_delta(index, D_THINKING, v))
+                self.seq.thinking(out, v)
             v = d.get("content")
             if isinstance(v, str) and v:
-                index = self._open(B_TEXT, out)
-                ev = ev_block_delta(index, D_TEXT, v)
+                ev = self.seq.text(out, v)
                 logprobs = choice.get("logprobs")
                 if isinstance(logprobs, dict) and isinstance(logprobs.get("content"), list):
                     ev.data = logprobs["content"]
-                out.append(ev)
             v = d.get("refusal")
             if isinstance(v, str) and v:
                 self.saw_refusal = True
-                index = self._open(B_TEXT, out)
-                out.append(ev_block_delta(index, D_TEXT, v))
+                self.seq.text(out, v)
             v = d.get("tool_calls")
             if isinstance(v, list):
                 for call in v:
@@ -1296,7 +1292,6 @@ cdef class StreamDecoder:
         cdef object args
         cdef object index
         cdef str id = str_or_none(call.get("id"))
-        cdef Block b
         if not isinstance(fn, dict):
             fn = {}
         if not is_int(key):
@@ -1305,51 +1300,23 @@ cdef class StreamDecoder:
             key = id if id else self.last_tool
         index = self.tools.get(key) if key is not None else None
         if index is None:
-            self._close_block(out)
-            b = _block(B_TOOL_USE)
-            b.id = id or _random_id("call_", 24)
-            b.name = str_or_none(fn.get("name")) or ""
-            index = self.next_index
-            self.next_index += 1
-            self.open_index = index
-            self.open_kind = B_TOOL_USE
+            id = id or _random_id("call_", 24)
+            index = self.seq.tool_start(out, id, str_or_none(fn.get("name")) or "")
             if key is None:
-                key = b.id
+                key = id
             self.tools[key] = index
             self.saw_tool = True
-            out.append(ev_block_start(index, b))
         self.last_tool = key
         args = fn.get("arguments")
-        if isinstance(args, str) and args and index == self.open_index:
-            out.append(ev_block_delta(index, D_INPUT_JSON, args))
+        if isinstance(args, str) and args and index == self.seq.open_index:
+            self.seq.tool_args(out, args)
         # A fragment for a call whose block is already closed (calls interleaved, which OpenAI,
         # vLLM and DeepSeek never do) cannot be placed without breaking the one-open-block order
         # every encoder relies on, so it is dropped.
 
-    cdef int _open(self, int kind, list out) except -1:
-        """The IR index of an open block of `kind`, closing another kind and opening one first."""
-        cdef Block b
-        if self.open_kind == kind:
-            return self.open_index
-        self._close_block(out)
-        b = _block(kind)
-        if kind == B_TEXT or kind == B_THINKING:
-            b.text = ""
-        self.open_index = self.next_index
-        self.next_index += 1
-        self.open_kind = kind
-        out.append(ev_block_start(self.open_index, b))
-        return self.open_index
-
-    cdef void _close_block(self, list out) except *:
-        if self.open_index >= 0:
-            out.append(ev_block_stop(self.open_index))
-        self.open_index = -1
-        self.open_kind = 0
-
     cdef void _finish(self, list out) except *:
         cdef int stop = self.stop_reason
-        self._close_block(out)
+        self.seq.close(out)
         if not self.have_finish or stop == SR_END_TURN:
             stop = _stop_of_finish("stop", self.saw_tool, self.saw_refusal)
         out.append(ev_message_delta(stop, None,
@@ -1393,6 +1360,8 @@ cdef class StreamEncoder:
             if ev.kind == EV_ERROR:
                 out += self.error(ev.error_kind or "api_error", ev.message or "")
                 break
+            if ev.kind == EV_MESSAGE_START:
+                self.usage = merge_usage(self.usage, ev.usage)
             if not self.started:
                 if ev.kind == EV_MESSAGE_START and not self.model and ev.model:
                     self.model = ev.model
@@ -1424,8 +1393,7 @@ cdef class StreamEncoder:
                         "index": self.tool_of_block[ev.index],
                         "function": {"arguments": ev.text}}]}, None, None)
             elif ev.kind == EV_MESSAGE_DELTA:
-                if ev.usage is not None:
-                    self.usage = ev.usage
+                self.usage = merge_usage(self.usage, ev.usage)
                 out += self._chunk({}, _finish_of_stop(ev.stop_reason), None)
             elif ev.kind == EV_MESSAGE_STOP:
                 if self.include_usage:

@@ -4,6 +4,7 @@
 
 from cbusbar.ir cimport Usage
 from cbusbar.framing cimport SSEParser
+from cbusbar.sequencer cimport BlockSequencer
 
 
 cdef class StreamDecoder:
@@ -16,10 +17,8 @@ cdef class StreamDecoder:
     cdef readonly Usage usage       # the final response's usage, None until it arrives
     cdef bint saw_tool              # a function_call item was streamed (completed = tool use)
     cdef bint saw_refusal           # refusal text was streamed
-    cdef int next_index             # IR index of the next block to open
-    cdef int open_index             # IR index of the open block, -1 when none
-    cdef int open_kind              # Block.kind of the open block
-    cdef bint open_delta            # the open block received content deltas (done then adds none)
+    cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes; its
+                                    # `filled`: the open block got content deltas (done adds none)
     cdef int open_summary           # the reasoning summary_index last seen in the open block
     cdef dict by_output             # upstream output_index -> IR block index
     cdef dict by_item               # upstream item id -> IR block index
@@ -31,8 +30,6 @@ cdef class StreamDecoder:
     cdef int _find(self, dict data) except -2
     cdef int _open(self, int kind, dict data, str id, str name, list out) except -1
     cdef int _ensure(self, int kind, dict data, list out) except -1
-    cdef void _delta_args(self, int index, object text, list out) except *
-    cdef void _close_open(self, list out) except *
     cdef void _item_done(self, dict data, list out) except *
     cdef void _finish(self, dict response, bint incomplete, list out) except *
 
@@ -64,7 +61,7 @@ cdef class StreamEncoder:
     cdef dict blocks                # IR block index -> _Item (None for blocks this protocol drops)
     cdef list items                 # _Item in output order
     cdef int stop_reason            # from MESSAGE_DELTA
-    cdef Usage usage                # the latest totals (MESSAGE_START input, MESSAGE_DELTA running)
+    cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)

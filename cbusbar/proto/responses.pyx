@@ -19,6 +19,7 @@ from cbusbar.jsonget cimport (
     OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
+from cbusbar.usage cimport merge_usage
 from cbusbar.reasoning cimport effort_of_budget
 
 from cbusbar.ir cimport (
@@ -1091,7 +1092,7 @@ cdef class StreamDecoder:
 
     def __cinit__(self, Py_ssize_t max_frame=0):
         self.parser = SSEParser(max_frame)
-        self.open_index = -1
+        self.seq = BlockSequencer()
         self.by_output = {}
         self.by_item = {}
 
@@ -1173,58 +1174,49 @@ cdef class StreamDecoder:
             k = _ITEM_KINDS.get((<dict>v).get("type"), 0)
             if k == 0:
                 return
-            i = self._open(k, d, _str_or_none((<dict>v).get("call_id")),
-                           _str_or_none((<dict>v).get("name")), out)
-            if k == B_TOOL_USE and (<dict>v).get("arguments"):
-                self._delta_args(i, (<dict>v).get("arguments"), out)
+            self._open(k, d, _str_or_none((<dict>v).get("call_id")),
+                       _str_or_none((<dict>v).get("name")), out)
+            v = (<dict>v).get("arguments")
+            if k == B_TOOL_USE and type(v) is str and v:
+                self.seq.tool_args(out, <str>v)
         elif code == E_ITEM_DONE:
             self._item_done(d, out)
         elif code == E_TEXT or code == E_REFUSAL:
             v = d.get("delta")
             if type(v) is str and v:
-                i = self._ensure(B_TEXT, d, out)
-                if i >= 0:
-                    self.open_delta = True
+                if self._ensure(B_TEXT, d, out) >= 0:
                     if code == E_REFUSAL:
                         self.saw_refusal = True
-                    out.append(ev_block_delta(i, D_TEXT, <str>v))
+                    self.seq.text(out, <str>v)
         elif code == E_ANNOTATION:
             v = d.get("annotation")
             if type(v) is dict:
-                i = self._ensure(B_TEXT, d, out)
-                if i >= 0:
-                    out.append(_citation(i, v))
+                if self._ensure(B_TEXT, d, out) >= 0:
+                    self.seq.delta(out, D_CITATION, None).data = v
         elif code == E_ARGS:
             v = d.get("delta")
             if type(v) is str and v:
-                i = self._ensure(B_TOOL_USE, d, out)
-                if i >= 0:
-                    self._delta_args(i, v, out)
+                if self._ensure(B_TOOL_USE, d, out) >= 0:
+                    self.seq.tool_args(out, <str>v)
         elif code == E_ARGS_DONE:
             v = d.get("arguments")
             i = self._find(d)
-            if type(v) is str and v and i >= 0 and i == self.open_index and not self.open_delta:
-                self._delta_args(i, v, out)
+            if type(v) is str and v and i >= 0 and i == self.seq.open_index and not self.seq.filled:
+                self.seq.tool_args(out, <str>v)
         elif code == E_REASONING:
             v = d.get("delta")
             if type(v) is str and v:
-                i = self._ensure(B_THINKING, d, out)
-                if i >= 0:
-                    self.open_delta = True
-                    out.append(ev_block_delta(i, D_THINKING, <str>v))
+                if self._ensure(B_THINKING, d, out) >= 0:
+                    self.seq.thinking(out, <str>v)
         elif code == E_SUMMARY_PART:
             # Summary parts of one reasoning item are paragraphs: read_response joins them with a
             # blank line, and so does the stream.
             v = d.get("summary_index")
             i = self._ensure(B_THINKING, d, out)
             if i >= 0 and type(v) is int and <int>v > self.open_summary:
-                if self.open_delta:
-                    out.append(ev_block_delta(i, D_THINKING, "\n\n"))
+                if self.seq.filled:
+                    self.seq.delta(out, D_THINKING, "\n\n")
                 self.open_summary = v
-
-    cdef void _delta_args(self, int index, object text, list out) except *:
-        self.open_delta = True
-        out.append(ev_block_delta(index, D_INPUT_JSON, <str>text))
 
     cdef void _start(self, str id, str model, list out) except *:
         cdef Usage usage
@@ -1246,20 +1238,14 @@ cdef class StreamDecoder:
         return -1
 
     cdef int _open(self, int kind, dict data, str id, str name, list out) except -1:
-        cdef Block b = Block.__new__(Block)
-        cdef int index = self.next_index
+        """A new block for an output item, named by its output_index and item id."""
+        cdef int index
         cdef object v
-        self._close_open(out)
-        b.kind = kind
         if kind == B_TOOL_USE:
-            b.id = id
-            b.name = name or ""
+            index = self.seq.tool_start(out, id, name or "")
             self.saw_tool = True
-        out.append(ev_block_start(index, b))
-        self.next_index += 1
-        self.open_index = index
-        self.open_kind = kind
-        self.open_delta = False
+        else:
+            index = self.seq.open(out, kind)
         self.open_summary = 0
         v = data.get("output_index")
         if type(v) is int:
@@ -1275,14 +1261,8 @@ cdef class StreamDecoder:
         an event for an item already closed is dropped (-1)."""
         cdef int i = self._find(data)
         if i >= 0:
-            return i if i == self.open_index and self.open_kind == kind else -1
+            return i if i == self.seq.open_index and self.seq.open_kind == kind else -1
         return self._open(kind, data, None, None, out)
-
-    cdef void _close_open(self, list out) except *:
-        if self.open_index >= 0:
-            out.append(ev_block_stop(self.open_index))
-            self.open_index = -1
-            self.open_kind = 0
 
     cdef void _item_done(self, dict data, list out) except *:
         cdef object item = data.get("item")
@@ -1300,25 +1280,24 @@ cdef class StreamDecoder:
         if i < 0:
             i = self._open(kind, data, _str_or_none(it.get("call_id")), _str_or_none(it.get("name")),
                            out)
-        if i != self.open_index:
+        if i != self.seq.open_index:
             return
         # Content the upstream did not stream (a server that only sends whole items) comes from
         # the finished item itself.
-        if not self.open_delta:
+        if not self.seq.filled:
             if kind == B_TOOL_USE:
                 v = it.get("arguments")
                 if type(v) is str and v:
-                    self._delta_args(i, v, out)
+                    self.seq.tool_args(out, <str>v)
             else:
                 for b in _item_blocks(it):
                     if b.kind == kind and b.text:
-                        out.append(ev_block_delta(i, D_TEXT if kind == B_TEXT else D_THINKING,
-                                                  b.text))
+                        self.seq.delta(out, D_TEXT if kind == B_TEXT else D_THINKING, b.text)
         if kind == B_THINKING:
             v = it.get("encrypted_content")
             if type(v) is str and v:
-                out.append(ev_block_delta(i, D_SIGNATURE, <str>v))
-        self._close_open(out)
+                self.seq.delta(out, D_SIGNATURE, <str>v)
+        self.seq.close(out)
 
     cdef void _finish(self, dict response, bint incomplete, list out) except *:
         cdef int stop
@@ -1327,14 +1306,13 @@ cdef class StreamDecoder:
         cdef Block b
         cdef bint tool = False, refusal = False
         self._start(_str_or_none(response.get("id")), _str_or_none(response.get("model")), out)
-        self._close_open(out)
-        if self.next_index == 0 and type(v) is list and v:
+        self.seq.close(out)
+        if self.seq.next_index == 0 and type(v) is list and v:
             # An upstream that streamed no items at all: replay the final output as blocks.
             whole = Response()
             _read_output(<list>v, whole, &tool, &refusal)
             for b in whole.content:
-                _emit_block(self.next_index, b, out)
-                self.next_index += 1
+                _emit_block(self.seq, b, out)
             self.saw_tool = self.saw_tool or tool
             self.saw_refusal = self.saw_refusal or refusal
         if incomplete:
@@ -1348,12 +1326,6 @@ cdef class StreamDecoder:
         out.append(ev_message_stop())
 
 
-cdef Event _citation(int index, object annotation):
-    cdef Event e = ev_block_delta(index, D_CITATION, None)
-    e.data = annotation
-    return e
-
-
 cdef list _item_blocks(dict item):
     cdef Response r = Response()
     cdef bint tool = False, refusal = False
@@ -1361,22 +1333,23 @@ cdef list _item_blocks(dict item):
     return r.content
 
 
-cdef void _emit_block(int index, Block b, list out) except *:
+cdef void _emit_block(BlockSequencer seq, Block b, list out) except *:
+    """A whole block read from a finished response, as its start, deltas and stop."""
     cdef Block start = Block.__new__(Block)
     start.kind = b.kind
     start.id = b.id
     start.name = b.name
-    out.append(ev_block_start(index, start))
+    seq.start(out, start)
     if b.kind == B_TEXT and b.text:
-        out.append(ev_block_delta(index, D_TEXT, b.text))
+        seq.text(out, b.text)
     elif b.kind == B_TOOL_USE:
-        out.append(ev_block_delta(index, D_INPUT_JSON, _dumps(b.input)))
+        seq.tool_args(out, _dumps(b.input))
     elif b.kind == B_THINKING:
         if b.text:
-            out.append(ev_block_delta(index, D_THINKING, b.text))
+            seq.thinking(out, b.text)
         if b.signature:
-            out.append(ev_block_delta(index, D_SIGNATURE, b.signature))
-    out.append(ev_block_stop(index))
+            seq.delta(out, D_SIGNATURE, b.signature)
+    seq.close(out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1494,8 +1467,7 @@ cdef class StreamEncoder:
                 break
             out.append(self._start())
             if e.kind == EV_MESSAGE_START:
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_BLOCK_START:
                 kind = e.block.kind if e.block is not None else 0
                 if kind == B_TEXT or kind == B_TOOL_USE or (
@@ -1550,8 +1522,7 @@ cdef class StreamEncoder:
             elif e.kind == EV_MESSAGE_DELTA:
                 if e.stop_reason != SR_UNSET:
                     self.stop_reason = e.stop_reason
-                if e.usage is not None:
-                    self.usage = e.usage.copy()
+                self.usage = merge_usage(self.usage, e.usage)
             elif e.kind == EV_MESSAGE_STOP:
                 out.append(self._end())
                 break

@@ -790,7 +790,7 @@ def text_stream():
 TEXT_EVENTS = [
     {"kind": ir.MESSAGE_START, "usage": {"input_tokens": 0, "output_tokens": 0, "cache_read_tokens": 0,
                                          "cache_write_tokens": 0, "reasoning_tokens": 0}},
-    {"kind": ir.BLOCK_START, "index": 0, "block": {"kind": ir.TEXT}},
+    {"kind": ir.BLOCK_START, "index": 0, "block": {"kind": ir.TEXT, "text": ""}},
     {"kind": ir.BLOCK_DELTA, "index": 0, "delta_kind": ir.DELTA_TEXT, "text": "Hello"},
     {"kind": ir.BLOCK_DELTA, "index": 0, "delta_kind": ir.DELTA_TEXT, "text": " world"},
     {"kind": ir.BLOCK_STOP, "index": 0},
@@ -850,11 +850,30 @@ def test_decodes_tool_use_and_reasoning():
         (ir.MESSAGE_DELTA, None, None, None),
         (ir.MESSAGE_STOP, None, None, None),
     ]
-    assert events[1]["block"] == {"kind": ir.THINKING}
+    assert events[1]["block"] == {"kind": ir.THINKING, "text": ""}
     assert events[5]["block"] == {"kind": ir.THINKING, "data": "b3BhcXVl", "redacted": True}
     assert events[10]["block"] == {"kind": ir.TOOL_USE, "id": "tooluse_A", "name": "get_weather"}
     assert events[14]["stop_reason"] == ir.TOOL_USE_STOP
     assert events[14]["usage"]["input_tokens"] == 50
+
+
+def test_decoder_keeps_one_block_open_when_bedrock_interleaves_indexes():
+    # Bedrock never interleaves blocks, but the IR promises one open block at a time: a delta for
+    # another contentBlockIndex closes the open block, and the late stop of the old one is ignored.
+    data = b"".join([
+        frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "a"}}),
+        frame("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"text": "b"}}),
+        frame("contentBlockStop", {"contentBlockIndex": 0}),
+        frame("contentBlockStop", {"contentBlockIndex": 1}),
+        frame("messageStop", {"stopReason": "end_turn"}),
+        frame("metadata", {"usage": {"inputTokens": 1, "outputTokens": 2}}),
+    ])
+    assert [(e["kind"], e.get("index")) for e in decode_all(data)] == [
+        (ir.MESSAGE_START, None),
+        (ir.BLOCK_START, 0), (ir.BLOCK_DELTA, 0), (ir.BLOCK_STOP, 0),
+        (ir.BLOCK_START, 1), (ir.BLOCK_DELTA, 1), (ir.BLOCK_STOP, 1),
+        (ir.MESSAGE_DELTA, None), (ir.MESSAGE_STOP, None),
+    ]
 
 
 def test_decoder_closes_blocks_bedrock_left_open_and_waits_for_usage():
