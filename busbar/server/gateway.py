@@ -130,6 +130,9 @@ class Gateway:
         # request's end (breaker, metrics, logs, settlement hang here).
         self.attempt_hooks = []
         self.finish_hooks = []
+        # observe: exchange -> header bytes added to every upstream request (W3C traceparent), or
+        # None (OTLP off: nothing is called).
+        self.trace_header = None
         self._debug = log.isEnabledFor(logging.DEBUG)
 
     @property
