@@ -215,7 +215,8 @@ class Metrics:
         every label (cumulative; the page's endpoint takes differences over time)."""
         L = self.L
         v = v if v is not None else self.values()
-        I, P, O = len(INGRESS), len(L.pools), len(OUTCOMES)
+        # Protocol requests only: health checks (ingress "none", the last) would swamp req/s.
+        I, P, O = len(INGRESS) - 1, len(L.pools), len(OUTCOMES)
         requests = sum(v[L.requests:L.requests + I * P * O])
         buckets = [0] * (L.rb - 1)
         for ip in range(I * P):

@@ -52,6 +52,9 @@ class Recent:
     def __init__(self, state):
         self.state = state
         self.samples = collections.deque()
+        if state.metrics is not None:
+            # The window starts at boot: nothing happened before this worker counted.
+            self.samples.append((time.monotonic(), state.metrics.summary()))
 
     def sample(self):
         m = self.state.metrics
@@ -70,10 +73,7 @@ class Recent:
             return {"metrics": False}
         now, s = cur
         t0, s0 = self.samples[0]
-        if len(self.samples) == 1 or now - t0 < 0.5:
-            t0, s0 = now - 1.0, {"requests": 0, "failovers": 0, "busbar_buckets": [0] * len(s["busbar_buckets"])} \
-                if len(self.samples) == 1 else (t0, s0)
-        secs = max(now - t0, 1e-3)
+        secs = max(now - t0, 1.0)
         d = [a - b for a, b in zip(s["busbar_buckets"], s0["busbar_buckets"])]
         n = s["requests"] - s0["requests"]
         return {
