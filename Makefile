@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: build demo test dist bench clean
+.PHONY: build demo test dist bench clean chromium
 
 $(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
@@ -25,8 +25,16 @@ $(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml
 demo: build
 	$(BIN)/busbar serve --demo
 
-test: build
+test: build chromium
 	$(BIN)/python -m pytest
+
+# Headless Chromium for the status-page test (Debian's package). Installed when missing, as root or
+# through passwordless sudo; when neither works the test skips and says why.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
+	  || echo "chromium could not be installed; the status-page test will skip"; }
 
 # One static executable (dist/busbar) and its container image (dist/busbar-image.tar, dist/oci/).
 dist: build

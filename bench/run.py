@@ -257,7 +257,10 @@ class Bench:
         self.mock = self.procs.start("mock", [PY, "-m", "busbar.cli", "mock", "--port", str(mock_port),
                                               "--require-auth"], self.load_core, env, str(ROOT))
         cfg = self.log_dir / "busbar.yaml"
-        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port))
+        # --observe: the access log and metrics off (the floor-comparable row) or both on.
+        observe = ("observability: {access_log: off}\n" if self.args.observe == "off" else
+                   "observability: {access_log: \"%s\", metrics: true}\n" % (self.log_dir / "access.jsonl"))
+        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe)
         bb = self.procs.start("busbar", [PY, "-m", "busbar.cli", "serve", "--config", str(cfg),
                                          "--workers", "1"], self.gw_core, env, str(ROOT))
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
@@ -743,6 +746,8 @@ def main(argv=None):
     ap.add_argument("--duration", type=int, help="whole seconds per wrk run (default 5, quick 1)")
     ap.add_argument("--connections", type=int, default=32, help="wrk keep-alive connections")
     ap.add_argument("--no-litellm", action="store_true", help="do not install or run LiteLLM")
+    ap.add_argument("--observe", choices=("off", "on"), default="off",
+                    help="busbar's access log and metrics: off (default) or both on")
     ap.add_argument("--only", help="comma-separated substrings of case keys to run "
                     "(e.g. openai-openai-4096)")
     ap.add_argument("--install-timeout", type=int, default=420,

@@ -22,10 +22,18 @@ cdef extern from *:
     static inline long long busbar_load(long long *p) {
         return __atomic_load_n(p, __ATOMIC_SEQ_CST);
     }
+    static inline long long busbar_add(long long *p, long long n) {
+        return __atomic_add_fetch(p, n, __ATOMIC_RELAXED);
+    }
+    static inline void busbar_store(long long *p, long long v) {
+        __atomic_store_n(p, v, __ATOMIC_RELAXED);
+    }
     """
     int busbar_cas_inc(long long *p, long long limit) nogil
     long long busbar_dec(long long *p) nogil
     long long busbar_load(long long *p) nogil
+    long long busbar_add(long long *p, long long n) nogil
+    void busbar_store(long long *p, long long v) nogil
 
 
 cdef class SharedCounters:
@@ -62,3 +70,22 @@ cdef class SharedCounters:
         if i < 0 or i >= self.size:
             raise IndexError(i)
         return busbar_load(self.p + i)
+
+    # Metrics (busbar/observability/metrics.py): counters only ever added to, read on a scrape.
+    # Relaxed ordering: a counter needs atomicity, not ordering against other memory.
+    cpdef long long add(self, int i, long long n):
+        if i < 0 or i >= self.size:
+            raise IndexError(i)
+        return busbar_add(self.p + i, n)
+
+    cpdef void store(self, int i, long long v):
+        if i < 0 or i >= self.size:
+            raise IndexError(i)
+        busbar_store(self.p + i, v)
+
+    cpdef list values(self, int start, int stop):
+        """Counters start..stop-1, each read atomically (the whole list is not one instant)."""
+        cdef int i
+        if start < 0 or stop > self.size or start > stop:
+            raise IndexError((start, stop))
+        return [busbar_load(self.p + i) for i in range(start, stop)]

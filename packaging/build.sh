@@ -93,7 +93,7 @@ for attempt in 1 2 3; do
     rm -rf "$SRC"
     mkdir -p "$SRC"
     find busbar cbusbar -not -path '*/__pycache__/*' \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.so' -o -path 'busbar/data/*.yaml' \) -print0 \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.so' -o -path 'busbar/data/*.yaml' -o -path 'busbar/observability/status.html' \) -print0 \
         | tar --null -T - -cf - | tar -xf - -C "$SRC"
     after=$("$PY" packaging/inputs.py)
     [[ $after == "$digest" ]] && break

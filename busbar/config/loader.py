@@ -60,6 +60,7 @@ DEFAULT_LISTEN = ("0.0.0.0", 8080)
 
 TOP_LEVEL_KEYS = (
     "listen", "providers_file", "providers", "models", "pools", "limits", "advanced", "security",
+    "observability",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
@@ -70,10 +71,6 @@ TOP_LEVEL_UNSUPPORTED = (
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
 TOP_LEVEL_RETIRED = {
     "global_hooks": "retired key; hooks are defined under 'hooks:' and attached per pool",
-    "observability": (
-        "retired key; server timing is advanced.response_headers.server_timing, "
-        "exporters are 'export:' instances"
-    ),
     "metrics": "retired key; Prometheus is an 'export:' instance with module: prometheus",
     "otlp_url": "retired key; OTLP tracing is an 'export:' instance with module: otlp",
     "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
@@ -371,6 +368,9 @@ def _build_config(
 
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
+    # observability: parsed by its own module (busbar/observability/settings.py).
+    from busbar.observability.settings import parse as _observability
+    observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
     if out.errors:
         return None
     return Config(
@@ -383,6 +383,7 @@ def _build_config(
         limits=limits,
         server_timing=server_timing,
         source=source,
+        observability=observability,
         warnings=tuple(out.warnings),
     )
 

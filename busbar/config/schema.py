@@ -203,3 +203,5 @@ class Config:
     source: str
     # Non-fatal findings (an empty secret, a mixed-protocol pool) for boot logs and `validate`.
     warnings: tuple[str, ...] = ()
+    # busbar/observability/settings.py: Observability (logs, metrics, sinks, traces).
+    observability: object = None

@@ -215,3 +215,36 @@ def parse_base_url(raw: object, policy: HostPolicy) -> BaseURL | str:
     else:
         netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     return BaseURL(f"{scheme}://{netloc}{path_prefix}", scheme, host, port, path_prefix)
+
+
+# observability sinks (request-log webhooks, OTLP): stricter than upstream base URLs. An upstream
+# on a private network is a deliberate deployment (vLLM, Ollama); a sink URL is where busbar POSTs
+# request records on its own initiative, so it must not reach into the private network, the
+# carrier-grade NAT range, link-local or a metadata service. Loopback stays allowed (a collector
+# sidecar on the same host) and is the only place plain http:// may go.
+_SINK_DENIED_NETWORKS = tuple(
+    ipaddress.ip_network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16",
+              "fc00::/7", "fe80::/10", "0.0.0.0/8")
+)
+
+
+def parse_sink_url(raw: object) -> BaseURL | str:
+    """A sink URL (request-log webhook, OTLP endpoint) parsed with the base-URL rules plus the sink
+    rules above; the URL may carry a path. The literal is checked here; a name is not resolved
+    (busbar validate runs with no network)."""
+    parsed = parse_base_url(raw, HostPolicy())
+    if isinstance(parsed, str):
+        return parsed
+    ip = _parse_ip(parsed.host)
+    if ip is not None:
+        check = ip.ipv4_mapped if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped else ip
+        if any(check in net for net in _SINK_DENIED_NETWORKS if net.version == check.version):
+            return (f"host {parsed.host} is a private, CGNAT or link-local address, refused for "
+                    "a sink by the SSRF guard")
+        loopback = check.is_loopback
+    else:
+        loopback = parsed.host == "localhost" or parsed.host.endswith(".localhost")
+    if parsed.scheme == "http" and not loopback:
+        return "http:// is allowed only for a loopback sink; use https://"
+    return parsed

@@ -240,6 +240,8 @@ class Exchange:
                 self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
                 self.error(400, "invalid_request", str(e))
                 return
+            if self.site.trace_header is not None:    # observe: W3C traceparent upstream
+                extra += self.site.trace_header(self)
             self.data = eg.request(path, body, False, extra)
             self.site.deadlines.arm(self, self._attempt_secs())
             self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
@@ -285,6 +287,8 @@ class Exchange:
                 self.error(400, "invalid_request", str(e))
                 return
             self.site.count_translation(self.proto, proto)
+        if self.site.trace_header is not None:    # observe: W3C traceparent upstream
+            extra += self.site.trace_header(self)
         self.data = eg.request(codec.upstream_path(wire, stream), body, stream, extra)
         self.site.deadlines.arm(self, self._attempt_secs())
         self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)

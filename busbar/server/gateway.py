@@ -19,6 +19,7 @@ from busbar.engine.exchange import Exchange, _req_id
 from busbar.engine.snapshot import Snapshot
 from busbar.engine.status import status_line
 from busbar.engine.translate import CODECS
+from busbar import observability
 from busbar.server.dispatch import dispatch
 from busbar.server.http import HttpConnection
 from busbar.upstream.pool import UpstreamPool
@@ -129,6 +130,9 @@ class Gateway:
         # request's end (breaker, metrics, logs, settlement hang here).
         self.attempt_hooks = []
         self.finish_hooks = []
+        # observe: exchange -> header bytes added to every upstream request (W3C traceparent), or
+        # None (OTLP off: nothing is called).
+        self.trace_header = None
         self._debug = log.isEnabledFor(logging.DEBUG)
 
     @property
@@ -231,6 +235,7 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     loop = _install_uvloop()
     asyncio.set_event_loop(loop)
     gw = Gateway(config, loop, shared)
+    observability.install(gw)   # observe: hooks, access log, metrics, sinks, traces
     # Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
     # use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench.
     for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
@@ -261,6 +266,7 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
             on_ready(gw)
         await stop.wait()
         await gw.drain()
+        await observability.shutdown(gw)    # observe: flush logs, sinks, spans
 
     try:
         loop.run_until_complete(main())
@@ -273,6 +279,8 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
     """Binds and serves with N worker processes sharing the port through SO_REUSEPORT."""
     n = workers or config.workers or os.cpu_count() or 1
     host, port = config.listen_host, config.listen_port
+    observability.prepare(config, n)    # observe: metrics counters shared by every worker
+    observability.boot(config, n)
     if n <= 1:
         sock = bind(host, port, reuse_port=False)
         return run_worker(config, sock, on_ready, extra)

@@ -6,6 +6,7 @@ import asyncio
 import http.client
 import json
 import threading
+import time
 
 import pytest
 import uvloop
@@ -57,6 +58,11 @@ def _post(site, path, body, headers=None):
     r = c.getresponse()
     data = r.read()
     c.close()
+    # The answer is written before the hooks run (they never delay it): wait for the record.
+    deadline = time.monotonic() + 2
+    while not site["records"] and time.monotonic() < deadline:
+        time.sleep(0.005)
+    time.sleep(0.02)
     (rec,) = site["records"]       # exactly one record per request
     return r.status, data, rec
 

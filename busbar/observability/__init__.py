@@ -1,0 +1,157 @@
+"""See what the gateway does: access log, Prometheus metrics over every worker, request-log sinks,
+OTLP traces, and the live status page.
+
+Everything here hangs off the lifecycle's two exits (`Gateway.attempt_hooks`,
+`Gateway.finish_hooks`); nothing is installed for what the config leaves off, so an off feature
+costs nothing. The gateway calls three functions:
+
+- `prepare(config, workers)` in the parent before the workers fork: the shared-memory metrics
+  mapping every worker will count into;
+- `install(gw)` in each worker once its Gateway exists: the hooks, the sinks' writers, the OTLP
+  exporter, the periodic gauge publisher, and `/metrics` on the data listener if `metrics_public`;
+- `shutdown(gw)` after the drain: flushes the access log, sinks and spans.
+
+`ADMIN_ROUTES` is the table the admin listener mounts: `{(method, path): handler(site, request) ->
+(status, content_type, body)}`.
+"""
+from __future__ import annotations
+
+import logging
+
+from busbar.observability.settings import Observability
+
+_prepared = None      # (config, Layout, SharedCounters) made by prepare() before the fork
+
+
+def settings(config) -> Observability:
+    return getattr(config, "observability", None) or Observability()
+
+
+def prepare(config, workers: int):
+    """Creates the shared counters before the workers fork (so all of them map the same pages)."""
+    global _prepared
+    obs = settings(config)
+    if not obs.metrics:
+        _prepared = None
+        return
+    from cbusbar.shared import SharedCounters
+    from busbar.observability.metrics import Layout
+    layout = Layout(config, max(1, workers), _sink_names(obs))
+    _prepared = (config, layout, SharedCounters(layout.size))
+
+
+def _sink_names(obs):
+    return ["request_log_%d_%s" % (i, s.kind) for i, s in enumerate(obs.request_logs)]
+
+
+def install(gw):
+    """Wires this worker's hooks into its Gateway (see the module docstring)."""
+    obs = settings(gw.config)
+    logging.getLogger("busbar").setLevel(_level(obs))
+    state = gw.observability = State()
+    if obs.metrics:
+        from busbar.observability.metrics import Metrics
+        prepared = _prepared
+        if prepared is None or prepared[0] is not gw.config:
+            prepare(gw.config, 1)
+            prepared = _prepared
+        m = state.metrics = Metrics(prepared[1], prepared[2])
+        m.attach(gw)
+        gw.attempt_hooks.append(m.on_attempt)
+        gw.finish_hooks.append(m.on_finish)
+        _every(gw.loop, _publish_period(), m.publish)
+        if obs.metrics_public:
+            from busbar.observability.mount import mount_public
+            from busbar.observability.routes import PUBLIC_ROUTES
+            mount_public(gw, PUBLIC_ROUTES)
+    from busbar.observability.events import LaneEvents
+    gw.attempt_hooks.append(LaneEvents().on_attempt)
+    if obs.access_log != "off":
+        from busbar.observability.access_log import AccessLog
+        drop = (lambda: state.metrics.dropped("access_log")) if state.metrics else None
+        a = state.access_log = AccessLog(obs.access_log, drop)
+        gw.finish_hooks.append(a.on_finish)
+        state.closers.append(a.close)
+    if obs.request_logs:
+        from busbar.observability.sinks import make_sinks
+        for name, sink in zip(_sink_names(obs), make_sinks(gw, obs.request_logs, state)):
+            sink.name = name
+            gw.finish_hooks.append(sink.on_finish)
+            state.closers.append(sink.close)
+    if obs.otlp is not None:
+        from busbar.observability.otlp import Tracer
+        t = state.tracer = Tracer(gw, obs.otlp, state)
+        gw.attempt_hooks.append(t.on_attempt)
+        gw.finish_hooks.append(t.on_finish)
+        state.closers.append(t.close)
+    from busbar.observability.routes import SAMPLE_SECS, Recent
+    state.recent = Recent(state)
+    if state.metrics is not None:
+        _every(gw.loop, SAMPLE_SECS, state.recent.sample)
+
+
+async def shutdown(gw):
+    state = getattr(gw, "observability", None)
+    if state is None:
+        return
+    for close in state.closers:
+        try:
+            r = close()
+            if hasattr(r, "__await__"):
+                await r
+        except Exception:   # one sink's failure must not stop the others' flush
+            logging.getLogger("busbar").exception("observability shutdown")
+
+
+class State:
+    """This worker's observability objects (gw.observability)."""
+
+    def __init__(self):
+        self.metrics = None
+        self.access_log = None
+        self.tracer = None
+        self.recent = None
+        self.closers = []
+
+    def dropped(self, sink, n=1):
+        if self.metrics is not None:
+            self.metrics.dropped(sink, n)
+
+
+def _level(obs) -> int:
+    import os
+    env = os.environ.get("BUSBAR_LOG")
+    if env and env.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        return getattr(logging, env.upper())
+    return obs.level
+
+
+def _publish_period():
+    from busbar.observability.metrics import PUBLISH_SECS
+    return PUBLISH_SECS
+
+
+def _every(loop, secs, fn):
+    def tick():
+        try:
+            fn()
+        finally:
+            loop.call_later(secs, tick)
+    loop.call_later(secs, tick)
+
+
+def __getattr__(name):
+    if name == "ADMIN_ROUTES":
+        from busbar.observability.routes import ADMIN_ROUTES
+        return ADMIN_ROUTES
+    raise AttributeError(name)
+
+
+def boot(config, workers: int):
+    """The boot event: listeners, workers, config version."""
+    from busbar.observability.events import config_version, event
+    obs = settings(config)
+    logging.getLogger("busbar").setLevel(_level(obs))
+    event(logging.INFO, "boot", listen="%s:%d" % (config.listen_host, config.listen_port),
+          workers=workers, config_version=config_version(config), access_log=obs.access_log,
+          metrics=obs.metrics, otlp=obs.otlp is not None, request_logs=len(obs.request_logs))

@@ -1,0 +1,179 @@
+"""The observability routes for the admin listener: `ADMIN_ROUTES` (read-only scope: every GET),
+and `PUBLIC_ROUTES` (what `metrics_public: true` adds to the data listener).
+
+- `GET /metrics`: Prometheus text 0.0.4 over all workers (404 when `metrics` is off).
+- `GET /`: the status page (busbar/observability/status.html, self-contained).
+- `GET /status.json`: the page's figures over the last minute: req/s, busbar-time percentiles,
+  failovers, totals (from the shared counters' differences over time).
+- `GET /stats`: SPEC §7's lane table, from `busbar.reliability.stats_snapshot(site)` once the
+  reliability issue provides it; until then a subset built from the router (inflight, limits).
+"""
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+import orjson
+
+from busbar.observability.metrics import REQUEST_BUCKETS_S, render
+
+TEXT_004 = b"text/plain; version=0.0.4; charset=utf-8"
+JSON = b"application/json"
+# The status page's window (the issue: "over the last minute"), sampled every SAMPLE_SECS.
+WINDOW_SECS = 60.0
+SAMPLE_SECS = 2.0
+
+_PAGE = None
+
+
+def _obs(site):
+    return getattr(site, "observability", None)
+
+
+def metrics(site, req):
+    st = _obs(site)
+    if st is None or st.metrics is None:
+        return 404, JSON, b'{"error":{"code":"not_found","message":"metrics are off (observability.metrics)"}}'
+    return 200, TEXT_004, render(st.metrics)
+
+
+def page(site, req):
+    global _PAGE
+    if _PAGE is None:
+        with open(os.path.join(os.path.dirname(__file__), "status.html"), "rb") as f:
+            _PAGE = f.read()
+    return 200, b"text/html; charset=utf-8", _PAGE
+
+
+class Recent:
+    """Cumulative summaries sampled over time; a window's figures are the differences."""
+
+    def __init__(self, state):
+        self.state = state
+        self.samples = collections.deque()
+        if state.metrics is not None:
+            # The window starts at boot: nothing happened before this worker counted.
+            self.samples.append((time.monotonic(), state.metrics.summary()))
+
+    def sample(self):
+        m = self.state.metrics
+        if m is None:
+            return None
+        now = time.monotonic()
+        s = m.summary()
+        self.samples.append((now, s))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= WINDOW_SECS:
+            self.samples.popleft()
+        return now, s
+
+    def window(self) -> dict:
+        cur = self.sample()
+        if cur is None:
+            return {"metrics": False}
+        now, s = cur
+        t0, s0 = self.samples[0]
+        secs = max(now - t0, 1.0)
+        d = [a - b for a, b in zip(s["busbar_buckets"], s0["busbar_buckets"])]
+        n = s["requests"] - s0["requests"]
+        return {
+            "metrics": True,
+            "window_s": round(secs, 1),
+            "requests": n,
+            "rps": round(n / secs, 2),
+            "failovers": s["failovers"] - s0["failovers"],
+            "busbar_ms": {q: _quantile(d, float(q[1:]) / 100) for q in ("p50", "p90", "p99")},
+            "totals": {"requests": s["requests"], "failovers": s["failovers"]},
+        }
+
+
+def _quantile(counts, q):
+    """The q-quantile in ms from bucket counts (linear within a bucket, as histogram_quantile)."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank = q * total
+    cum = 0
+    lo = 0.0
+    for i, c in enumerate(counts):
+        hi = REQUEST_BUCKETS_S[i] if i < len(REQUEST_BUCKETS_S) else REQUEST_BUCKETS_S[-1]
+        if cum + c >= rank and c:
+            return round((lo + (hi - lo) * (rank - cum) / c) * 1000, 3)
+        cum += c
+        lo = hi
+    return round(REQUEST_BUCKETS_S[-1] * 1000, 3)
+
+
+def status_json(site, req):
+    st = _obs(site)
+    body = st.recent.window() if st is not None and st.recent is not None else {"metrics": False}
+    body["spend_by_group"] = _spend(site)
+    return 200, JSON, orjson.dumps(body)
+
+
+def _spend(site):
+    # The governance issue's settlement provides spend by group; until then there is none.
+    try:
+        from busbar.governance import spend_by_group   # noqa: F401 (not landed yet)
+    except ImportError:
+        return None
+    return spend_by_group(site)
+
+
+def stats(site, req):
+    try:
+        from busbar.reliability import stats_snapshot
+    except ImportError:
+        stats_snapshot = None
+    if stats_snapshot is not None:
+        return 200, JSON, orjson.dumps(stats_snapshot(site))
+    return 200, JSON, orjson.dumps(fallback_stats(site))
+
+
+def fallback_stats(site) -> dict:
+    """SPEC §7's /stats shape with what exists before the reliability issue: no breaker yet, so
+    every lane is closed and usable; in-flight is this gateway's (all workers, when metrics on)."""
+    cfg = site.config
+    router = site.snapshot.router
+    inflight = _inflight_all(site)
+    lanes = []
+    for name, lane in sorted(router.lanes.items()):
+        m = lane.model
+        n = inflight.get(name, lane.inflight)
+        lim = m.max_concurrent
+        lanes.append({
+            "model": name, "provider": m.provider.name, "max_concurrent": lim, "limit": lim,
+            "inflight": n, "free_slots": None if lim is None else max(0, lim - n),
+            "available": "unbounded" if lim is None else max(0, lim - n),
+            "at_capacity": lim is not None and n >= lim,
+            "availability": "available" if lim is None or n < lim else "at_capacity",
+            "breaker_state": "closed", "usable": True, "dead": False, "dead_reason": None,
+            "cooldown_remaining_s": 0, "recovery_hint_ms": 0, "streak": 0,
+        })
+    return {"pools": {name: [m.model.name for m in p.members] for name, p in sorted(cfg.pools.items())},
+            "lanes": lanes}
+
+
+def _inflight_all(site) -> dict:
+    st = _obs(site)
+    if st is None or st.metrics is None:
+        return {}
+    m = st.metrics
+    m.publish()
+    L = m.L
+    v = m.values()
+    out = dict.fromkeys(L.lanes, 0)
+    for wk in range(min(v[L.worker_claim], L.workers)):
+        base = L.workers_base + wk * L.per_worker
+        for i, lane in enumerate(L.lanes):
+            out[lane] += v[base + 1 + i]
+    return out
+
+
+ADMIN_ROUTES = {
+    ("GET", "/"): page,
+    ("GET", "/metrics"): metrics,
+    ("GET", "/status.json"): status_json,
+    ("GET", "/stats"): stats,
+}
+PUBLIC_ROUTES = {("GET", "/metrics"): metrics}
