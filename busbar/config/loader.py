@@ -48,6 +48,7 @@ from .schema import (
     Pool,
     Provider,
 )
+from .control import apply_overlay, parse_control
 from .secrets import resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
 
@@ -60,11 +61,12 @@ DEFAULT_LISTEN = ("0.0.0.0", 8080)
 
 TOP_LEVEL_KEYS = (
     "listen", "providers_file", "providers", "models", "pools", "limits", "advanced", "security",
+    # control plane (busbar/config/control.py)
+    "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "public_url", "tls", "admin_listen", "admin_tls", "admin_require_mtls", "config", "auth",
-    "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
+    "public_url", "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
     "export", "plugins", "health", "routing",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
@@ -111,7 +113,7 @@ MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
 LIMITS_UNSUPPORTED = (
     "hard_down_cooldown_secs", "max_auto_provisioned_groups", "max_honored_retry_after_secs",
-    "max_keys_per_principal", "reasoning_effort_budgets", "tls_handshake_timeout_secs",
+    "max_keys_per_principal", "reasoning_effort_budgets",
 )
 ADVANCED_KEYS = ("worker_threads", "response_headers")
 ADVANCED_UNSUPPORTED = (
@@ -174,10 +176,15 @@ def load(
     return config
 
 
-def validate_main(path: str | None) -> int:
+def validate_main(path: str | None, offline: bool = False) -> int:
     """`busbar validate`: exit status 0 with an "ok:" line on stdout, or 1 with one line per
-    problem on stderr. Warnings go to stderr either way."""
-    config, out = build(path, env=os.environ)
+    problem on stderr. Warnings go to stderr either way. `offline`: secrets and ${VAR} need not
+    be present (CI lints a config without the production environment)."""
+    from .secrets import OfflineEnv
+    env = OfflineEnv(os.environ) if offline else os.environ
+    config, out = build(path, env=env, offline=offline)
+    for name in sorted(getattr(env, "missing", ())):
+        print(f"note: ${{{name}}} is not set (offline: checked with a placeholder)", file=sys.stderr)
     for warning in out.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if out.errors or config is None:
@@ -192,9 +199,13 @@ def validate_main(path: str | None) -> int:
 
 
 def build(
-    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ
+    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ,
+    base_dir: str | None = None, offline: bool = False, overlay: bool = True,
 ) -> tuple[Config | None, Problems]:
-    """The whole pipeline, returning the Config (None when there are errors) and every problem."""
+    """The whole pipeline, returning the Config (None when there are errors) and every problem.
+    `base_dir`: where relative files resolve for a `text` config (default: the working folder);
+    `offline`: secrets are not resolved (busbar validate --offline); `overlay`: apply the overlay
+    file of a mutable config (busbar/admin/live.py writes it)."""
     out = Problems()
     if text is None:
         if path is None:
@@ -210,13 +221,15 @@ def build(
         base_dir = os.path.dirname(os.path.abspath(path))
     else:
         source = "<embedded>"
-        base_dir = os.getcwd()
+        base_dir = base_dir or os.getcwd()
 
     doc = _parse(text, source, env, out)
     if doc is None:
         _scrub(out, text, env)
         return None, out
-    config = _build_config(doc, source, base_dir, env, out)
+    if overlay and not offline:
+        doc = apply_overlay(doc, base_dir, out)
+    config = _build_config(doc, source, base_dir, env, out, offline)
     _scrub(out, text, env)
     if out.errors:
         return None, out
@@ -336,7 +349,8 @@ def _parse(text: str, source: str, env: Mapping[str, str], out: Problems) -> dic
 
 
 def _build_config(
-    doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems
+    doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems,
+    offline: bool = False,
 ) -> Config | None:
     check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED, TOP_LEVEL_RETIRED)
     for required in ("providers", "models"):
@@ -371,6 +385,7 @@ def _build_config(
 
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
+    control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
     if out.errors:
         return None
     return Config(
@@ -384,38 +399,40 @@ def _build_config(
         server_timing=server_timing,
         source=source,
         warnings=tuple(out.warnings),
+        control=control,
+        document=doc,
     )
 
 
-def _listen(value: object, out: Problems) -> tuple[str, int]:
+def _listen(value: object, out: Problems, key: str = "listen") -> tuple[str, int]:
     if value is None:
         return DEFAULT_LISTEN
     if not isinstance(value, str):
-        out.error("listen", f"expected \"HOST:PORT\", got {describe(value)}")
+        out.error(key, f"expected \"HOST:PORT\", got {describe(value)}")
         return DEFAULT_LISTEN
     if value.startswith("["):
         close = value.find("]")
         host, sep, port_text = value[1:close], value[close + 1 : close + 2], value[close + 2 :]
         if close < 0 or sep != ":" or ":" not in host:
-            out.error("listen", "expected \"[IPv6]:PORT\"")
+            out.error(key, "expected \"[IPv6]:PORT\"")
             return DEFAULT_LISTEN
         if not _valid_ip(host):
-            out.error("listen", "host is not a valid IPv6 address")
+            out.error(key, "host is not a valid IPv6 address")
             return DEFAULT_LISTEN
     else:
         host, sep, port_text = value.rpartition(":")
         if not sep:
-            out.error("listen", "expected \"HOST:PORT\" (e.g. \"0.0.0.0:8080\")")
+            out.error(key, "expected \"HOST:PORT\" (e.g. \"0.0.0.0:8080\")")
             return DEFAULT_LISTEN
         if ":" in host:
-            out.error("listen", "write an IPv6 host in brackets: \"[::1]:8080\"")
+            out.error(key, "write an IPv6 host in brackets: \"[::1]:8080\"")
             return DEFAULT_LISTEN
         host = host or DEFAULT_LISTEN[0]
         if not _HOSTNAME.match(host):
-            out.error("listen", "host is not a valid address or host name")
+            out.error(key, "host is not a valid address or host name")
             return DEFAULT_LISTEN
     if not port_text.isdigit() or int(port_text) > 65535:
-        out.error("listen", "port must be a number 0-65535")
+        out.error(key, "port must be a number 0-65535")
         return DEFAULT_LISTEN
     return host, int(port_text)
 

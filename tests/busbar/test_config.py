@@ -331,8 +331,9 @@ plugins: {}
 rate_card: {}
 metrics: {}
 """)
-    for key in ("auth", "hooks", "groups", "tls", "admin_listen", "store", "export", "plugins", "rate_card"):
+    for key in ("auth.chain", "hooks", "groups", "store", "export", "plugins", "rate_card"):
         assert f"{key}: not supported by this busbar version" in errs
+    assert "tls: missing required key 'key'" in errs
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs
     errs = problems("""
         providers:
@@ -606,8 +607,8 @@ def test_all_problems_reported_at_once():
           m: {{members: [{{model: missing}}]}}
         tls: {{}}
     """)
-    assert len(errs) == 7
-    assert errs[0] == "tls: not supported by this busbar version"
+    assert len(errs) == 8
+    assert "tls: missing required key 'cert'" in errs
     assert 'listen: expected "HOST:PORT" (e.g. "0.0.0.0:8080")' in errs
     assert "pools.m: pool name collides with model 'm'" in errs
     assert "pools.m.members[0].model: unknown model 'missing'" in errs
