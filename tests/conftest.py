@@ -99,6 +99,8 @@ def env():
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT)
     e["MOCK_KEY"] = "sk-test-key"
+    # Every gateway a test starts would otherwise want the admin listener's default 127.0.0.1:8081.
+    e["BUSBAR_ADMIN_LISTEN"] = "127.0.0.1:0"
     e["MOCK_AWS"] = "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
     return e
 
