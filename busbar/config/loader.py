@@ -49,7 +49,7 @@ from .schema import (
     Provider,
 )
 from .control import apply_overlay, parse_control
-from .secrets import resolve_secret
+from .secrets import OFFLINE_PLACEHOLDER, resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
 
 CONFIG_ENV = "BUSBAR_CONFIG"
@@ -134,6 +134,7 @@ _TARGET_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+\Z")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+\Z")
 _BEDROCK_HOST = re.compile(r"bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
+_BEDROCK_REGION_IN_URL = re.compile(r"(bedrock-runtime(?:-fips)?\.)[a-z0-9-]+\.amazonaws\.com")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+\Z")
 _PROFILE = re.compile(r"[\w+=,.@:-]+\Z")
@@ -606,6 +607,11 @@ def _provider(
     if service_account is not None and vertex is None and protocol is not None:
         out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add vertex: {project, location}")
     raw_url = entry.get("base_url", base.get("base_url"))
+    if protocol in AWS_PROTOCOLS and "base_url" not in entry and isinstance(entry.get("region"), str) \
+            and isinstance(raw_url, str):
+        # A catalog Bedrock entry with only `region:`: the host follows the region (the catalog's
+        # host names one region only because a URL needs one).
+        raw_url = _BEDROCK_REGION_IN_URL.sub(r"\g<1>" + entry["region"] + ".amazonaws.com", raw_url)
     if vertex is not None and "base_url" not in entry:
         # Vertex endpoints are per location; "global" has none in its host.
         loc = vertex[1]
@@ -818,6 +824,10 @@ def _gcp_source(entry: dict, path: str, env: Mapping[str, str], base_dir: str,
             out.error(join(path, "token_url"), "token_url needs credentials: {file: SERVICE_ACCOUNT_JSON}")
         return None, None
     where = join(path, "credentials")
+    if getattr(env, "offline", False) and isinstance(raw, dict) and len(raw) == 1 \
+            and next(iter(raw)) in ("env", "file"):
+        # validate --offline: the reference's shape only (the key file is not in CI).
+        return OFFLINE_PLACEHOLDER, raw_token_url or "https://oauth2.googleapis.com/token"
     text = _read_json_secret(raw, where, env, base_dir, out)
     if text is None:
         return None, None

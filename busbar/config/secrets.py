@@ -30,7 +30,7 @@ class OfflineEnv(dict):
         super().__init__(real)
         self.missing = set()
 
-    def get(self, key, default=None):
+    def interpolated(self, key):
         if key in self:
             return self[key]
         self.missing.add(key)
