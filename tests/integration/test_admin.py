@@ -326,3 +326,17 @@ def test_one_instance_per_address(gw, tmp_path):
     r = _serve(p, None, "--listen", "foo")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip().splitlines() == ['error: --listen: expected "HOST:PORT" (e.g. "0.0.0.0:8080")']
+
+
+def test_openapi_document_is_valid_openapi_3_1_and_lists_every_route(gw):
+    from openapi_spec_validator import validate
+    st, doc = call(gw.admin, "GET", A("openapi.json"), token=VIEW)
+    assert st == 200 and doc["openapi"] == "3.1.0"
+    validate(doc)
+    ops = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
+    for want in [("GET", "/api/v1/admin/info"), ("GET", "/api/v1/admin/pools/{name}"),
+                 ("POST", "/api/v1/admin/config/validate"), ("POST", "/api/v1/admin/config/rollback"),
+                 ("GET", "/api/v1/admin/openapi.json")]:
+        assert want in ops
+    assert doc["paths"]["/api/v1/admin/config/validate"]["post"]["x-busbar-required-scope"] == "read-only"
+    assert doc["paths"]["/api/v1/admin/config/apply"]["post"]["x-busbar-required-scope"] == "full"
