@@ -166,9 +166,13 @@ def test_bedrock_region_and_key_shape():
     """, env)
     assert c.providers["west"].region == "us-west-2"
     assert c.providers["vpce"].region == "eu-west-1"
+    # region alone on a catalog entry moves the catalog's host to that region (issue 9)
+    c = cfg("providers:\n  bedrock: {api_key: {env: AWS}, region: eu-west-1}\nmodels: {}\n", env)
+    assert c.providers["bedrock"].host == "bedrock-runtime.eu-west-1.amazonaws.com"
     errs = problems("""
         providers:
-          a: {catalog: bedrock, region: eu-west-1, api_key: {env: AWS}}
+          a: {catalog: bedrock, base_url: "https://bedrock-runtime.us-east-1.amazonaws.com", region: eu-west-1,
+              api_key: {env: AWS}}
           b: {protocol: bedrock, base_url: "https://bedrock.example.com", api_key: {env: AWS}}
           c: {catalog: bedrock, api_key: {env: BAD}}
           d: {catalog: openai, region: us-east-1, api_key: {env: AWS}}
