@@ -15,6 +15,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable
+# Every gateway a test starts would otherwise want the admin listener's default 127.0.0.1:8081
+# (tests that build their environment from os.environ get it from here).
+os.environ.setdefault("BUSBAR_ADMIN_LISTEN", "127.0.0.1:0")
 
 # The six lanes every integration test can reach, one per egress protocol, all on the mock.
 LANES = {
