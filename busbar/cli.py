@@ -8,26 +8,17 @@ import sys
 
 from busbar import __version__
 
-EXAMPLES = """\
-busbar is listening on http://{addr} (demo config: the built-in mock answers, no API key needed)
-
-  # OpenAI Chat Completions, routed to the pool 'default' (OpenAI + Anthropic lanes):
-  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\
-    -d '{{"model":"default","messages":[{{"role":"user","content":"Hello"}}]}}'
-
-  # Anthropic Messages into an OpenAI lane (translated both ways), streamed:
-  curl -sN http://{addr}/v1/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
-    -d '{{"model":"gpt-4o-mini","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"Hi"}}]}}'
-
-  # The official OpenAI SDK against a Gemini lane:
-  python -c "import openai; c=openai.OpenAI(base_url='http://{addr}/v1', api_key='demo'); print(c.chat.completions.create(model='gemini-2.5-flash', messages=[{{'role':'user','content':'Hi'}}]).choices[0].message.content)"
-"""
-
 
 def _split_listen(value: str):
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
+    """--listen HOST:PORT, checked as the config's `listen:` is (one line on error)."""
+    from busbar.config import ConfigError
+    from busbar.config.checks import Problems
+    from busbar.config.loader import _listen
+    out = Problems()
+    host, port = _listen(value, out, "--listen")
+    if out.errors:
+        raise ConfigError(out.errors)
+    return host, port
 
 
 def cmd_serve(args) -> int:
@@ -44,11 +35,13 @@ def cmd_serve(args) -> int:
             await mock.start("127.0.0.1", mock_port)
 
         def ready(gw):
-            host, port = cfg.listen_host, cfg.listen_port
-            print(EXAMPLES.format(addr="%s:%d" % (host, port)), flush=True)
+            from busbar.demo import banner
+            print(banner(cfg), flush=True)
 
         return serve(cfg, args.workers or 1, on_ready=ready, extra=start_mock)
     cfg = cfgmod.load(args.config)
+    for line in cfg.warnings:
+        logging.getLogger("busbar").warning("%s", line)
     if args.listen:
         import dataclasses
         host, port = _split_listen(args.listen)
@@ -59,12 +52,13 @@ def cmd_serve(args) -> int:
             __version__, cfg.listen_host, cfg.listen_port, len(cfg.providers), len(cfg.models),
             len(cfg.pools)), flush=True)
 
-    return serve(cfg, args.workers, on_ready=ready)
+    return serve(cfg, args.workers, on_ready=ready,
+                 path=cfg.source if cfg.source != "<embedded>" else None)
 
 
 def cmd_validate(args) -> int:
     from busbar import config as cfgmod
-    return cfgmod.validate_main(args.config)
+    return cfgmod.validate_main(args.config, offline=args.offline)
 
 
 def cmd_mock(args) -> int:
@@ -76,7 +70,7 @@ def cmd_mock(args) -> int:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="busbar", description="An LLM gateway.")
     p.add_argument("--version", "-V", action="version", version="busbar " + __version__)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd")
     s = sub.add_parser("serve", help="run the gateway")
     s.add_argument("--config", help="config file (default: $BUSBAR_CONFIG, else ./config.yaml)")
     s.add_argument("--listen", help="listen address HOST:PORT (overrides the config)")
@@ -86,6 +80,8 @@ def main(argv=None) -> int:
     s.set_defaults(func=cmd_serve)
     v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid")
     v.add_argument("--config")
+    v.add_argument("--offline", action="store_true",
+                   help="lint without the environment: secret references and ${VAR} need not be set (CI)")
     v.set_defaults(func=cmd_validate)
     m = sub.add_parser("mock", help="run the built-in mock provider alone")
     m.add_argument("--port", type=int, default=8089)
@@ -93,12 +89,19 @@ def main(argv=None) -> int:
     m.add_argument("--require-auth", action="store_true")
     m.set_defaults(func=cmd_mock)
     args = p.parse_args(argv)
+    if args.cmd is None:
+        p.print_help()
+        return 0
     logging.basicConfig(level=os.environ.get("BUSBAR_LOG", "INFO").upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         return args.func(args)
     except Exception as e:  # config errors and the like: one clear message, no traceback
         from busbar.config import ConfigError
+        from busbar.server.listen import ListenError
+        if isinstance(e, ListenError):
+            print("error: %s" % e, file=sys.stderr)
+            return 1
         if isinstance(e, ConfigError):
             for line in e.problems:
                 print("error: " + line if not line.startswith(("error:", "warning:")) else line,

@@ -27,7 +27,47 @@ pools:
 advanced:
   response_headers:
     server_timing: true
+# The admin API on 127.0.0.1:8081 with no token: allowed on loopback only, warned about at boot.
+auth:
+  admin_open: true
 """
+
+BANNER = """\
+busbar is listening on http://{addr} (demo config: the built-in mock answers, no API key needed)
+  models: {models}
+  pools:  {pools} (members: {members})
+  admin:  http://{admin}/api/v1/admin (open: demo only)
+
+  # OpenAI Chat Completions, routed to the pool 'default' (OpenAI + Anthropic lanes):
+  curl -s http://{addr}/v1/chat/completions -H 'content-type: application/json' \\
+    -d '{{"model":"default","messages":[{{"role":"user","content":"Hello"}}]}}'
+
+  # Anthropic Messages into an OpenAI lane (translated both ways), streamed:
+  curl -sN http://{addr}/v1/messages -H 'content-type: application/json' -H 'anthropic-version: 2023-06-01' \\
+    -d '{{"model":"gpt-4o-mini","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"Hi"}}]}}'
+
+  # The official SDKs (keys are not checked while busbar has none configured; the SDKs insist on one):
+  {py} -c "import openai; c=openai.OpenAI(base_url='http://{addr}/v1', api_key='demo'); print(c.chat.completions.create(model='gemini-2.5-flash', messages=[{{'role':'user','content':'Hi'}}]).choices[0].message.content)"
+  {py} -c "import anthropic; c=anthropic.Anthropic(base_url='http://{addr}', api_key='demo'); print(c.messages.create(model='claude-haiku-4-5', max_tokens=64, messages=[{{'role':'user','content':'Hi'}}]).content[0].text)"
+  {py} -c "import boto3; c=boto3.client('bedrock-runtime', endpoint_url='http://{addr}', region_name='us-east-1', aws_access_key_id='demo', aws_secret_access_key='demo'); print(c.converse(modelId='amazon.nova-lite-v1:0', messages=[{{'role':'user','content':[{{'text':'Hi'}}]}}])['output']['message']['content'][0]['text'])"
+
+  # The admin API:
+  curl -s http://{admin}/api/v1/admin/pools
+"""
+
+
+def banner(cfg) -> str:
+    """What `busbar serve --demo` prints: every line runs as printed (the Python lines name this
+    interpreter, which has the SDKs when installed by `make`)."""
+    import shlex
+    import sys
+    ctl = cfg.control
+    return BANNER.format(
+        addr="%s:%d" % (cfg.listen_host, cfg.listen_port),
+        admin="%s:%d" % (ctl.admin_host, ctl.admin_port),
+        models=", ".join(cfg.models), pools=", ".join(cfg.pools),
+        members=", ".join(m.model.name for p in cfg.pools.values() for m in p.members),
+        py=shlex.quote(sys.executable))
 
 
 def free_port() -> int:

@@ -15,6 +15,9 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable
+# Every gateway a test starts would otherwise want the admin listener's default 127.0.0.1:8081
+# (tests that build their environment from os.environ get it from here).
+os.environ.setdefault("BUSBAR_ADMIN_LISTEN", "127.0.0.1:0")
 
 # The six lanes every integration test can reach, one per egress protocol, all on the mock.
 LANES = {
@@ -99,6 +102,8 @@ def env():
     e = dict(os.environ)
     e["PYTHONPATH"] = str(ROOT)
     e["MOCK_KEY"] = "sk-test-key"
+    # Every gateway a test starts would otherwise want the admin listener's default 127.0.0.1:8081.
+    e["BUSBAR_ADMIN_LISTEN"] = "127.0.0.1:0"
     e["MOCK_AWS"] = "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
     return e
 

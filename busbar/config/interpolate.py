@@ -48,7 +48,8 @@ def interpolate(text: str, env: Mapping[str, str], problems: list[str]) -> tuple
         if not _NAME.match(name):
             problems.append(f"line {line}: '${{{name}}}' is not a valid variable name")
             continue
-        value = env.get(name)
+        # validate --offline reads unset variables as placeholders (config/secrets.py OfflineEnv).
+        value = env.interpolated(name) if hasattr(env, "interpolated") else env.get(name)
         if value is None:
             problems.append(f"${{{name}}}: environment variable is not set (line {line})")
             continue

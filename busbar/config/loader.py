@@ -48,7 +48,8 @@ from .schema import (
     Pool,
     Provider,
 )
-from .secrets import resolve_secret
+from .control import apply_overlay, parse_control
+from .secrets import OFFLINE_PLACEHOLDER, resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
 
 CONFIG_ENV = "BUSBAR_CONFIG"
@@ -61,11 +62,12 @@ DEFAULT_LISTEN = ("0.0.0.0", 8080)
 TOP_LEVEL_KEYS = (
     "listen", "providers_file", "providers", "models", "pools", "limits", "advanced", "security",
     "observability",
+    # control plane (busbar/config/control.py)
+    "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "public_url", "tls", "admin_listen", "admin_tls", "admin_require_mtls", "config", "auth",
-    "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
+    "public_url", "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
     "export", "plugins", "health", "routing",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
@@ -108,7 +110,7 @@ MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
 LIMITS_UNSUPPORTED = (
     "hard_down_cooldown_secs", "max_auto_provisioned_groups", "max_honored_retry_after_secs",
-    "max_keys_per_principal", "reasoning_effort_budgets", "tls_handshake_timeout_secs",
+    "max_keys_per_principal", "reasoning_effort_budgets",
 )
 ADVANCED_KEYS = ("worker_threads", "response_headers")
 ADVANCED_UNSUPPORTED = (
@@ -129,6 +131,7 @@ _TARGET_NAME = re.compile(r"[^\s\x00-\x1f\x7f]+\Z")
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
 _REGION = re.compile(r"[a-z]{2}(-[a-z]+)+-[0-9]+\Z")
 _BEDROCK_HOST = re.compile(r"bedrock-runtime(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com(?:\.cn)?\Z")
+_BEDROCK_REGION_IN_URL = re.compile(r"(bedrock-runtime(?:-fips)?\.)[a-z0-9-]+\.amazonaws\.com")
 _HOSTNAME = re.compile(r"[A-Za-z0-9_.-]+\Z")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::[0-9]{12}:role/[\w+=,.@/-]+\Z")
 _PROFILE = re.compile(r"[\w+=,.@:-]+\Z")
@@ -171,10 +174,15 @@ def load(
     return config
 
 
-def validate_main(path: str | None) -> int:
+def validate_main(path: str | None, offline: bool = False) -> int:
     """`busbar validate`: exit status 0 with an "ok:" line on stdout, or 1 with one line per
-    problem on stderr. Warnings go to stderr either way."""
-    config, out = build(path, env=os.environ)
+    problem on stderr. Warnings go to stderr either way. `offline`: secrets and ${VAR} need not
+    be present (CI lints a config without the production environment)."""
+    from .secrets import OfflineEnv
+    env = OfflineEnv(os.environ) if offline else os.environ
+    config, out = build(path, env=env, offline=offline)
+    for name in sorted(getattr(env, "missing", ())):
+        print(f"note: ${{{name}}} is not set (offline: checked with a placeholder)", file=sys.stderr)
     for warning in out.warnings:
         print(f"warning: {warning}", file=sys.stderr)
     if out.errors or config is None:
@@ -189,9 +197,13 @@ def validate_main(path: str | None) -> int:
 
 
 def build(
-    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ
+    path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ,
+    base_dir: str | None = None, offline: bool = False, overlay: bool = True,
 ) -> tuple[Config | None, Problems]:
-    """The whole pipeline, returning the Config (None when there are errors) and every problem."""
+    """The whole pipeline, returning the Config (None when there are errors) and every problem.
+    `base_dir`: where relative files resolve for a `text` config (default: the working folder);
+    `offline`: secrets are not resolved (busbar validate --offline); `overlay`: apply the overlay
+    file of a mutable config (busbar/admin/live.py writes it)."""
     out = Problems()
     if text is None:
         if path is None:
@@ -207,13 +219,15 @@ def build(
         base_dir = os.path.dirname(os.path.abspath(path))
     else:
         source = "<embedded>"
-        base_dir = os.getcwd()
+        base_dir = base_dir or os.getcwd()
 
     doc = _parse(text, source, env, out)
     if doc is None:
         _scrub(out, text, env)
         return None, out
-    config = _build_config(doc, source, base_dir, env, out)
+    if overlay and not offline:
+        doc = apply_overlay(doc, base_dir, out)
+    config = _build_config(doc, source, base_dir, env, out, offline)
     _scrub(out, text, env)
     if out.errors:
         return None, out
@@ -333,7 +347,8 @@ def _parse(text: str, source: str, env: Mapping[str, str], out: Problems) -> dic
 
 
 def _build_config(
-    doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems
+    doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems,
+    offline: bool = False,
 ) -> Config | None:
     check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED, TOP_LEVEL_RETIRED)
     for required in ("providers", "models"):
@@ -371,6 +386,7 @@ def _build_config(
     # observability: parsed by its own module (busbar/observability/settings.py).
     from busbar.observability.settings import parse as _observability
     observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
+    control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
     if out.errors:
         return None
     return Config(
@@ -385,38 +401,40 @@ def _build_config(
         source=source,
         observability=observability,
         warnings=tuple(out.warnings),
+        control=control,
+        document=doc,
     )
 
 
-def _listen(value: object, out: Problems) -> tuple[str, int]:
+def _listen(value: object, out: Problems, key: str = "listen") -> tuple[str, int]:
     if value is None:
         return DEFAULT_LISTEN
     if not isinstance(value, str):
-        out.error("listen", f"expected \"HOST:PORT\", got {describe(value)}")
+        out.error(key, f"expected \"HOST:PORT\", got {describe(value)}")
         return DEFAULT_LISTEN
     if value.startswith("["):
         close = value.find("]")
         host, sep, port_text = value[1:close], value[close + 1 : close + 2], value[close + 2 :]
         if close < 0 or sep != ":" or ":" not in host:
-            out.error("listen", "expected \"[IPv6]:PORT\"")
+            out.error(key, "expected \"[IPv6]:PORT\"")
             return DEFAULT_LISTEN
         if not _valid_ip(host):
-            out.error("listen", "host is not a valid IPv6 address")
+            out.error(key, "host is not a valid IPv6 address")
             return DEFAULT_LISTEN
     else:
         host, sep, port_text = value.rpartition(":")
         if not sep:
-            out.error("listen", "expected \"HOST:PORT\" (e.g. \"0.0.0.0:8080\")")
+            out.error(key, "expected \"HOST:PORT\" (e.g. \"0.0.0.0:8080\")")
             return DEFAULT_LISTEN
         if ":" in host:
-            out.error("listen", "write an IPv6 host in brackets: \"[::1]:8080\"")
+            out.error(key, "write an IPv6 host in brackets: \"[::1]:8080\"")
             return DEFAULT_LISTEN
         host = host or DEFAULT_LISTEN[0]
         if not _HOSTNAME.match(host):
-            out.error("listen", "host is not a valid address or host name")
+            out.error(key, "host is not a valid address or host name")
             return DEFAULT_LISTEN
     if not port_text.isdigit() or int(port_text) > 65535:
-        out.error("listen", "port must be a number 0-65535")
+        out.error(key, "port must be a number 0-65535")
         return DEFAULT_LISTEN
     return host, int(port_text)
 
@@ -590,6 +608,11 @@ def _provider(
     if service_account is not None and vertex is None and protocol is not None:
         out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add vertex: {project, location}")
     raw_url = entry.get("base_url", base.get("base_url"))
+    if protocol in AWS_PROTOCOLS and "base_url" not in entry and isinstance(entry.get("region"), str) \
+            and isinstance(raw_url, str):
+        # A catalog Bedrock entry with only `region:`: the host follows the region (the catalog's
+        # host names one region only because a URL needs one).
+        raw_url = _BEDROCK_REGION_IN_URL.sub(r"\g<1>" + entry["region"] + ".amazonaws.com", raw_url)
     if vertex is not None and "base_url" not in entry:
         # Vertex endpoints are per location; "global" has none in its host.
         loc = vertex[1]
@@ -802,6 +825,10 @@ def _gcp_source(entry: dict, path: str, env: Mapping[str, str], base_dir: str,
             out.error(join(path, "token_url"), "token_url needs credentials: {file: SERVICE_ACCOUNT_JSON}")
         return None, None
     where = join(path, "credentials")
+    if getattr(env, "offline", False) and isinstance(raw, dict) and len(raw) == 1 \
+            and next(iter(raw)) in ("env", "file"):
+        # validate --offline: the reference's shape only (the key file is not in CI).
+        return OFFLINE_PLACEHOLDER, raw_token_url or "https://oauth2.googleapis.com/token"
     text = _read_json_secret(raw, where, env, base_dir, out)
     if text is None:
         return None, None

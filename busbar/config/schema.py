@@ -6,7 +6,7 @@ whole. Secret values live only in `Provider.api_key` and `Provider.headers`, and
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The wire protocols a lane can speak: the six of SPEC §1.2, and `bedrock-invoke` (Anthropic
 # Messages bodies through Bedrock InvokeModel, what anthropic.AnthropicBedrock speaks).
@@ -79,6 +79,9 @@ class Limits:
     # upstream_request_timeout. Real error bodies are < 1 KiB and arrive with the head; 5 s covers
     # a slow link without making a caller wait long for the next lane.
     upstream_error_body_timeout_secs: float = 5.0
+    # A TLS client must finish its handshake within this (SPEC §8: 10 s); a client that opens a
+    # connection and stalls mid-handshake holds a socket and memory, like a slow header read.
+    tls_handshake_timeout_secs: float = 10.0
     # SIGTERM waits this long for in-flight requests; Kubernetes' default
     # terminationGracePeriodSeconds is 30 s, after which the pod is killed anyway.
     drain_timeout_secs: float = 30.0
@@ -103,6 +106,7 @@ LIMIT_SECONDS: tuple[str, ...] = (
     "upstream_error_body_timeout_secs",
     "upstream_pool_idle_timeout_secs",
     "drain_timeout_secs",
+    "tls_handshake_timeout_secs",
 )
 
 
@@ -205,3 +209,7 @@ class Config:
     warnings: tuple[str, ...] = ()
     # busbar/observability/settings.py: Observability (logs, metrics, sinks, traces).
     observability: object = None
+    # The control plane (busbar/config/control.py: admin listener, tokens, TLS, overlay) and the
+    # parsed document (secrets still as their references), for the admin API's GET config.
+    control: object = None
+    document: dict | None = field(default=None, compare=False, repr=False)

@@ -85,12 +85,15 @@ class Snapshot:
     __slots__ = ("config", "version", "limits", "router", "egress", "server_timing",
                  "max_attempts", "beta_headers", "wire_json", "mask", "max_inbound")
 
-    def __init__(self, config, shared=None, version: int = 1, router=None):
+    def __init__(self, config, shared=None, version: int = 1, router=None, egress=None):
+        """router, egress: built by a reload (busbar/admin/live.py), reusing the previous
+        snapshot's surviving Lane and Egress objects so their state carries over by identity."""
         self.config = config
         self.version = version
         self.limits = config.limits
         self.router = router if router is not None else Router(config, shared)
-        self.egress = {name: Egress(p) for name, p in config.providers.items()}
+        self.egress = egress if egress is not None else {
+            name: Egress(p) for name, p in config.providers.items()}
         self.server_timing = bool(config.server_timing)
         self.max_attempts = MAX_ATTEMPTS
         self.max_inbound = config.limits.max_inbound_concurrent

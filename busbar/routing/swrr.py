@@ -162,13 +162,15 @@ class Router:
 
     __slots__ = ("config", "lanes", "_targets", "_names")
 
-    def __init__(self, config: Config, shared=None) -> None:
+    def __init__(self, config: Config, shared=None, lanes: dict | None = None) -> None:
         """shared: a cbusbar.shared.SharedCounters with one slot per model (in sorted name order),
-        created before the worker processes fork; None for a single process."""
+        created before the worker processes fork; None for a single process. lanes: the Lane per
+        model, given by a reload (busbar/admin/live.py) that keeps the surviving ones."""
         self.config = config
-        slots = {name: i for i, name in enumerate(sorted(config.models))}
-        self.lanes: dict[str, Lane] = {
-            name: Lane(model, shared, slots[name]) for name, model in config.models.items()}
+        if lanes is None:
+            slots = {name: i for i, name in enumerate(sorted(config.models))}
+            lanes = {name: Lane(model, shared, slots[name]) for name, model in config.models.items()}
+        self.lanes: dict[str, Lane] = lanes
         targets: dict[str, Target] = {
             name: Target(name, False, [(lane, 1, None)]) for name, lane in self.lanes.items()
         }

@@ -172,8 +172,11 @@ class Gateway:
         # then refreshed in the background (busbar/upstream/refresh.py).
         from busbar.upstream.refresh import start_credentials
         self.credentials = await start_credentials(self.loop, self.snapshot.egress.values())
+        # control hook: TLS on the data listener (config `tls:`, busbar/server/listen.py)
+        from busbar.server.listen import tls_options
+        tls = tls_options(getattr(self.config.control, "tls", None), self.snapshot.limits)
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
-                                               backlog=4096)
+                                               backlog=4096, **tls)
         self.servers.append(server)
         return server
 
@@ -228,9 +231,10 @@ def _install_uvloop():
     return uvloop.new_event_loop()
 
 
-def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None):
+def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None, plane=None):
     """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
-    process forwards the signal to its `children` (the other workers)."""
+    process forwards the signal to its `children` (the other workers). `plane`: this process's
+    part of the control plane (busbar/admin/plane.py: the admin listener, or a config channel)."""
     _return_large_allocations()
     loop = _install_uvloop()
     asyncio.set_event_loop(loop)
@@ -260,11 +264,15 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
 
     async def main():
         await gw.start(sock)
+        if plane is not None:
+            await plane.start(gw)
         if extra is not None:
             await extra(loop)
         if on_ready is not None:
             on_ready(gw)
         await stop.wait()
+        if plane is not None:
+            plane.close()
         await gw.drain()
         await observability.shutdown(gw)    # observe: flush logs, sinks, spans
 
@@ -275,34 +283,43 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     return 0
 
 
-def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
-    """Binds and serves with N worker processes sharing the port through SO_REUSEPORT."""
+def serve(config, workers: int | None = None, on_ready=None, extra=None, path=None) -> int:
+    """Binds and serves with N worker processes sharing the port through SO_REUSEPORT. `path`:
+    the config file (re-read by a reload). Raises busbar.server.listen.ListenError when an
+    address is taken (one busbar per address)."""
     n = workers or config.workers or os.cpu_count() or 1
     host, port = config.listen_host, config.listen_port
+    # control hook: one instance per address, the admin listener, the workers' config channels.
+    from busbar.admin.plane import ControlPlane
+    control = ControlPlane(config, n)
     observability.prepare(config, n)    # observe: metrics counters shared by every worker
     observability.boot(config, n)
     if n <= 1:
         sock = bind(host, port, reuse_port=False)
-        return run_worker(config, sock, on_ready, extra)
+        return run_worker(config, sock, on_ready, extra, plane=control.parent(path))
     # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
     first = bind(host, port, reuse_port=True)
     port = first.getsockname()[1]
     # Lane permits shared by all workers, so max_concurrent is one limit for the whole gateway.
     from cbusbar.shared import SharedCounters
-    shared = SharedCounters(len(config.models))
+    shared = SharedCounters(control.slot_capacity(config))
     children = []
     for i in range(n - 1):
+        channel = control.channel()
         pid = os.fork()
         if pid == 0:
             first.close()
             code = 1
             try:
-                code = run_worker(config, bind(host, port, reuse_port=True), None, None, (), shared)
+                agent = control.child(channel)
+                code = run_worker(config, bind(host, port, reuse_port=True), None, None, (), shared,
+                                  agent)
             finally:
                 os._exit(code)
         children.append(pid)
+        control.forked(pid, channel)
 
-    code = run_worker(config, first, on_ready, extra, children, shared)
+    code = run_worker(config, first, on_ready, extra, children, shared, control.parent(path))
     for pid in children:
         try:
             _, status = os.waitpid(pid, 0)

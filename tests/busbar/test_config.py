@@ -166,9 +166,13 @@ def test_bedrock_region_and_key_shape():
     """, env)
     assert c.providers["west"].region == "us-west-2"
     assert c.providers["vpce"].region == "eu-west-1"
+    # region alone on a catalog entry moves the catalog's host to that region (issue 9)
+    c = cfg("providers:\n  bedrock: {api_key: {env: AWS}, region: eu-west-1}\nmodels: {}\n", env)
+    assert c.providers["bedrock"].host == "bedrock-runtime.eu-west-1.amazonaws.com"
     errs = problems("""
         providers:
-          a: {catalog: bedrock, region: eu-west-1, api_key: {env: AWS}}
+          a: {catalog: bedrock, base_url: "https://bedrock-runtime.us-east-1.amazonaws.com", region: eu-west-1,
+              api_key: {env: AWS}}
           b: {protocol: bedrock, base_url: "https://bedrock.example.com", api_key: {env: AWS}}
           c: {catalog: bedrock, api_key: {env: BAD}}
           d: {catalog: openai, region: us-east-1, api_key: {env: AWS}}
@@ -331,8 +335,9 @@ plugins: {}
 rate_card: {}
 metrics: {}
 """)
-    for key in ("auth", "hooks", "groups", "tls", "admin_listen", "store", "export", "plugins", "rate_card"):
+    for key in ("auth.chain", "hooks", "groups", "store", "export", "plugins", "rate_card"):
         assert f"{key}: not supported by this busbar version" in errs
+    assert "tls: missing required key 'key'" in errs
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs
     errs = problems("""
         providers:
@@ -606,8 +611,8 @@ def test_all_problems_reported_at_once():
           m: {{members: [{{model: missing}}]}}
         tls: {{}}
     """)
-    assert len(errs) == 7
-    assert errs[0] == "tls: not supported by this busbar version"
+    assert len(errs) == 8
+    assert "tls: missing required key 'cert'" in errs
     assert 'listen: expected "HOST:PORT" (e.g. "0.0.0.0:8080")' in errs
     assert "pools.m: pool name collides with model 'm'" in errs
     assert "pools.m.members[0].model: unknown model 'missing'" in errs

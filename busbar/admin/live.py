@@ -1,0 +1,240 @@
+"""Live config: validate, reload, apply and rollback, swapped in every worker before the call
+returns (SPEC §2.4).
+
+The parent process (worker 0, which also runs the admin listener) builds and validates the new
+Config once, then sends it, pickled, to every other worker over its control channel
+(busbar/admin/plane.py) and waits for each acknowledgement; then it swaps its own snapshot and
+answers. A worker swaps `gw.snapshot` between two callbacks of its event loop: a request captures
+the snapshot when it starts (busbar/engine/snapshot.py), so a request in flight finishes on the
+config it started with and a new one sees the new config whole. The data plane does no per-request
+check at all: the swap is pushed, not polled.
+
+Lanes whose model (and provider) config did not change are carried into the new Router as the same
+Lane objects, and providers whose config did not change keep their Egress objects (and with them
+refreshed credentials), so state lives on by identity. Lane permits shared between workers live in
+slots of one shared mapping; the parent assigns slots (a surviving lane keeps its own, a new lane
+takes a free one) and sends the assignment with the config, so every worker agrees.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import orjson
+
+from busbar.config import ConfigError
+from busbar.config.control import Control, restart_required, write_overlay
+from busbar.config.loader import build
+from busbar.engine.egress import Egress
+from busbar.engine.snapshot import Snapshot
+from busbar.routing import Lane, Router
+
+log = logging.getLogger("busbar.admin")
+
+# How many past configs GET config/versions lists and rollback can reach (SPEC §6: versions are
+# paginated at 100; a gateway's history past that is the config repository's job).
+MAX_VERSIONS = 100
+# A worker acknowledges a swap within this or the call fails: building a snapshot takes
+# milliseconds, a first credential fetch for a new provider up to 10 s (refresh.INITIAL_TIMEOUT).
+ACK_TIMEOUT_SECS = 15.0
+
+
+class NoSlot(Exception):
+    pass
+
+
+def problem_list(lines):
+    """'path: message' lines → [{path, message}] (the same lines `busbar validate` prints)."""
+    out = []
+    for line in lines:
+        path, sep, message = line.partition(": ")
+        out.append({"path": path, "message": message} if sep else {"path": "", "message": line})
+    return out
+
+
+def assign_slots(router, config, shared) -> dict:
+    """Shared permit slot per model: a surviving lane keeps its slot; a new lane takes a slot no
+    current lane uses and that no request holds (its counter is 0)."""
+    if shared is None:
+        return {}
+    slots = {}
+    for name, model in config.models.items():
+        lane = router.lanes.get(name)
+        if lane is not None and lane.model == model:
+            slots[name] = lane._slot
+    used = set(slots.values())
+    free = (i for i in range(shared.size) if i not in used and shared.value(i) == 0)
+    for name in sorted(config.models):
+        if name not in slots:
+            slot = next(free, None)
+            if slot is None:
+                raise NoSlot("no free shared permit slot for model '%s' (restart to grow the table)" % name)
+            slots[name] = slot
+    return slots
+
+
+def next_snapshot(old: Snapshot, config, version: int, shared, slots: dict):
+    """The snapshot for `config`, reusing `old`'s surviving Lane and Egress objects; also returns
+    the new Egress objects (their credentials must be started before the swap)."""
+    lanes = {}
+    for name, model in config.models.items():
+        lane = old.router.lanes.get(name)
+        if lane is None or lane.model != model:
+            lane = Lane(model, shared, slots.get(name, -1))
+        lanes[name] = lane
+    egress = {}
+    fresh = []
+    for name, p in config.providers.items():
+        eg = old.egress.get(name)
+        if eg is None or eg.provider != p:
+            eg = Egress(p)
+            fresh.append(eg)
+        egress[name] = eg
+    router = Router(config, shared, lanes=lanes)
+    return Snapshot(config, shared, version, router=router, egress=egress), fresh
+
+
+async def swap_in_worker(gw, config, version, slots):
+    """Runs in every worker (the parent included): build, start new credentials, swap."""
+    snap, fresh = next_snapshot(gw.snapshot, config, version, gw.shared, slots)
+    if any(eg.source is not None for eg in fresh):
+        from busbar.upstream.refresh import start_credentials
+        r = await start_credentials(gw.loop, fresh)
+        gw.live_refreshers = getattr(gw, "live_refreshers", []) + [r]
+    gw.snapshot = snap
+
+
+class Version:
+    __slots__ = ("version", "kind", "at", "document", "restart_required")
+
+    def __init__(self, version, kind, document, restart):
+        self.version = version
+        self.kind = kind
+        self.at = time.time()
+        self.document = document
+        self.restart_required = restart
+
+    def summary(self):
+        return {"version": self.version, "source": self.kind,
+                "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)),
+                "restart_required": self.restart_required}
+
+
+class LiveConfig:
+    """The parent's view of the config history and the one place a swap is started from."""
+
+    def __init__(self, gw, path, workers):
+        self.gw = gw
+        self.path = path                    # the config file reload re-reads (None: embedded)
+        self.base_dir = os.path.dirname(os.path.abspath(path)) if path else os.getcwd()
+        self.workers = workers              # [(pid, socket)] of the other workers
+        self.lock = asyncio.Lock()
+        cfg = gw.snapshot.config
+        self.versions = [Version(gw.snapshot.version, "boot", cfg.document, [])]
+        self.started = time.time()
+
+    @property
+    def control(self) -> Control:
+        return self.gw.snapshot.config.control or Control()
+
+    # ---------------------------------------------------------------- building
+    def build_text(self, text: str):
+        """Validates a config given as YAML or JSON text: (config, problems, warnings)."""
+        config, out = build(text=text, base_dir=self.base_dir, overlay=False)
+        return config, out.errors, out.warnings
+
+    def _apply_doc(self, doc: dict) -> str:
+        # The running file owns `config:` (where overlays go, locked): an applied body cannot
+        # move or unlock it.
+        doc = dict(doc)
+        own = (self.gw.snapshot.config.document or {}).get("config")
+        doc.pop("config", None)
+        if own is not None:
+            doc["config"] = own
+        return orjson.dumps(doc).decode()
+
+    # ---------------------------------------------------------------- operations
+    async def reload(self):
+        if self.path is None:
+            raise ConfigError(["config: this gateway runs an embedded config (--demo); there is "
+                               "no file to reload"])
+        config, out = build(self.path)
+        if config is None:
+            raise ConfigError(out.errors, out.warnings)
+        return await self.swap(config, "reload")
+
+    async def apply(self, doc: dict):
+        ctl = self.control
+        if ctl.locked:
+            raise Locked()
+        config, errors, warnings = self.build_text(self._apply_doc(doc))
+        if config is None:
+            raise ConfigError(errors, warnings)
+        result = await self.swap(config, "apply")
+        if ctl.overlay:
+            applied = dict(config.document)
+            applied.pop("config", None)
+            write_overlay(ctl.overlay, applied)
+            result["overlay"] = ctl.overlay
+        return result
+
+    async def rollback(self, version: int):
+        if self.control.locked:
+            raise Locked()
+        for v in self.versions:
+            if v.version == version:
+                break
+        else:
+            raise KeyError(version)
+        config, errors, warnings = self.build_text(self._apply_doc(v.document))
+        if config is None:
+            raise ConfigError(errors, warnings)
+        result = await self.swap(config, "rollback to %d" % version)
+        ctl = self.control
+        if ctl.overlay:
+            applied = dict(config.document)
+            applied.pop("config", None)
+            write_overlay(ctl.overlay, applied)
+        return result
+
+    async def swap(self, config, kind: str) -> dict:
+        """Every worker on `config` before this returns; serialized, so two admin calls never
+        interleave their swaps."""
+        async with self.lock:
+            gw = self.gw
+            old = gw.snapshot
+            version = max(v.version for v in self.versions) + 1
+            slots = assign_slots(old.router, config, gw.shared)
+            from busbar.admin.plane import call_worker
+            t0 = time.perf_counter()
+            acks = await asyncio.gather(*(
+                call_worker(gw.loop, sock, {"op": "swap", "version": version, "config": config,
+                                            "slots": slots}, ACK_TIMEOUT_SECS)
+                for _, sock in self.workers), return_exceptions=True)
+            failed = [pid for (pid, _), a in zip(self.workers, acks)
+                      if isinstance(a, BaseException) or a.get("version") != version]
+            await swap_in_worker(gw, config, version, slots)
+            ms = (time.perf_counter() - t0) * 1000
+            restart = restart_required(old.config.document, config.document)
+            self.versions.append(Version(version, kind, config.document, restart))
+            del self.versions[:-MAX_VERSIONS]
+            log.info("config version %d (%s) live in %d worker(s) in %.1f ms%s", version, kind,
+                     1 + len(self.workers) - len(failed), ms,
+                     (", restart required for: " + ", ".join(restart)) if restart else "")
+            if failed:
+                raise WorkersFailed(version, failed)
+            return {"ok": True, "version": version, "workers": 1 + len(self.workers),
+                    "swap_ms": round(ms, 3), "restart_required": restart,
+                    "warnings": list(config.warnings)}
+
+
+class Locked(Exception):
+    pass
+
+
+class WorkersFailed(Exception):
+    def __init__(self, version, pids):
+        super().__init__("config version %d: worker(s) %s did not acknowledge the swap" % (
+            version, ", ".join(map(str, pids))))

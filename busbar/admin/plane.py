@@ -1,0 +1,199 @@
+"""The control plane's processes: the admin listener in the parent (worker 0), one control channel
+per other worker, SIGHUP.
+
+Why a channel and not a shared config version every worker polls: polling puts a check on every
+request (or a timer in every worker) and still needs the config itself shipped somewhere; a push
+costs the data plane nothing between reloads, and the acknowledgement is what lets the admin call
+answer 200 only once every worker serves the new config (measured: a swap with 2 workers takes
+about a millisecond, see docs/architecture.md). Each channel is a socketpair made before the fork;
+messages are a 4-byte length and a pickle (both ends are this program, in processes it forked).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import signal
+import socket
+import struct
+
+from busbar.config.control import Control
+from busbar.server.listen import ListenError, probe, tls_options
+
+log = logging.getLogger("busbar.admin")
+
+_LEN = struct.Struct(">I")
+
+
+async def _recv_exact(loop, sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        if not chunk:
+            raise EOFError("control channel closed")
+        buf += chunk
+    return bytes(buf)
+
+
+async def send_msg(loop, sock, obj):
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    await loop.sock_sendall(sock, _LEN.pack(len(data)) + data)
+
+
+async def recv_msg(loop, sock):
+    n = _LEN.unpack(await _recv_exact(loop, sock, 4))[0]
+    return pickle.loads(await _recv_exact(loop, sock, n))
+
+
+async def call_worker(loop, sock, msg, timeout):
+    async def call():
+        await send_msg(loop, sock, msg)
+        return await recv_msg(loop, sock)
+    return await asyncio.wait_for(call(), timeout)
+
+
+class ControlPlane:
+    """Made by gateway.serve() before it forks: checks both addresses are free (one busbar per
+    address), binds the admin listener, and makes the channels."""
+
+    def __init__(self, config, workers: int):
+        self.config = config
+        ctl = config.control or Control()
+        self.control = ctl
+        self.workers = []           # [(pid, parent end)]
+        probe(config.listen_host, config.listen_port, "listen")
+        if (ctl.admin_host, ctl.admin_port) == (config.listen_host, config.listen_port):
+            raise ListenError("admin_listen %s:%d: the same address as listen" % (
+                ctl.admin_host, ctl.admin_port))
+        probe(ctl.admin_host, ctl.admin_port, "admin_listen")
+        from busbar.server.gateway import bind
+        try:
+            self.admin_sock = bind(ctl.admin_host, ctl.admin_port, reuse_port=False)
+        except OSError as exc:
+            from busbar.server.listen import _reason
+            raise ListenError("admin_listen %s:%d: %s" % (ctl.admin_host, ctl.admin_port,
+                                                          _reason(exc))) from None
+
+    def slot_capacity(self, config) -> int:
+        # Room for models added by later reloads: slots are 8 bytes each.
+        return max(256, 4 * len(config.models))
+
+    def channel(self):
+        return socket.socketpair()
+
+    def forked(self, pid, pair):
+        parent_end, child_end = pair
+        child_end.close()
+        parent_end.setblocking(False)
+        self.workers.append((pid, parent_end))
+
+    def child(self, pair):
+        """In a forked worker: drop what belongs to the parent; the worker's agent."""
+        parent_end, child_end = pair
+        parent_end.close()
+        self.admin_sock.close()
+        for _, s in self.workers:
+            s.close()
+        child_end.setblocking(False)
+        return WorkerAgent(child_end)
+
+    def parent(self, path):
+        return ParentAgent(self, path)
+
+
+class WorkerAgent:
+    """A worker other than the parent: swaps its snapshot when told, then acknowledges."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.task = None
+
+    async def start(self, gw):
+        loop = gw.loop
+        # SIGHUP is the parent's to act on; a group-wide HUP must not kill a worker.
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)
+        self.task = loop.create_task(self._serve(gw))
+
+    async def _serve(self, gw):
+        from busbar.admin.live import swap_in_worker
+        loop = gw.loop
+        while True:
+            try:
+                msg = await recv_msg(loop, self.sock)
+            except (EOFError, OSError):
+                return
+            if msg.get("op") == "swap":
+                try:
+                    await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"])
+                    reply = {"version": msg["version"]}
+                except Exception as exc:  # reported to the parent, which fails the admin call
+                    log.exception("config swap failed")
+                    reply = {"error": repr(exc)}
+                await send_msg(loop, self.sock, reply)
+
+    def close(self):
+        if self.task is not None:
+            self.task.cancel()
+        self.sock.close()
+
+
+class ParentAgent:
+    """Worker 0: the admin listener, the live config, SIGHUP."""
+
+    def __init__(self, plane, path):
+        self.plane = plane
+        self.path = path
+        self.server = None
+        self.site = None
+
+    async def start(self, gw):
+        from busbar.admin.api import mount
+        from busbar.admin.live import LiveConfig
+        from busbar.admin.site import AdminSite
+        from busbar.server.http import HttpConnection
+        loop = gw.loop
+        ctl = self.plane.control
+        self.live = live = LiveConfig(gw, self.path, self.plane.workers)
+        self.site = site = AdminSite(gw, ctl)
+        mount(site, live, self.plane)
+        gw.admin = site     # where other parts of busbar add admin routes (site.routes.add)
+        _mount_observability(site, gw)
+        self.server = await loop.create_server(lambda: HttpConnection(site),
+                                               sock=self.plane.admin_sock, backlog=128,
+                                               **tls_options(ctl.admin_tls, gw.snapshot.limits))
+        if ctl.admin_open and not ctl.admin_tokens:
+            log.warning("the admin API on %s:%d is open (auth.admin_open: true, loopback only)",
+                        ctl.admin_host, ctl.admin_port)
+        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._sighup()))
+
+    async def _sighup(self):
+        from busbar.config import ConfigError
+        try:
+            r = await self.live.reload()
+            log.info("SIGHUP: config version %d live", r["version"])
+        except ConfigError as e:
+            for line in e.problems:
+                log.error("SIGHUP: reload refused, the old config keeps serving: %s", line)
+        except Exception:
+            log.exception("SIGHUP: reload failed")
+
+    def close(self):
+        if self.server is not None:
+            self.server.close()
+        if self.site is not None:
+            self.site.close()
+
+
+def _mount_observability(site, gw):
+    """The status page (public: static HTML, it asks for a token itself), /metrics (read-only, or
+    public with observability.metrics_public), /stats and /status.json (read-only)."""
+    from busbar.admin.site import PUBLIC, Response
+    from busbar.observability import ADMIN_ROUTES, settings
+    public_metrics = settings(gw.config).metrics_public
+    for (method, path), handler in ADMIN_ROUTES.items():
+        def adapted(req, handler=handler):
+            status, ctype, body = handler(gw, req)
+            return Response(status, body, ctype)
+        scope = PUBLIC if path == "/" or (path == "/metrics" and public_metrics) else None
+        site.routes.add(method, path, adapted, scope=scope,
+                        summary="observability: " + (handler.__doc__ or path).strip().split("\n")[0])

@@ -1,0 +1,371 @@
+"""The control-plane sections of a config: `admin_listen`, `admin_tls`, `admin_require_mtls`,
+`tls`, `auth` (admin tokens) and `config` (overlay, locked). SPEC §2.4, §6, §8.
+
+Parsed here, not in loader.py, so the data plane's sections and the control plane's stay apart.
+TLS material is a secret reference resolving to PEM: kept as text (the config is sent to every
+worker by pickling, and an ssl.SSLContext does not pickle); `ssl_context()` builds the context in
+each process. Building it once at load time is also the check that the PEM is usable, so a bad
+certificate or key fails boot naming its key path.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+import ssl
+import tempfile
+from dataclasses import dataclass
+from typing import Mapping
+
+from .checks import Problems, check_keys, describe, get_bool, get_mapping, get_str, join
+from .schema import REDACTED
+
+# SPEC §6: the admin listener's default address; loopback, so a default install exposes nothing.
+DEFAULT_ADMIN_LISTEN = ("127.0.0.1", 8081)
+ADMIN_LISTEN_ENV = "BUSBAR_ADMIN_LISTEN"
+SCOPES = ("full", "read-only")
+TLS_KEYS = ("cert", "key", "client_ca")
+AUTH_KEYS = ("admin_tokens", "admin_open")
+# The governance issue's keys (SPEC §5): refused by name until they exist.
+AUTH_UNSUPPORTED = ("chain", "admin_auth", "keys", "methods", "signing_key")
+TOKEN_KEYS = ("name", "token", "scope")
+CONFIG_KEYS = ("locked", "overlay")
+# SPEC §2.4: the overlay file's default name, next to config.yaml.
+DEFAULT_OVERLAY = "busbar-overlay.json"
+# 64 KiB is ample for a certificate chain; bounds what a mistaken path (a log file) reads.
+PEM_MAX_BYTES = 256 * 1024
+# Keys a running gateway cannot change: they are bound or forked at start (SPEC §6).
+RESTART_ONLY = ("listen", "admin_listen", "tls", "admin_tls", "admin_require_mtls",
+                "advanced.worker_threads")
+
+
+@dataclass(frozen=True, slots=True)
+class AdminToken:
+    name: str
+    token: str
+    scope: str
+
+    def __repr__(self) -> str:
+        return f"AdminToken(name={self.name!r}, scope={self.scope!r}, token={REDACTED!r})"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class Tls:
+    """PEM text of a listener's certificate chain, key and (mTLS) client CA bundle; `where` is the
+    config path, for messages."""
+
+    where: str
+    cert: str
+    key: str
+    client_ca: str | None = None
+
+    def __repr__(self) -> str:
+        return f"Tls({self.where}, key={REDACTED!r}, mtls={self.client_ca is not None})"
+
+    __str__ = __repr__
+
+
+@dataclass(frozen=True, slots=True)
+class Control:
+    admin_host: str = DEFAULT_ADMIN_LISTEN[0]
+    admin_port: int = DEFAULT_ADMIN_LISTEN[1]
+    admin_tokens: tuple[AdminToken, ...] = ()
+    admin_open: bool = False
+    admin_require_mtls: bool = True
+    tls: Tls | None = None
+    admin_tls: Tls | None = None
+    locked: bool = False
+    overlay: str | None = None       # absolute path of the overlay file; None: no overlay
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def ssl_context(tls: Tls, handshake_alpn=("http/1.1",)) -> ssl.SSLContext:
+    """A server context for `tls`. Client certificates are required when a client CA is given
+    (SPEC §8: mTLS required, a client without one fails the handshake). Raises ssl.SSLError or
+    ValueError on unusable PEM."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(list(handshake_alpn))
+    # load_cert_chain reads files only: the PEM goes through a private temporary file that is
+    # removed at once (it may have come from an environment variable).
+    fd, path = tempfile.mkstemp(prefix="busbar-tls-")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(tls.cert if tls.cert.endswith("\n") else tls.cert + "\n")
+            fh.write(tls.key)
+        ctx.load_cert_chain(path)
+    finally:
+        os.unlink(path)
+    if tls.client_ca is not None:
+        ctx.load_verify_locations(cadata=tls.client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def _pem(value: object, path: str, env: Mapping[str, str], base_dir: str, out: Problems,
+         offline: bool) -> str | None:
+    """A secret reference resolving to PEM text (newlines allowed, unlike a key)."""
+    if isinstance(value, str):
+        out.error(path, "expected a secret reference {file: PATH} or {env: NAME}, not inline text")
+        return None
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in ("file", "env"):
+        out.error(path, f"expected a secret reference {{file: PATH}} or {{env: NAME}}, got {describe(value)}")
+        return None
+    kind, ref = next(iter(value.items()))
+    if not isinstance(ref, str) or not ref:
+        out.error(join(path, kind), f"expected a non-empty string, got {describe(ref)}")
+        return None
+    if offline:
+        return None
+    if kind == "env":
+        text = env.get(ref)
+        if text is None:
+            out.error(path, f"environment variable {ref} is not set")
+            return None
+    else:
+        try:
+            with open(os.path.join(base_dir, os.path.expanduser(ref)), "rb") as fh:
+                raw = fh.read(PEM_MAX_BYTES + 1)
+            text = raw.decode("ascii")
+        except OSError as exc:
+            out.error(path, f"cannot read {ref}: {exc.strerror or exc}")
+            return None
+        except UnicodeDecodeError:
+            out.error(path, f"{ref} is not PEM text")
+            return None
+        if len(raw) > PEM_MAX_BYTES:
+            out.error(path, f"{ref} is larger than {PEM_MAX_BYTES // 1024} KiB")
+            return None
+    if "-----BEGIN " not in text:
+        out.error(path, "not PEM (no '-----BEGIN' line)")
+        return None
+    return text
+
+
+def _tls(doc: dict, key: str, env, base_dir, out: Problems, offline: bool) -> Tls | None:
+    section = get_mapping(doc, key, "", out)
+    if section is None:
+        return None
+    check_keys(section, key, TLS_KEYS, out)
+    errors = len(out.errors)
+    for required in ("cert", "key"):
+        if required not in section:
+            out.error(key, f"missing required key '{required}'")
+    values = {k: _pem(section[k], join(key, k), env, base_dir, out, offline)
+              for k in TLS_KEYS if k in section}
+    if len(out.errors) > errors or offline:
+        return None
+    tls = Tls(key, values["cert"], values["key"], values.get("client_ca"))
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        fd, path = tempfile.mkstemp(prefix="busbar-tls-")
+        try:
+            with os.fdopen(fd, "w") as fh:
+                fh.write(tls.cert + "\n")
+            # The key separately, so a mismatch is told apart from an unreadable key.
+            fdk, kpath = tempfile.mkstemp(prefix="busbar-tls-")
+            try:
+                with os.fdopen(fdk, "w") as fh:
+                    fh.write(tls.key)
+                try:
+                    ctx.load_cert_chain(path, kpath)
+                except ssl.SSLError as exc:
+                    which = "cert" if "PEM lib" in str(exc) and "KEY" not in str(exc).upper() else "key"
+                    out.error(join(key, which), f"unusable certificate or key: {exc.reason or exc}")
+                    return None
+            finally:
+                os.unlink(kpath)
+        finally:
+            os.unlink(path)
+        if tls.client_ca is not None:
+            try:
+                ctx.load_verify_locations(cadata=tls.client_ca)
+            except (ssl.SSLError, ValueError) as exc:
+                out.error(join(key, "client_ca"), f"unusable CA bundle: {getattr(exc, 'reason', None) or exc}")
+                return None
+    except ssl.SSLError as exc:
+        out.error(key, f"unusable TLS material: {exc.reason or exc}")
+        return None
+    return tls
+
+
+def _tokens(section: dict, env, out: Problems, offline: bool) -> tuple[AdminToken, ...]:
+    from .secrets import resolve_secret
+    raw = section.get("admin_tokens")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        out.error("auth.admin_tokens", f"expected a list of {{name, token, scope}}, got {describe(raw)}")
+        return ()
+    tokens = []
+    names = set()
+    for i, entry in enumerate(raw):
+        where = f"auth.admin_tokens[{i}]"
+        if not isinstance(entry, dict):
+            out.error(where, f"expected a mapping {{name, token, scope}}, got {describe(entry)}")
+            continue
+        check_keys(entry, where, TOKEN_KEYS, out)
+        name = get_str(entry, "name", where, out)
+        scope = get_str(entry, "scope", where, out, "full")
+        if name is None:
+            out.error(where, "missing required key 'name'")
+        elif name in names:
+            out.error(join(where, "name"), f"duplicate admin token name '{name}'")
+        names.add(name)
+        if scope not in SCOPES:
+            out.error(join(where, "scope"), f"expected one of {', '.join(SCOPES)}")
+        if "token" not in entry:
+            out.error(where, "missing required key 'token'")
+            continue
+        if offline:
+            continue
+        errors = len(out.errors)
+        token = resolve_secret(entry["token"], join(where, "token"), env, "", out)
+        if len(out.errors) > errors or token is None:
+            continue
+        if not token:
+            # SPEC §6: a blank admin token would let an empty header through.
+            out.error(join(where, "token"), "resolves to an empty token")
+            continue
+        if name is not None and scope in SCOPES:
+            tokens.append(AdminToken(name, token, scope))
+    return tuple(tokens)
+
+
+def parse_control(doc: dict, base_dir: str, env: Mapping[str, str], out: Problems,
+                  listen_of, offline: bool = False) -> Control:
+    """The control sections of `doc`. `listen_of(value, key)` parses a HOST:PORT like `listen:`."""
+    admin_host, admin_port = DEFAULT_ADMIN_LISTEN
+    if doc.get("admin_listen") is not None:
+        admin_host, admin_port = listen_of(doc["admin_listen"], "admin_listen")
+    elif ADMIN_LISTEN_ENV in env and env[ADMIN_LISTEN_ENV]:
+        # Several gateways on one host (tests, a laptop) would all want 8081: the environment can
+        # move the default, as BUSBAR_CONFIG moves the config file's.
+        admin_host, admin_port = listen_of(env[ADMIN_LISTEN_ENV], ADMIN_LISTEN_ENV)
+    require_mtls = get_bool(doc, "admin_require_mtls", "", out, True)
+    tls = _tls(doc, "tls", env, base_dir, out, offline)
+    admin_tls = _tls(doc, "admin_tls", env, base_dir, out, offline)
+    if (not is_loopback(admin_host) and require_mtls and not offline
+            and (admin_tls is None or admin_tls.client_ca is None)):
+        out.error("admin_listen", f"'{admin_host}' is not loopback: set admin_tls with a client_ca "
+                  "(mTLS), or admin_require_mtls: false")
+
+    auth = get_mapping(doc, "auth", "", out) or {}
+    check_keys(auth, "auth", AUTH_KEYS, out, AUTH_UNSUPPORTED)
+    tokens = _tokens(auth, env, out, offline)
+    admin_open = bool(get_bool(auth, "admin_open", "auth", out, False))
+    if admin_open and not is_loopback(admin_host):
+        out.error("auth.admin_open", "an open admin API is allowed on a loopback admin_listen only")
+    elif admin_open:
+        out.warn("auth.admin_open", "the admin API is open to anyone on this host (no token needed)")
+
+    cfg = get_mapping(doc, "config", "", out) or {}
+    check_keys(cfg, "config", CONFIG_KEYS, out)
+    locked = bool(get_bool(cfg, "locked", "config", out, False))
+    overlay = None
+    raw = cfg.get("overlay")
+    if raw is False:
+        overlay = None
+    elif raw is None:
+        overlay = None if "config" not in doc else os.path.join(base_dir, DEFAULT_OVERLAY)
+    elif isinstance(raw, dict):
+        check_keys(raw, "config.overlay", ("file",), out)
+        f = get_str(raw, "file", "config.overlay", out)
+        if f is None:
+            out.error("config.overlay", "missing required key 'file'")
+        else:
+            overlay = os.path.join(base_dir, os.path.expanduser(f))
+    else:
+        out.error("config.overlay", f"expected {{file: PATH}} or false, got {describe(raw)}")
+    return Control(admin_host, admin_port, tokens, admin_open, bool(require_mtls), tls, admin_tls,
+                   locked, overlay)
+
+
+def restart_required(old_doc: dict | None, new_doc: dict | None) -> list[str]:
+    """The restart-only keys whose value differs between two config documents."""
+    def get(doc, dotted):
+        node = doc or {}
+        for part in dotted.split("."):
+            if not isinstance(node, dict):
+                return None
+            node = node.get(part)
+        return node
+    return [k for k in RESTART_ONLY if get(old_doc, k) != get(new_doc, k)]
+
+
+OVERLAY_FORMAT = 1
+
+
+def overlay_path(doc: dict, base_dir: str) -> str | None:
+    """Where a mutable config persists API mutations; None when locked or without `config:`."""
+    cfg = doc.get("config")
+    if not isinstance(cfg, dict) or cfg.get("locked") is True:
+        return None
+    raw = cfg.get("overlay")
+    if raw is False:
+        return None
+    if isinstance(raw, dict) and isinstance(raw.get("file"), str):
+        return os.path.join(base_dir, os.path.expanduser(raw["file"]))
+    if raw is None:
+        return os.path.join(base_dir, DEFAULT_OVERLAY)
+    return None
+
+
+def apply_overlay(doc: dict, base_dir: str, out: Problems) -> dict:
+    """config.yaml's document with the overlay's top-level sections in place of its own (SPEC
+    §2.4: reapplied over config.yaml at boot). The overlay holds what `POST config/apply` was
+    given; its `config:` section is ignored (where overlays live is config.yaml's to say). A
+    missing overlay is normal; a corrupt one is ignored with a warning, as the reference does."""
+    path = overlay_path(doc, base_dir)
+    if path is None or not os.path.exists(path):
+        return doc
+    import json
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
+            raise ValueError("not a busbar overlay")
+        if data.get("format") != OVERLAY_FORMAT:
+            out.error("config.overlay", f"{path} was written by another busbar version "
+                      f"(format {data.get('format')!r}); move it away to boot")
+            return doc
+    except (OSError, ValueError) as exc:
+        out.warn("config.overlay", f"ignoring unreadable overlay {path}: {exc}")
+        return doc
+    merged = dict(doc)
+    for key, value in data["config"].items():
+        if key != "config":
+            merged[key] = value
+    for key in [k for k in merged if k not in data["config"] and k not in ("config",)]:
+        # A section the applied config left out is gone from it too: apply is a whole config.
+        del merged[key]
+    return merged
+
+
+def write_overlay(path: str, applied: dict) -> None:
+    """Writes the overlay atomically (temp file in the same folder + rename): a crash leaves the
+    old overlay or the new one, never half of one. config.yaml is never written."""
+    import json
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=".busbar-overlay-", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({"format": OVERLAY_FORMAT, "config": applied}, fh, indent=1, default=str)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,346 @@
+"""The admin API through the real server (SPEC §2.4, §6): its own listener, tokens and scopes, the
+error envelope, the read endpoints, validate/reload/apply/rollback swapped in every worker of a
+`--workers 2` gateway, SIGHUP, restart-only keys, locked and the overlay, one busbar per address."""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+
+OPS = "ops-token-0123456789"
+VIEW = "viewer-token-0123456789"
+
+BASE = """\
+listen: "127.0.0.1:{port}"
+admin_listen: "127.0.0.1:{admin}"
+providers:
+  m: {{protocol: openai, base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
+models:
+  a: {{provider: m, upstream_model: {up}}}
+  b: {{provider: m, upstream_model: model-b, max_concurrent: 4}}
+pools:
+  p:
+    members:
+      - {{model: a, weight: 1}}
+auth:
+  admin_tokens:
+    - {{name: ops, token: {{env: ADMIN_TOKEN}}, scope: full}}
+    - {{name: viewer, token: {{env: VIEWER_TOKEN}}, scope: read-only}}
+{extra}"""
+
+
+def admin_env():
+    e = env()
+    e["ADMIN_TOKEN"] = OPS
+    e["VIEWER_TOKEN"] = VIEW
+    return e
+
+
+class Gw:
+    def __init__(self, proc, port, admin, path):
+        self.proc, self.port, self.admin, self.path = proc, port, admin, path
+
+
+def start(tmp_path, mock_port, workers=2, up="model-a", extra="", name="c.yaml"):
+    port, admin = free_port(), free_port()
+    path = tmp_path / name
+    path.write_text(BASE.format(port=port, admin=admin, mock=mock_port, up=up, extra=extra))
+    # stderr to a file, never an undrained pipe: the access log (stderr by default) fills a pipe
+    # in a few hundred requests, and a full pipe blocks the gateway's own logging.
+    err = open(tmp_path / (name + ".stderr"), "wb")
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(path), "--workers",
+                             str(workers)], cwd=ROOT, env=admin_env(), stdout=subprocess.DEVNULL,
+                            stderr=err)
+    err.close()
+    try:
+        wait_http(port, proc)
+        wait_http(admin, proc)
+    except Exception:
+        stop(proc)
+        raise
+    return Gw(proc, port, admin, path)
+
+
+def call(port, method, path, body=None, token=OPS, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    h = dict(headers or {})
+    if token is not None:
+        h["authorization"] = "Bearer " + token
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body, h)
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    try:
+        return r.status, json.loads(data)
+    except ValueError:
+        return r.status, data
+
+
+def A(path):
+    return "/api/v1/admin/" + path
+
+
+def chat_model(port, name="p"):
+    st, body = call(port, "POST", "/v1/chat/completions",
+                    {"model": name, "messages": [{"role": "user", "content": "hi"}]}, token=None,
+                    headers={"content-type": "application/json"})
+    return st, (body.get("model") if isinstance(body, dict) else body)
+
+
+@pytest.fixture(scope="module")
+def gw(mock_port, tmp_path_factory):
+    g = start(tmp_path_factory.mktemp("admin"), mock_port)
+    yield g
+    stop(g.proc)
+
+
+def test_admin_routes_are_absent_from_the_data_listener_and_healthz_is_on_both(gw):
+    st, body = call(gw.port, "GET", A("info"))
+    assert st == 404 and "error" in body and body["error"].get("type") == "not_found_error"
+    for port in (gw.port, gw.admin):
+        st, body = call(port, "GET", "/healthz", token=None)
+        assert (st, body) == (200, b"ok")
+
+
+def test_tokens_and_scopes(gw):
+    st, body = call(gw.admin, "GET", A("info"), token=None)
+    assert st == 401 and body["error"]["code"] == "unauthorized"
+    st, body = call(gw.admin, "GET", A("info"), token="wrong-token-0123456789")
+    assert st == 401
+    st, _ = call(gw.admin, "GET", A("info"), token=None, headers={"x-admin-token": VIEW})
+    assert st == 200
+    st, body = call(gw.admin, "POST", A("config/reload"), token=VIEW)
+    assert st == 403 and body["error"]["code"] == "forbidden" and "'full'" in body["error"]["message"]
+    # validate is a read-only POST
+    st, body = call(gw.admin, "POST", A("config/validate"), "providers: {}\nmodels: {}\n", token=VIEW)
+    assert st == 200 and body["ok"] is True
+    # unknown paths and methods: after auth, in the envelope
+    assert call(gw.admin, "GET", A("nope"), token=None)[0] == 401
+    st, body = call(gw.admin, "GET", A("nope"))
+    assert st == 404 and body["error"]["code"] == "not_found"
+    st, body = call(gw.admin, "DELETE", A("info"))
+    assert st == 405 and body["error"]["code"] == "method_not_allowed"
+
+
+def test_read_endpoints(gw):
+    st, info = call(gw.admin, "GET", A("info"), token=VIEW)
+    assert st == 200 and info["workers"] == 2 and info["config_version"] >= 1
+    assert info["listeners"]["admin"] == "http://127.0.0.1:%d" % gw.admin
+    assert {"version", "started_at"} <= set(info)
+    st, pools = call(gw.admin, "GET", A("pools"), token=VIEW)
+    assert [p["name"] for p in pools["items"]] == ["p"]
+    st, pool = call(gw.admin, "GET", A("pools/p"), token=VIEW)
+    assert st == 200 and pool["members"][0]["model"] == "a"
+    st, body = call(gw.admin, "GET", A("pools/zzz"), token=VIEW)
+    assert st == 404 and body["error"]["code"] == "not_found"
+    st, models = call(gw.admin, "GET", A("models"), token=VIEW)
+    assert {m["name"] for m in models["items"]} == {"a", "b"}
+    st, provs = call(gw.admin, "GET", A("providers"), token=VIEW)
+    text = json.dumps(provs)
+    assert provs["items"][0]["secrets"] == [{"key": "api_key", "ref": "env:MOCK_KEY"}]
+    assert "sk-test-key" not in text
+    st, cfg = call(gw.admin, "GET", A("config"), token=VIEW)
+    text = json.dumps(cfg)
+    assert cfg["config"]["providers"]["m"]["api_key"] == {"env": "MOCK_KEY"}
+    assert OPS not in text and VIEW not in text and "sk-test-key" not in text
+
+
+def test_validate_reports_problems_with_paths(gw):
+    bad = "providers:\n  m: {protocol: openai, base_url: 'http://127.0.0.1:9'}\nmodels:\n  gpt: {provider: m, max_concurent: 2}\n"
+    st, body = call(gw.admin, "POST", A("config/validate"), bad)
+    assert st == 400 and body["error"]["code"] == "invalid_request"
+    assert {"path": "models.gpt.max_concurent",
+            "message": "unknown key (did you mean 'max_concurrent'?)"} in body["error"]["problems"]
+    st, body = call(gw.admin, "POST", A("config/validate"), json.dumps(
+        {"providers": {"m": {"protocol": "openai", "base_url": "http://127.0.0.1:9"}},
+         "models": {"x": {"provider": "m"}}}))
+    assert st == 200 and body == {"ok": True, "warnings": []}
+
+
+def _spread(port, n=30, name="p"):
+    """The answers of n requests on fresh connections (the kernel spreads them over workers)."""
+    return {chat_model(port, name)[1] for _ in range(n)}
+
+
+def test_reload_swaps_every_worker_and_refuses_an_invalid_config(gw, mock_port):
+    assert _spread(gw.port) == {"model-a"}
+    text = gw.path.read_text()
+    gw.path.write_text(text.replace("upstream_model: model-a", "upstream_model: model-a2"))
+    st, body = call(gw.admin, "POST", A("config/reload"))
+    assert st == 200 and body["ok"] and body["workers"] == 2 and body["restart_required"] == []
+    assert _spread(gw.port) == {"model-a2"}       # both workers, at once
+    v = body["version"]
+    gw.path.write_text(text.replace("max_concurrent: 4", "max_concurent: 4"))
+    st, body = call(gw.admin, "POST", A("config/reload"))
+    assert st == 400 and body["error"]["problems"][0]["path"] == "models.b.max_concurent"
+    assert _spread(gw.port) == {"model-a2"}       # the old config keeps serving
+    assert call(gw.admin, "GET", A("info"))[1]["config_version"] == v
+    gw.path.write_text(text)
+    assert call(gw.admin, "POST", A("config/reload"))[0] == 200
+
+
+def test_apply_versions_rollback_and_restart_only_keys(gw):
+    st, cur = call(gw.admin, "GET", A("config"))
+    doc = cur["config"]
+    before = cur["version"]
+    doc["models"]["a"]["upstream_model"] = "model-applied"
+    doc["listen"] = "127.0.0.1:%d" % free_port()
+    st, body = call(gw.admin, "POST", A("config/apply"), doc)
+    assert st == 200, body
+    assert body["restart_required"] == ["listen"]
+    assert _spread(gw.port) == {"model-applied"}  # still served on the old listener
+    st, vs = call(gw.admin, "GET", A("config/versions"), token=VIEW)
+    assert vs["current"] == body["version"] and vs["items"][0]["source"] == "apply"
+    st, body = call(gw.admin, "POST", A("config/rollback"), {"version": before})
+    assert st == 200, body
+    assert _spread(gw.port) != {"model-applied"}
+    st, body = call(gw.admin, "POST", A("config/rollback"), {"version": 9999})
+    assert st == 404
+    st, body = call(gw.admin, "POST", A("config/rollback"), {"v": 1})
+    assert st == 400 and body["error"]["code"] == "invalid_request"
+    st, body = call(gw.admin, "POST", A("config/apply"), "models: [")
+    assert st == 400 and body["error"]["problems"]
+
+
+def test_sighup_reloads_instead_of_killing(gw):
+    text = gw.path.read_text()
+    gw.path.write_text(text.replace("upstream_model: model-a", "upstream_model: model-hup"))
+    try:
+        v = call(gw.admin, "GET", A("info"))[1]["config_version"]
+        os.kill(gw.proc.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while call(gw.admin, "GET", A("info"))[1]["config_version"] == v:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert gw.proc.poll() is None
+        assert _spread(gw.port) == {"model-hup"}
+    finally:
+        gw.path.write_text(text)
+        call(gw.admin, "POST", A("config/reload"))
+
+
+def test_surviving_lanes_keep_their_identity():
+    """In-process: a reload that keeps model b's config keeps its Lane (and inflight count) and its
+    provider's Egress; a changed model gets a new Lane."""
+    from busbar import config
+    from busbar.admin.live import assign_slots, next_snapshot
+    from busbar.engine.snapshot import Snapshot
+    base = BASE.format(port=1, admin=2, mock=3, up="model-a", extra="").split("auth:")[0]
+    c1 = config.load(text=base, env={"MOCK_KEY": "k" * 20})
+    c2 = config.load(text=base.replace("upstream_model: model-a", "upstream_model: z"),
+                     env={"MOCK_KEY": "k" * 20})
+    old = Snapshot(c1)
+    held = old.router.lanes["b"]
+    assert held.try_acquire()
+    new, fresh = next_snapshot(old, c2, 2, None, assign_slots(old.router, c2, None))
+    assert new.router.lanes["b"] is held and new.router.lanes["b"].inflight == 1
+    assert new.router.lanes["a"] is not old.router.lanes["a"]
+    assert new.egress["m"] is old.egress["m"] and fresh == []
+    assert new.router.resolve("p").lanes[0] is new.router.lanes["a"]
+
+
+def test_locked_refuses_mutations_and_overlay_persists_apply(tmp_path, mock_port):
+    g = start(tmp_path, mock_port, workers=1, extra="config: {locked: true}\n")
+    try:
+        doc = call(g.admin, "GET", A("config"))[1]["config"]
+        st, body = call(g.admin, "POST", A("config/apply"), doc)
+        assert st == 409 and body["error"]["code"] == "conflict"
+        assert call(g.admin, "POST", A("config/rollback"), {"version": 1})[0] == 409
+        assert call(g.admin, "POST", A("config/reload"))[0] == 200   # the file is the source
+    finally:
+        stop(g.proc)
+    overlay = tmp_path / "ov.json"
+    g = start(tmp_path, mock_port, workers=1, extra="config: {overlay: {file: ov.json}}\n",
+              name="o.yaml")
+    try:
+        doc = call(g.admin, "GET", A("config"))[1]["config"]
+        doc["models"]["a"]["upstream_model"] = "model-overlaid"
+        st, body = call(g.admin, "POST", A("config/apply"), doc)
+        assert st == 200 and body["overlay"] == str(overlay)
+        assert json.loads(overlay.read_text())["config"]["models"]["a"]["upstream_model"] == "model-overlaid"
+        assert "model-overlaid" not in g.path.read_text()           # config.yaml never written
+    finally:
+        stop(g.proc)
+    # reapplied over config.yaml at boot
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(g.path), "--workers",
+                             "1"], cwd=ROOT, env=admin_env(), stdout=subprocess.DEVNULL)
+    try:
+        wait_http(g.port, proc)
+        assert chat_model(g.port)[1] == "model-overlaid"
+    finally:
+        stop(proc)
+
+
+def test_no_tokens_means_401_and_open_is_loopback_only(tmp_path, mock_port):
+    port, admin = free_port(), free_port()
+    path = tmp_path / "n.yaml"
+    path.write_text(BASE.format(port=port, admin=admin, mock=mock_port, up="x", extra="")
+                    .split("auth:")[0])
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(path), "--workers", "1"],
+                            cwd=ROOT, env=admin_env(), stdout=subprocess.DEVNULL)
+    try:
+        wait_http(admin, proc)
+        assert call(admin, "GET", A("info"), token=OPS)[0] == 401
+        assert call(admin, "GET", "/healthz", token=None)[0] == 200
+    finally:
+        stop(proc)
+
+
+def _serve(path, extra_env=None, *args):
+    e = admin_env()
+    e.update(extra_env or {})
+    return subprocess.run([PY, "-m", "busbar.cli", "serve", "--config", str(path), *args], cwd=ROOT,
+                          env=e, capture_output=True, text=True, timeout=30)
+
+
+def test_boot_errors_for_admin_auth(tmp_path):
+    base = BASE.format(port=free_port(), admin=free_port(), mock=9, up="x", extra="")
+    p = tmp_path / "e.yaml"
+    p.write_text(base)
+    r = _serve(p, {"ADMIN_TOKEN": ""})
+    assert r.returncode == 1 and "auth.admin_tokens[0].token: resolves to an empty token" in r.stderr
+    p.write_text(base.split("auth:")[0].replace('admin_listen: "127.0.0.1', 'admin_listen: "0.0.0.0')
+                 + "auth: {admin_open: true}\n")
+    r = _serve(p)
+    assert r.returncode == 1
+    assert "admin_listen: '0.0.0.0' is not loopback: set admin_tls with a client_ca" in r.stderr
+    assert "auth.admin_open: an open admin API is allowed on a loopback admin_listen only" in r.stderr
+
+
+def test_one_instance_per_address(gw, tmp_path):
+    p = tmp_path / "second.yaml"
+    p.write_text(gw.path.read_text())
+    for workers in ("1", "2"):
+        r = _serve(p, None, "--workers", workers)
+        assert r.returncode == 1
+        assert r.stderr.strip().splitlines()[-1] == "error: listen 127.0.0.1:%d: address already in use" % gw.port
+        assert "Traceback" not in r.stderr
+    p.write_text(gw.path.read_text().replace('listen: "127.0.0.1:%d"' % gw.port,
+                                             'listen: "127.0.0.1:%d"' % free_port()))
+    r = _serve(p)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == "error: admin_listen 127.0.0.1:%d: address already in use" % gw.admin
+    r = _serve(p, None, "--listen", "foo")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == ['error: --listen: expected "HOST:PORT" (e.g. "0.0.0.0:8080")']
+
+
+def test_openapi_document_is_valid_openapi_3_1_and_lists_every_route(gw):
+    from openapi_spec_validator import validate
+    st, doc = call(gw.admin, "GET", A("openapi.json"), token=VIEW)
+    assert st == 200 and doc["openapi"] == "3.1.0"
+    validate(doc)
+    ops = {(m.upper(), p) for p, item in doc["paths"].items() for m in item}
+    for want in [("GET", "/api/v1/admin/info"), ("GET", "/api/v1/admin/pools/{name}"),
+                 ("POST", "/api/v1/admin/config/validate"), ("POST", "/api/v1/admin/config/rollback"),
+                 ("GET", "/api/v1/admin/openapi.json")]:
+        assert want in ops
+    assert doc["paths"]["/api/v1/admin/config/validate"]["post"]["x-busbar-required-scope"] == "read-only"
+    assert doc["paths"]["/api/v1/admin/config/apply"]["post"]["x-busbar-required-scope"] == "full"
