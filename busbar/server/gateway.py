@@ -129,6 +129,12 @@ class Gateway:
         # request's end (breaker, metrics, logs, settlement hang here).
         self.attempt_hooks = []
         self.finish_hooks = []
+        # reliability: breaker cells and lane budgets, fed by every attempt's end
+        # (busbar/reliability/state.py); a reloaded snapshot is attached again.
+        from busbar.reliability.state import Reliability
+        self.reliability = Reliability(config, shared)
+        self.reliability.attach(self.snapshot)
+        self.attempt_hooks.append(self.reliability.on_attempt)
         self._debug = log.isEnabledFor(logging.DEBUG)
 
     @property
@@ -287,7 +293,10 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None) -> int:
     port = first.getsockname()[1]
     # Lane permits shared by all workers, so max_concurrent is one limit for the whole gateway.
     from cbusbar.shared import SharedCounters
-    shared = SharedCounters(len(config.models))
+    # reliability: breaker cells and lane budgets in the same mapping, after the permits, so a
+    # lane one worker found dead is open for every worker (busbar/reliability/breaker.py).
+    from busbar.reliability.state import slots_needed
+    shared = SharedCounters(len(config.models) + slots_needed(config))
     children = []
     for i in range(n - 1):
         pid = os.fork()
