@@ -31,6 +31,11 @@ def _fine(c, req):
     c.sendall(http_response(200, openai_body("fine from " + req.model)))
 
 
+def _slow(c, req):
+    time.sleep(3)
+    return False
+
+
 def _down(c, req):
     c.sendall(http_response(500, b'{"error":{"message":"down","type":"server_error"}}'))
 
@@ -50,6 +55,8 @@ models:
   down2:  {provider: h, upstream_model: down2}
   gone:   {provider: dead, upstream_model: gone}
   capped: {provider: h, upstream_model: capped, max_requests: 3}
+  slow1:  {provider: h, upstream_model: slow1}
+  slow2:  {provider: h, upstream_model: slow2}
 pools:
   recover:
     members: [{model: flaky}]
@@ -76,13 +83,16 @@ pools:
     failover: {max_hops: 1}
   budget:
     members: [{model: capped}]
+  timed:
+    members: [{model: slow1, attempt_timeout_ms: 400}, {model: slow2, attempt_timeout_ms: 400}]
+    failover: {timeout_secs: 0.6}
 """
 
 
 @pytest.fixture(scope="module")
 def hostile():
     h = HostileUpstream({"flaky": _flaky, "small": _small, "medium": _small, "big": _fine,
-                         "fine": _fine, "down1": _down, "down2": _down, "capped": _fine})
+                         "fine": _fine, "down1": _down, "down2": _down, "capped": _fine, "slow1": _slow, "slow2": _slow})
     yield h
     h.close()
 
@@ -223,3 +233,12 @@ pools:
     assert "pools.a.on_exhausted.fallback_pool: fallback cycle: a -> b -> a" in errs
     assert "pools.c.on_exhausted.fallback_pool: unknown pool 'nope'" in errs
     assert "window_s" in errs and "cap" in errs
+
+
+def test_the_request_time_budget_holds_across_hops(gw):
+    # Two members that never answer, 400 ms each, in a 600 ms budget: the second attempt gets
+    # what is left, and the caller hears "timed out" at the budget, not after 800 ms.
+    t0 = time.monotonic()
+    st, data, _ = ask(gw, "timed")
+    took = time.monotonic() - t0
+    assert st in (503, 504) and took < 0.6 + 0.25, (st, took)
