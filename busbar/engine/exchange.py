@@ -510,6 +510,11 @@ class Exchange:
                 try:
                     events = tap.feed(chunk)
                 except Exception:
+                    if not self.sent:
+                        # reliability: a malformed 2xx before the first byte is the lane's fault
+                        # and another lane can still answer (SPEC §4.1).
+                        self.fault(F_MALFORMED, "the upstream stream cannot be read")
+                        return
                     self.tap = None     # the tap never breaks a relay it cannot read
                     events = None
                 if events:
