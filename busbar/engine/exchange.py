@@ -398,6 +398,10 @@ class Exchange:
         pol = target.policy
         rel = self.site.reliability
         if pol is not None and not hops_spent:
+            lane = rel.cooling_closed(target, self.tried)
+            if lane is not None:
+                self.attempt(lane)
+                return
             oe = pol.on_exhausted
             if oe.kind == "fallback_pool":
                 nxt = self.snap.router.resolve(oe.fallback_pool)

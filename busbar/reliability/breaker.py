@@ -293,6 +293,11 @@ class Cell:
             self.record_ok()
         elif disposition == D_CLIENT_FAULT or disposition == D_CONTEXT:
             self.record_client_fault()
+            if self.state() == HALF_OPEN:
+                # The probe reached a lane that answered for itself: it is up, whatever the
+                # caller's request was; without this the cell would wait out the probe's lease.
+                self.reset()
+                self._event("recovered", 0.0, None)
         else:
             self.record_failure(disposition, retry_after, reason)
 

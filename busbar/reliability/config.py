@@ -85,16 +85,10 @@ def on_exhausted(value: object, path: str, timeout_secs: float, out: Problems) -
             name = get_str(value, "fallback_pool", path, out)
             return OnExhausted("fallback_pool", fallback_pool=name) if name else DEFAULT_ON_EXHAUSTED
         if "queue" in value:
-            q = get_mapping(value, "queue", path, out) or {}
-            qpath = join(path, "queue")
-            check_keys(q, qpath, ("max_ms",), out)
-            max_ms = get_int(q, "max_ms", qpath, out, 1)
-            if max_ms is None:
-                out.error(qpath, "missing required key 'max_ms'")
-                return DEFAULT_ON_EXHAUSTED
-            if max_ms > timeout_secs * 1000:
-                out.error(join(qpath, "max_ms"), "must be <= failover.timeout_secs x 1000")
-            return OnExhausted("queue", queue_max_ms=max_ms)
+            # Waiting on lane permits is not built yet: refused by name rather than silently
+            # rejecting like `reject` (a silently ignored key is worse than a refusal).
+            out.error(join(path, "queue"), "not supported by this busbar version")
+            return DEFAULT_ON_EXHAUSTED
     out.error(path, "expected reject, least_bad, {fallback_pool: <pool>} or {queue: {max_ms: N}}")
     return DEFAULT_ON_EXHAUSTED
 

@@ -133,7 +133,9 @@ class Reliability:
     # ------------------------------------------------------------------ questions
     def healthy(self) -> bool:
         """Any lane usable in any cell (side-effect free: never takes a probe slot)."""
-        return any(c.usable() for c in self.cells.values())
+        # A closed cell that cools after a failure still serves when it is all that is left.
+        return any(c.usable() or (c.state() == 0 and (c.budget.limit is None or c.budget.left()))
+                   for c in self.cells.values())
 
     def soonest_cooldown(self, target, exclude=()) -> float | None:
         """Seconds until the first cooling cell of `target` (not in `exclude`) may be tried."""
@@ -168,6 +170,30 @@ class Reliability:
         if budget:
             parts.append("out of their request budget")
         return "all lanes are " + " or ".join(parts)
+
+    def cooling_closed(self, target, exclude):
+        """A lane that is cooling after a failure that did not trip (its cell still closed), when
+        nothing else can take the request: the cooldown steers traffic to the other members, but
+        with no other member left it must not turn one transient error into a 503 for every caller
+        (a direct route has no other member). Tripped cells stay out. Permit and budget taken."""
+        best = None
+        best_until = None
+        for lane, cell in target.policy.cell_of.items():
+            if lane in exclude or lane in target.excluded or cell.state() != 0:
+                continue
+            if cell.budget.limit is not None and not cell.budget.left():
+                continue
+            if not (lane.limit is None or lane.has_permit()):
+                continue
+            u = cell.until_ms()
+            if best is None or u < best_until:
+                best, best_until = lane, u
+        if best is None or not best.try_acquire():
+            return None
+        if not target.policy.cell_of[best].budget.take():
+            best.release()
+            return None
+        return best
 
     def least_bad(self, target, exclude):
         """The cooling lane whose cooldown ends soonest and that has a free permit (SPEC §4.3),

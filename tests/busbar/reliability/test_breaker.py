@@ -209,3 +209,13 @@ def test_lifetime_budget_is_taken_on_claim_and_refunded_on_failure():
     c.budget.done(False)
     c.budget.done(False)
     assert not c.usable() and c.budget.inflight() == 0
+
+
+def test_a_probe_answered_with_a_client_error_closes_the_cell():
+    pol = BreakerPolicy(mode="consecutive", consecutive_n=1, base_cooldown_secs=1, max_cooldown_secs=2)
+    c, clock = cell(pol)
+    c.record(D_TRANSIENT)
+    clock.t += 5
+    assert c.claim() and c.state() == HALF_OPEN
+    c.record(D_CLIENT_FAULT)
+    assert c.state() == CLOSED and c.usable()

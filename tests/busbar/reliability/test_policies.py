@@ -66,7 +66,7 @@ pools:
               {model: big, context_max: 200000}]
   rejecting:
     members: [{model: down1}, {model: down2}]
-    breaker: {base_cooldown_secs: 20, max_cooldown_secs: 40}
+    breaker: {trip: {mode: consecutive, consecutive_n: 1}, base_cooldown_secs: 20, max_cooldown_secs: 40}
   falls:
     members: [{model: gone}]
     on_exhausted: {fallback_pool: backup}
@@ -74,6 +74,7 @@ pools:
     members: [{model: fine}]
   degraded:
     members: [{model: down1}]
+    breaker: {trip: {mode: consecutive, consecutive_n: 1}}
     on_exhausted: least_bad
   excl:
     members: [{model: down1, weight: 100}, {model: fine}]
@@ -213,6 +214,11 @@ models:
     try:
         assert get(g, "/healthz") == (200, b"ok")
         assert ask(g, "only")[0] == 500
+        # One failure cools the lane, but a lane that has not tripped still serves when it is
+        # all there is; five failures in the window trip it (error_rate, min_requests 5).
+        assert get(g, "/healthz") == (200, b"ok")
+        for _ in range(4):
+            assert ask(g, "only")[0] == 500
         assert get(g, "/healthz") == (503, b"no usable lanes")
     finally:
         stop(g.proc)
