@@ -22,18 +22,22 @@ cdef extern from *:
     static inline long long busbar_load(long long *p) {
         return __atomic_load_n(p, __ATOMIC_SEQ_CST);
     }
-    static inline long long busbar_add(long long *p, long long n) {
-        return __atomic_add_fetch(p, n, __ATOMIC_RELAXED);
+    static inline long long busbar_add(long long *p, long long d) {
+        return __atomic_add_fetch(p, d, __ATOMIC_SEQ_CST);
     }
     static inline void busbar_store(long long *p, long long v) {
-        __atomic_store_n(p, v, __ATOMIC_RELAXED);
+        __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+    }
+    static inline int busbar_cas(long long *p, long long expected, long long v) {
+        return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
     }
     """
     int busbar_cas_inc(long long *p, long long limit) nogil
     long long busbar_dec(long long *p) nogil
     long long busbar_load(long long *p) nogil
-    long long busbar_add(long long *p, long long n) nogil
+    long long busbar_add(long long *p, long long d) nogil
     void busbar_store(long long *p, long long v) nogil
+    int busbar_cas(long long *p, long long expected, long long v) nogil
 
 
 cdef class SharedCounters:
@@ -71,14 +75,16 @@ cdef class SharedCounters:
             raise IndexError(i)
         return busbar_load(self.p + i)
 
-    # Metrics (busbar/observability/metrics.py): counters only ever added to, read on a scrape.
-    # Relaxed ordering: a counter needs atomicity, not ordering against other memory.
-    cpdef long long add(self, int i, long long n):
+    # Breaker cells (busbar/reliability/cells.py) keep their state in these slots too, so a lane one
+    # worker found dead is open for every worker, and a half-open lane's one probe is one per
+    # gateway: the probe slot is taken by compare-and-swap.
+    cpdef long long add(self, int i, long long d):
+        """Adds d to counter i; returns the new value."""
         if i < 0 or i >= self.size:
             raise IndexError(i)
-        return busbar_add(self.p + i, n)
+        return busbar_add(self.p + i, d)
 
-    cpdef void store(self, int i, long long v):
+    cpdef store(self, int i, long long v):
         if i < 0 or i >= self.size:
             raise IndexError(i)
         busbar_store(self.p + i, v)
@@ -89,3 +95,9 @@ cdef class SharedCounters:
         if start < 0 or stop > self.size or start > stop:
             raise IndexError((start, stop))
         return [busbar_load(self.p + i) for i in range(start, stop)]
+
+    cpdef bint cas(self, int i, long long expected, long long v):
+        """Sets counter i to v if it still holds `expected`; True when it did."""
+        if i < 0 or i >= self.size:
+            raise IndexError(i)
+        return busbar_cas(self.p + i, expected, v) == 1

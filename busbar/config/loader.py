@@ -51,6 +51,7 @@ from .schema import (
 from .control import apply_overlay, parse_control
 from .secrets import OFFLINE_PLACEHOLDER, resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
+from busbar.reliability import config as reliability_config
 
 CONFIG_ENV = "BUSBAR_CONFIG"
 PROVIDERS_ENV = "BUSBAR_PROVIDERS"  # deprecated in favour of `providers_file:`, still honoured
@@ -84,8 +85,9 @@ CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "
 PROVIDER_KEYS = (
     "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
     "allow_metadata_hosts", "profile", "role_arn", "credentials", "token_url", "vertex", "azure",
+    "error_map", "upstream_credentials",  # reliability
 )
-PROVIDER_UNSUPPORTED = ("error_map", "path", "path_base", "scope", "subject", "health")
+PROVIDER_UNSUPPORTED = ("path", "path_base", "scope", "subject", "health")
 AZURE_KEYS = ("deployment", "api_version")
 VERTEX_KEYS = ("project", "location")
 # The catalog's placeholder host for Azure OpenAI: every resource has its own host.
@@ -93,23 +95,23 @@ AZURE_PLACEHOLDER_HOST = "your-resource.openai.azure.com"
 
 MODEL_KEYS = (
     "provider", "upstream_model", "max_concurrent", "default_max_tokens", "reasoning",
-    "attempt_timeout_ms", "operations",
+    "attempt_timeout_ms", "operations", "max_requests",
 )
 # What a model can serve. Token counting rides on chat (a chat model counts its own tokens).
 OPERATIONS = ("chat", "embeddings")
 # Embedding models are named so by every vendor (text-embedding-3-small, gemini-embedding-001,
 # embed-v4.0, amazon.titan-embed-text-v2:0, cohere.embed-english-v3): the default follows the name.
 _EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
-MODEL_UNSUPPORTED = ("max_requests", "prompt_caching")
+MODEL_UNSUPPORTED = ("prompt_caching",)
 
-POOL_KEYS = ("members",)
-POOL_UNSUPPORTED = ("hooks", "breaker", "failover", "on_exhausted", "affinity", "upstream_credentials")
-MEMBER_KEYS = ("model", "weight", "reasoning")
-MEMBER_UNSUPPORTED = ("context_max", "attempt_timeout_ms", "tier", "tags")
+POOL_KEYS = ("members", "breaker", "failover", "on_exhausted")
+POOL_UNSUPPORTED = ("hooks", "affinity", "upstream_credentials")
+MEMBER_KEYS = ("model", "weight", "reasoning", "context_max", "attempt_timeout_ms")
+MEMBER_UNSUPPORTED = ("tier", "tags")
 MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
 LIMITS_UNSUPPORTED = (
-    "hard_down_cooldown_secs", "max_auto_provisioned_groups", "max_honored_retry_after_secs",
+    "max_auto_provisioned_groups",
     "max_keys_per_principal", "reasoning_effort_budgets",
 )
 ADVANCED_KEYS = ("worker_threads", "response_headers")
@@ -381,6 +383,7 @@ def _build_config(
         if pool is not None:
             pools[name] = pool
 
+    reliability_config.check_fallbacks(pools, out)
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
     # observability: parsed by its own module (busbar/observability/settings.py).
@@ -726,6 +729,8 @@ def _provider(
         azure=azure is not None,
         azure_deployment=azure[0] if azure else None,
         azure_api_version=azure[1] if azure else None,
+        error_map=reliability_config.error_map(entry.get("error_map"), path, out),
+        upstream_credentials=reliability_config.credentials(entry, path, out),
     )
 
 
@@ -957,6 +962,7 @@ def _model(
     default_max_tokens = get_int(entry, "default_max_tokens", path, out, 1)
     reasoning = get_bool(entry, "reasoning", path, out, False)
     attempt_timeout_ms = get_int(entry, "attempt_timeout_ms", path, out, 1)
+    max_requests = get_int(entry, "max_requests", path, out, 1)
     operations = _operations(entry, path, upstream_model, out)
     if provider is None or len(out.errors) > errors_before:
         return None
@@ -969,6 +975,7 @@ def _model(
         reasoning=reasoning,
         attempt_timeout_ms=attempt_timeout_ms,
         operations=operations,
+        max_requests=max_requests,
     )
 
 
@@ -1033,6 +1040,8 @@ def _pool(
         model_name = get_str(raw, "model", where, out)
         weight = get_int(raw, "weight", where, out, 1, 1)
         reasoning = get_bool(raw, "reasoning", where, out, None)
+        context_max = get_int(raw, "context_max", where, out, 1)
+        member_ato = get_int(raw, "attempt_timeout_ms", where, out, 1)
         if model_name is None:
             if "model" not in raw and "target" not in raw:
                 out.error(where, "missing required key 'model'")
@@ -1045,7 +1054,7 @@ def _pool(
             continue
         seen.add(model_name)
         if model_name in models:
-            members.append(Member(models[model_name], weight, reasoning))
+            members.append(Member(models[model_name], weight, reasoning, context_max, member_ato))
         elif model_name not in models_doc:
             out.error(join(where, "model"), f"unknown model '{model_name}'{suggest(model_name, models_doc)}")
     if len(out.errors) > errors_before:
@@ -1057,7 +1066,13 @@ def _pool(
             f"members speak different protocols ({', '.join(protocols)}); "
             "requests are translated per lane",
         )
-    return Pool(name, tuple(members))
+    # reliability (SPEC §4.2, §4.3)
+    failover = reliability_config.failover(get_mapping(entry, "failover", path, out), path, sorted(seen), out)
+    return Pool(name, tuple(members),
+                breaker=reliability_config.breaker(get_mapping(entry, "breaker", path, out), path, out),
+                failover=failover,
+                on_exhausted=reliability_config.on_exhausted(entry.get("on_exhausted"), path,
+                                                             failover.timeout_secs, out))
 
 
 def _limits(section: dict | None, out: Problems) -> Limits:

@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# reliability: pool/provider settings of SPEC §4 (busbar/reliability/policy.py)
+from busbar.reliability.policy import (DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED,
+                                       BreakerPolicy, FailoverPolicy, OnExhausted)
+
 # The wire protocols a lane can speak: the six of SPEC §1.2, and `bedrock-invoke` (Anthropic
 # Messages bodies through Bedrock InvokeModel, what anthropic.AnthropicBedrock speaks).
 PROTOCOLS: tuple[str, ...] = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock",
@@ -85,6 +89,12 @@ class Limits:
     # SIGTERM waits this long for in-flight requests; Kubernetes' default
     # terminationGracePeriodSeconds is 30 s, after which the pod is killed anyway.
     drain_timeout_secs: float = 30.0
+    # reliability: how long a lane whose configured key was refused (401/403, billing) stays
+    # benched (SPEC §4.1: 1800 s): a wrong key is fixed by a person, not by retrying sooner.
+    hard_down_cooldown_secs: float = 1800.0
+    # reliability: an upstream Retry-After is a cooldown floor up to this cap (SPEC §4.2: a day),
+    # so a provider sending an absurd value cannot bench a lane for weeks.
+    max_honored_retry_after_secs: float = 86400.0
 
 
 # limits keys whose value must be an integer >= their floor (0 allowed only where it means "off").
@@ -107,6 +117,8 @@ LIMIT_SECONDS: tuple[str, ...] = (
     "upstream_pool_idle_timeout_secs",
     "drain_timeout_secs",
     "tls_handshake_timeout_secs",
+    "hard_down_cooldown_secs",
+    "max_honored_retry_after_secs",
 )
 
 
@@ -142,6 +154,10 @@ class Provider:
     azure: bool = False
     azure_deployment: str | None = None
     azure_api_version: str | None = None
+    # reliability: provider error code -> error class (stage 1b of SPEC §4.1), and whose key goes
+    # upstream: `own` (busbar's) or `passthrough` (the caller's, whose 401/403 is the caller's).
+    error_map: tuple[tuple[str, str], ...] = ()
+    upstream_credentials: str = "own"
 
     def __repr__(self) -> str:
         # Never the key or header values: reprs end up in logs and tracebacks.
@@ -177,6 +193,8 @@ class Model:
     default_max_tokens: int | None = None
     reasoning: bool = False
     attempt_timeout_ms: int | None = None
+    # reliability: lifetime request budget of the lane (SPEC §3); None = unlimited.
+    max_requests: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,12 +204,20 @@ class Member:
     model: Model
     weight: int
     reasoning: bool | None = None
+    # reliability: the member's context window (tokens), for context-length failover, and its own
+    # attempt timeout (overrides the model's).
+    context_max: int | None = None
+    attempt_timeout_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Pool:
     name: str
     members: tuple[Member, ...]
+    # reliability (SPEC §4.2, §4.3)
+    breaker: BreakerPolicy = DEFAULT_BREAKER
+    failover: FailoverPolicy = DEFAULT_FAILOVER
+    on_exhausted: OnExhausted = DEFAULT_ON_EXHAUSTED
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from busbar.engine.records import (
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
+from busbar.reliability import classify as RC
 
 _perf_ns = time.perf_counter_ns
 _loads = orjson.loads
@@ -63,11 +64,13 @@ EXHAUSTED = {
     F_TRUNCATED: (502, "api_error", "The upstream provider's stream ended before it was complete."),
 }
 UNREADABLE = EXHAUSTED[F_MALFORMED]
+# Retry-After when nothing is cooling down: the reference's 2 s floor, never 1 (SPEC §4.3).
+RETRY_FLOOR_SECS = 2
 
 
-# Statuses worth another lane: rate limits, timeouts, overload and server errors (SPEC §4.1).
-def _transient(status: int) -> bool:
-    return status == 429 or status == 408 or status >= 500
+TIMED_OUT = "The request timed out. Please retry shortly."
+CREDENTIALS_REFUSED = ("The upstream provider refused busbar's credentials for every lane that "
+                       "could take this request; the lanes are benched. Please retry later.")
 
 
 def _req_id() -> str:
@@ -80,7 +83,7 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op")
+                 "client_status", "bytes_out", "t_end", "op", "fallbacks")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -120,6 +123,7 @@ class Exchange:
         self.last_model = None
         self.egress = None
         self.op = None          # an operations.Op for embeddings / token counting; None = chat
+        self.fallbacks = 0      # on_exhausted fallback_pool hops taken (a runtime loop guard)
 
     # ================================================================== entry
     def start(self):
@@ -135,9 +139,12 @@ class Exchange:
                 return
             self.chat()
         elif kind == R.HEALTH:
-            ok = bool(self.snap.router.lanes)
+            ok = bool(self.snap.router.lanes) and self.site.reliability.healthy()
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
                          b"ok" if ok else b"no usable lanes")
+        elif kind == R.STATS:
+            from busbar.reliability.stats import stats_snapshot
+            self.respond(200, b"application/json", _dumps(stats_snapshot(self.site)))
         elif kind == R.MODEL_GET:
             operations.model_get(self)
         elif kind == R.MODELS:
@@ -203,15 +210,25 @@ class Exchange:
         self.attempt()
 
     # ================================================================== attempts
-    def attempt(self):
+    def attempt(self, lane=None):
         snap = self.snap
-        if len(self.attempts) >= snap.max_attempts:
-            self.exhausted()
-            return
-        lane = self.target.pick(self.tried)
         if lane is None:
-            self.exhausted()
-            return
+            # reliability: the target's hop and time budgets (SPEC §4.3).
+            pol = self.target.policy
+            if pol is not None and self.attempts:
+                if len(self.attempts) >= pol.max_attempts:
+                    self.exhausted(hops_spent=True)
+                    return
+                if _perf_ns() - self.req.t0 >= pol.failover.timeout_secs * 1e9:
+                    self.error(503, "overloaded", TIMED_OUT, outcome=O_EXHAUSTED)
+                    return
+            elif len(self.attempts) >= snap.max_attempts:
+                self.exhausted()
+                return
+            lane = self.target.pick(self.tried)
+            if lane is None:
+                self.exhausted()
+                return
         self.lane = lane
         self.tried.add(lane)
         now = _perf_ns()
@@ -298,6 +315,15 @@ class Exchange:
         first byte (both before the client saw anything, so failover is still possible)."""
         t = self.snap.limits.upstream_request_timeout_secs
         ato = self.lane.model.attempt_timeout_ms
+        pol = self.target.policy
+        if pol is not None:
+            # reliability: a member's own attempt timeout, and what is left of the request's budget.
+            cell = pol.cell_of.get(self.lane)
+            if cell is not None and cell.attempt_timeout_ms is not None:
+                ato = cell.attempt_timeout_ms
+            left = pol.failover.timeout_secs - (_perf_ns() - self.req.t0) / 1e9
+            if left < t:
+                t = left if left > 0.001 else 0.001
         if ato is not None and ato / 1000.0 < t:
             t = ato / 1000.0
         return t
@@ -332,8 +358,7 @@ class Exchange:
             if self.mode == M_ERROR:
                 # An error body that stalls: the status alone decides.
                 body = b"".join(self.chunks) if self.chunks else b""
-                self.end_attempt(F_STATUS, "upstream status %d (body timed out)" % self.status)
-                self.after_status_error(body)
+                self.status_error(body, " (body timed out)")
                 return
             self.end_attempt(F_TIMEOUT, "upstream timeout")
             self.attempt()
@@ -373,14 +398,53 @@ class Exchange:
         if fault is not None and fault != F_CANCELLED and fault != F_REFUSED:
             self.site.log_debug("attempt on %s failed: %s (%s)", a.lane.name, fault, reason)
 
-    def exhausted(self):
+    def exhausted(self, hops_spent=False):
+        """No lane can take the request (or the hops ran out): the target's on_exhausted policy,
+        then the caller's answer (SPEC §4.3)."""
+        target = self.target
+        pol = target.policy
+        rel = self.site.reliability
+        if pol is not None and not hops_spent:
+            lane = rel.cooling_closed(target, self.tried)
+            if lane is not None:
+                self.attempt(lane)
+                return
+            oe = pol.on_exhausted
+            if oe.kind == "fallback_pool":
+                nxt = self.snap.router.resolve(oe.fallback_pool)
+                # Cycles are refused at boot; this guards a reload that made one anyway.
+                if nxt is not None and self.fallbacks < len(self.snap.config.pools):
+                    self.fallbacks += 1
+                    self.target = nxt
+                    self.tried.update(nxt.lacking(self.op.name if self.op is not None else "chat"))
+                    self.attempt()
+                    return
+            elif oe.kind == "least_bad":
+                lane = rel.least_bad(target, self.tried)
+                if lane is not None:
+                    self.site.log_debug("pool %s exhausted: degraded to %s", target.name, lane.name)
+                    self.attempt(lane)
+                    return
         atts = self.attempts
-        if not atts:
-            self.error(503, "overloaded", "No lane for '%s' can take the request right now: all "
-                       "are at capacity. Please retry shortly." % self.name, retry_after=2,
-                       outcome=O_EXHAUSTED)
+        last = atts[-1] if atts else None
+        if last is None or last.fault == F_CREDENTIALS or last.disposition == RC.D_HARD_DOWN:
+            if pol is None:
+                why = "all are at capacity"
+            else:
+                why = rel.why(target, self.tried)
+            wait = rel.soonest_cooldown(target) if pol is not None else None
+            ra = int(wait + 0.999) if wait else RETRY_FLOOR_SECS
+            if ra < RETRY_FLOOR_SECS:
+                ra = RETRY_FLOOR_SECS
+            if last is not None and last.disposition == RC.D_HARD_DOWN:
+                msg = CREDENTIALS_REFUSED
+            elif last is not None:
+                msg = EXHAUSTED[F_CREDENTIALS][2]
+            else:
+                msg = "No lane for '%s' can take the request right now: %s. Please retry " \
+                      "shortly." % (self.name, why)
+            self.error(503, "overloaded", msg, retry_after=ra, outcome=O_EXHAUSTED)
             return
-        last = atts[-1]
         le = self.last_error
         if last.fault == F_STATUS and le is not None:
             # Every lane failed and the last said why: the caller gets that upstream error in its
@@ -457,6 +521,11 @@ class Exchange:
                 try:
                     events = tap.feed(chunk)
                 except Exception:
+                    if not self.sent:
+                        # reliability: a malformed 2xx before the first byte is the lane's fault
+                        # and another lane can still answer (SPEC §4.1).
+                        self.fault(F_MALFORMED, "the upstream stream cannot be read")
+                        return
                     self.tap = None     # the tap never breaks a relay it cannot read
                     events = None
                 if events:
@@ -500,8 +569,7 @@ class Exchange:
         if mode == M_ERROR:
             status = self.status
             body = b"".join(self.chunks) if self.chunks is not None else b""
-            self.end_attempt(F_STATUS, "upstream status %d" % status)
-            self.after_status_error(body)
+            self.status_error(body)
         elif mode == M_RELAY_STREAM:
             tap = self.tap
             if tap is not None:
@@ -573,16 +641,37 @@ class Exchange:
             self.end_attempt(None)
             self.respond(200, b"application/json", out, ing.response_headers(None, self.rid()))
 
-    def after_status_error(self, body):
-        """A non-2xx upstream answer, its attempt ended: another lane for transient statuses, the
-        caller's answer for the rest."""
+    def status_error(self, body, note=""):
+        """A non-2xx upstream answer: classified (busbar/reliability/classify.py), its attempt
+        ended with the disposition, then another lane or the caller's answer."""
         status = self.status
+        f = RC.classify_status(self.codec, status, self.up_headers, body, self.egress.provider)
+        att = self.att
+        att.disposition = d = f.disposition
+        att.retry_after = f.retry_after
+        lane = self.lane
+        self.end_attempt(F_STATUS, "upstream status %d%s" % (status, note))
         le = (status, body, self.up_headers, self.codec, self.same)
-        if _transient(status):
+        if d in RC.FAIL_OVER:
             self.last_error = le
+            if d == RC.D_CONTEXT:
+                self._exclude_smaller(lane)
             self.attempt()
             return
         self.final_error(*le, outcome=O_UPSTREAM_ERROR)
+
+    def _exclude_smaller(self, failed):
+        """Context length: only members with a larger known context stay candidates (unknown
+        ones stay too)."""
+        pol = self.target.policy
+        if pol is None:
+            return
+        cm = pol.cell_of[failed].context_max
+        if cm is None:
+            return
+        for lane, cell in pol.cell_of.items():
+            if cell.context_max is not None and cell.context_max <= cm:
+                self.tried.add(lane)
 
     def truncated(self):
         """A 2xx stream that ended without its final event."""

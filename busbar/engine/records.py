@@ -35,7 +35,7 @@ class Attempt:
     """One try of one lane. Times are perf_counter_ns; 0 = never reached."""
 
     __slots__ = ("lane", "t_start", "t_connected", "t_headers", "t_end", "status", "fault",
-                 "reason", "bytes_in", "retry_after")
+                 "reason", "bytes_in", "retry_after", "disposition")
 
     def __init__(self, lane, t_start):
         self.lane = lane
@@ -48,6 +48,9 @@ class Attempt:
         self.reason = None
         self.bytes_in = 0
         self.retry_after = None
+        # reliability: what the fault means (busbar/reliability/classify.py D_*); None on success
+        # and for faults that are not the lane's (cancelled, refused, credentials pending).
+        self.disposition = None
 
     @property
     def ok(self) -> bool:

@@ -13,6 +13,7 @@ UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (mo
 EMBED = 7           # POST /v1/embeddings, /v2/embed, Gemini :embedContent / :batchEmbedContents
 COUNT_TOKENS = 8    # POST /v1/messages/count_tokens, Gemini :countTokens (same-protocol lanes)
 MODEL_GET = 9       # GET /v1/models/{id} (OpenAI, Anthropic), GET /v1beta/models/{name} (Gemini)
+STATS = 10          # GET /stats: lanes and breaker cells (busbar/reliability/stats.py)
 
 
 class Route:

@@ -73,7 +73,8 @@ class Target:
     current weight untouched, exactly as nginx treats a peer that is down or at max_conns.
     """
 
-    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning", "_lacking")
+    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning", "_lacking",
+                 "cells", "policy", "excluded")
 
     def __init__(
         self, name: str, is_pool: bool, members: list[tuple[Lane, int, bool | None]]
@@ -83,6 +84,11 @@ class Target:
         self.lanes: tuple[Lane, ...] = tuple(lane for lane, _, _ in members)
         self.weights: tuple[int, ...] = tuple(weight for _, weight, _ in members)
         self.current: list[int] = [0] * len(members)
+        # reliability (busbar/reliability/state.py attaches them): the breaker cell of each member,
+        # parallel to `lanes`; the target's failover policy; members never selected through it.
+        self.cells = None
+        self.policy = None
+        self.excluded: frozenset = _NO_LANES
         # Member-level reasoning overrides the model's own setting for requests through this pool.
         self._reasoning: dict[Lane, bool] = {
             lane: (lane.model.reasoning if override is None else override)
@@ -115,11 +121,18 @@ class Target:
         """The next lane by SWRR among eligible lanes not in `exclude`, with its permit already
         acquired (the caller must `release()` it). None when no lane is eligible."""
         lanes = self.lanes
+        cells = self.cells
         if len(lanes) == 1:
             lane = lanes[0]
-            if lane in exclude or not self.eligible(lane) or not lane.try_acquire():
+            if lane in exclude or not self.eligible(lane) or (
+                    cells is not None and not cells[0].usable()) or not lane.try_acquire():
+                return None
+            if cells is not None and not cells[0].claim():
+                lane.release()
                 return None
             return lane
+        if self.excluded:
+            exclude = self.excluded | exclude
         current = self.current
         weights = self.weights
         eligible = self.eligible
@@ -128,7 +141,8 @@ class Target:
         total = 0
         for i in range(len(lanes)):
             lane = lanes[i]
-            if lane in exclude or not eligible(lane):
+            if lane in exclude or not eligible(lane) or (
+                    cells is not None and not cells[i].usable()):
                 continue
             weight = weights[i]
             cw = current[i] + weight
@@ -144,6 +158,11 @@ class Target:
         # eligible() just saw a free permit; only another worker process can take it in between
         # (shared permits), in which case the next-best lane is tried.
         if not lane.try_acquire():
+            return self.pick(frozenset(exclude) | {lane})
+        # The breaker cell's claim: a half-open cell's one probe may have gone to another request
+        # (or worker) since usable() read it; the next-best lane is tried then.
+        if cells is not None and not cells[best].claim():
+            lane.release()
             return self.pick(frozenset(exclude) | {lane})
         return lane
 

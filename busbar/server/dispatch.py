@@ -9,7 +9,7 @@ from __future__ import annotations
 from urllib.parse import unquote
 
 from busbar.engine.route import (  # noqa: F401 (the kinds are part of this module's answer)
-    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, NOT_FOUND, UNSUPPORTED, Route)
+    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, NOT_FOUND, STATS, UNSUPPORTED, Route)
 
 
 def header_protocol(headers: dict) -> str | None:
@@ -92,6 +92,8 @@ def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
             return r
     if path == "/healthz":
         return Route(HEALTH, None)
+    if path == "/stats" and method == b"GET":
+        return Route(STATS, None)
     if path in ("/v1/models", "/v1beta/models"):
         if method != b"GET":
             return Route(METHOD, "openai")

@@ -133,6 +133,12 @@ class Gateway:
         # observe: exchange -> header bytes added to every upstream request (W3C traceparent), or
         # None (OTLP off: nothing is called).
         self.trace_header = None
+        # reliability: breaker cells and lane budgets, fed by every attempt's end
+        # (busbar/reliability/state.py); a reloaded snapshot is attached again.
+        from busbar.reliability.state import Reliability
+        self.reliability = Reliability(config, shared)
+        self.reliability.attach(self.snapshot)
+        self.attempt_hooks.append(self.reliability.on_attempt)
         self._debug = log.isEnabledFor(logging.DEBUG)
 
     @property
@@ -302,7 +308,11 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     port = first.getsockname()[1]
     # Lane permits shared by all workers, so max_concurrent is one limit for the whole gateway.
     from cbusbar.shared import SharedCounters
-    shared = SharedCounters(control.slot_capacity(config))
+    # reliability: breaker cells and lane budgets in the same mapping, after the permits (the
+    # control plane's table, with room for models added by reloads), so a lane one worker found
+    # dead is open for every worker (busbar/reliability/breaker.py).
+    from busbar.reliability.state import slots_needed
+    shared = SharedCounters(control.slot_capacity(config) + slots_needed(config))
     children = []
     for i in range(n - 1):
         channel = control.channel()

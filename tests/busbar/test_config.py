@@ -341,16 +341,16 @@ metrics: {}
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs
     errs = problems("""
         providers:
-          anthropic: {api_key: {env: ANTHROPIC_KEY}, error_map: {}}
+          anthropic: {api_key: {env: ANTHROPIC_KEY}, path: /x}
         models:
-          c: {provider: anthropic, max_requests: 10}
+          c: {provider: anthropic, prompt_caching: true}
         pools:
-          p: {members: [{target: c}, {model: c, tags: [x]}], failover: {max_hops: 2}}
+          p: {members: [{target: c}, {model: c, tags: [x]}], affinity: {mode: session}}
     """)
     assert errs == [
-        "providers.anthropic.error_map: not supported by this busbar version",
-        "models.c.max_requests: not supported by this busbar version",
-        "pools.p.failover: not supported by this busbar version",
+        "providers.anthropic.path: not supported by this busbar version",
+        "models.c.prompt_caching: not supported by this busbar version",
+        "pools.p.affinity: not supported by this busbar version",
         "pools.p.members[0].target: 'target' is a 1.4 key; use 'model'",
         "pools.p.members[1].tags: not supported by this busbar version",
     ]

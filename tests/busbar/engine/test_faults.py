@@ -22,8 +22,11 @@ BEHAVIOURS = ("interim", "continue100", "switch101", "bigevent", "hang", "r200",
 
 
 def config(hostile_port, mock_port, extra_models=""):
+    # echo401 is a caller's key failing (passthrough): relayed, masked. With busbar's own key a 401
+    # benches the lane instead (tests/busbar/reliability/test_fault_suite.py).
     models = "\n".join(
-        "  h-%s: {provider: bad, upstream_model: %s, attempt_timeout_ms: 1000}" % (b, b)
+        "  h-%s: {provider: %s, upstream_model: %s, attempt_timeout_ms: 1000}" % (
+            b, "byok" if b == "echo401" else "bad", b)
         for b in BEHAVIOURS)
     pools = "\n".join(
         "  p-%s:\n    members:\n      - {model: h-%s, weight: 100}\n      - {model: ok, weight: 1}"
@@ -32,6 +35,8 @@ def config(hostile_port, mock_port, extra_models=""):
 listen: "127.0.0.1:{port}"
 providers:
   bad:  {protocol: openai, base_url: "http://127.0.0.1:%(h)d", api_key: {env: HOSTILE_KEY}}
+  byok: {protocol: openai, base_url: "http://127.0.0.1:%(h)d", api_key: {env: HOSTILE_KEY},
+         upstream_credentials: passthrough}
   good: {protocol: openai, base_url: "http://127.0.0.1:%(m)d", api_key: {env: MOCK_KEY}}
 models:
   ok: {provider: good, upstream_model: gpt-4o-mini}

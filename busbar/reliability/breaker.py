@@ -1,0 +1,355 @@
+"""The circuit breaker: one `Cell` per (pool, lane); Closed → Open → HalfOpen → Closed (SPEC §4.2).
+
+A cell's state lives in slots of a counter array: `LocalSlots` in a single process, or the gateway's
+`cbusbar.shared.SharedCounters` (a MAP_SHARED mapping made before the workers fork) with several
+workers. So what one worker learns is every worker's state: a lane it tripped is open for all, its
+cooldown is one cooldown, and the half-open probe is one probe for the whole gateway, taken by a
+compare-and-swap on the cooldown slot. The ok/err/client_fault counters are gateway-wide sums.
+Only the error-rate window is per process (a worker trips a lane from the outcomes it saw itself,
+then the trip is shared): keeping 1024 timestamps per cell in shared memory would cost a lock.
+
+Times are CLOCK_MONOTONIC milliseconds (`time.monotonic`, one clock for every process on the host);
+the clock is injectable for tests, as is the jitter's random source.
+
+Happy-path cost: `usable()` and `claim()` read one slot each; `record_ok()` adds to one counter and
+one window bucket, and reads two slots to see there is nothing to reset.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+
+from busbar.reliability.classify import D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN
+
+log = logging.getLogger("busbar")
+
+CLOSED = 0
+OPEN = 1
+HALF_OPEN = 2
+STATE_NAMES = ("closed", "open", "half_open")
+
+# Slot layout of one cell.
+S_STATE = 0
+S_UNTIL = 1         # monotonic ms when the cooldown (or the probe's lease) ends; 0 = none
+S_STREAK = 2        # failures in a row
+S_OK = 3
+S_ERR = 4
+S_CLIENT_FAULT = 5
+S_HARD = 6          # 1 while benched as hard_down (sticky cooldown)
+S_TRIPS = 7
+CELL_SLOTS = 8
+
+
+class LocalSlots:
+    """The SharedCounters interface over a list: one process's cells."""
+
+    __slots__ = ("v",)
+
+    def __init__(self, size: int):
+        self.v = [0] * max(1, size)
+
+    def value(self, i):
+        return self.v[i]
+
+    def store(self, i, x):
+        self.v[i] = x
+
+    def add(self, i, d):
+        x = self.v[i] + d
+        self.v[i] = x
+        return x
+
+    def cas(self, i, expected, x):
+        if self.v[i] != expected:
+            return False
+        self.v[i] = x
+        return True
+
+
+class Window:
+    """Outcomes of the last `secs` seconds in one-second buckets (ok, err): constant work per
+    outcome, constant memory per cell."""
+
+    __slots__ = ("n", "sec", "ok", "err")
+
+    def __init__(self, secs: float):
+        n = self.n = max(1, int(math.ceil(secs)))
+        self.sec = [-1] * n
+        self.ok = [0] * n
+        self.err = [0] * n
+
+    def add(self, now: float, failed: bool):
+        s = int(now)
+        i = s % self.n
+        if self.sec[i] != s:
+            self.sec[i] = s
+            self.ok[i] = 0
+            self.err[i] = 0
+        if failed:
+            self.err[i] += 1
+        else:
+            self.ok[i] += 1
+
+    def counts(self, now: float):
+        s = int(now)
+        lo = s - self.n
+        ok = err = 0
+        for i in range(self.n):
+            if self.sec[i] > lo:
+                ok += self.ok[i]
+                err += self.err[i]
+        return ok, err
+
+    def clear(self):
+        for i in range(self.n):
+            self.sec[i] = -1
+
+
+class Cell:
+    """One (pool, lane) breaker cell. `pool` is "" for the lane-default cell of direct routes."""
+
+    __slots__ = ("pool", "lane", "policy", "slots", "base", "window", "clock", "rand", "budget",
+                 "context_max", "attempt_timeout_ms", "limits", "on_change")
+
+    def __init__(self, pool, lane, policy, slots, base, limits, clock=time.monotonic, rand=None,
+                 budget=None, context_max=None, attempt_timeout_ms=None):
+        self.pool = pool
+        self.lane = lane
+        self.policy = policy
+        self.slots = slots
+        self.base = base
+        self.limits = limits
+        self.window = Window(policy.window_secs)
+        self.clock = clock
+        self.rand = rand or random.Random()
+        self.budget = budget            # the lane's LaneState (budget, inflight)
+        self.context_max = context_max
+        self.attempt_timeout_ms = attempt_timeout_ms
+        self.on_change = None           # called with (cell, event) on trip / recover / bench
+
+    # ------------------------------------------------------------------ reading (side-effect free)
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    def usable(self) -> bool:
+        """Whether a selection may take this cell now: closed and not cooling down, or due for its
+        half-open probe. Reads; never takes the probe slot (so /healthz and /stats may call it)."""
+        b = self.budget
+        if b.limit is not None and not b.left():
+            return False
+        until = self.slots.value(self.base + S_UNTIL)
+        return until == 0 or until <= self.now_ms()
+
+    def state(self) -> int:
+        return self.slots.value(self.base + S_STATE)
+
+    def cooldown_remaining(self) -> float:
+        until = self.slots.value(self.base + S_UNTIL)
+        if until == 0:
+            return 0.0
+        return max(0.0, (until - self.now_ms()) / 1000.0)
+
+    def until_ms(self) -> int:
+        return self.slots.value(self.base + S_UNTIL)
+
+    # ------------------------------------------------------------------ taking
+    def claim(self) -> bool:
+        """Called once for the lane a selection chose. A closed cell admits; an open one whose
+        cooldown passed admits exactly one probe, whichever worker wins the compare-and-swap.
+        False: someone else took the probe (or the cooldown is back): choose another lane."""
+        slots = self.slots
+        b = self.base
+        until = slots.value(b + S_UNTIL)
+        if until == 0:
+            return self._take_budget()
+        now = self.now_ms()
+        if until > now:
+            return False
+        if slots.value(b + S_STATE) == CLOSED:
+            # A closed cell's cooldown after a failure that did not trip: over, admit freely.
+            slots.cas(b + S_UNTIL, until, 0)
+            return self._take_budget()
+        # Open (or a half-open whose probe never reported: its lease ran out). The probe's lease
+        # is the longest a live attempt may take, so a probe in flight is never doubled.
+        lease = now + int(self.limits.upstream_request_timeout_secs * 1000) + 1
+        if not slots.cas(b + S_UNTIL, until, lease):
+            return False
+        slots.store(b + S_STATE, HALF_OPEN)
+        if not self._take_budget():
+            slots.store(b + S_STATE, OPEN)
+            slots.store(b + S_UNTIL, until)
+            return False
+        return True
+
+    def _take_budget(self) -> bool:
+        return self.budget.take()
+
+    # ------------------------------------------------------------------ outcomes
+    def record_ok(self):
+        slots = self.slots
+        b = self.base
+        slots.add(b + S_OK, 1)
+        if self.policy.mode == "error_rate":
+            self.window.add(self.clock(), False)
+        if slots.value(b + S_STREAK) or slots.value(b + S_UNTIL):
+            was = slots.value(b + S_STATE)
+            slots.store(b + S_STATE, CLOSED)
+            slots.store(b + S_UNTIL, 0)
+            slots.store(b + S_STREAK, 0)
+            slots.store(b + S_HARD, 0)
+            if was != CLOSED:
+                self.window.clear()
+                self._event("recovered", 0.0, None)
+
+    def record_client_fault(self):
+        self.slots.add(self.base + S_CLIENT_FAULT, 1)
+
+    def record_failure(self, disposition, retry_after=None, reason=None):
+        """A penalised outcome (transient, attempt timeout, hard down)."""
+        slots = self.slots
+        b = self.base
+        pol = self.policy
+        lim = self.limits
+        now_s = self.clock()
+        now = int(now_s * 1000)
+        slots.add(b + S_ERR, 1)
+        streak = slots.add(b + S_STREAK, 1)
+        state = slots.value(b + S_STATE)
+        if disposition == D_HARD_DOWN:
+            secs = lim.hard_down_cooldown_secs
+            slots.store(b + S_HARD, 1)
+            self._open(now, secs, state)
+            self._event("benched (hard_down)", secs, reason)
+            return
+        secs = self.cooldown(streak)
+        if retry_after is not None:
+            # Retry-After is a floor, capped (SPEC §4.2).
+            secs = max(secs, min(retry_after, lim.max_honored_retry_after_secs))
+        if state == HALF_OPEN:
+            self._open(now, secs, state)        # the probe failed: open again, longer
+            self._event("probe failed", secs, reason)
+            return
+        if state == OPEN:
+            # A late failure of an attempt admitted before the trip: extends, never shortens.
+            self._extend(now + int(secs * 1000))
+            return
+        trip = False
+        if pol.mode == "consecutive":
+            trip = streak >= pol.consecutive_n
+        else:
+            self.window.add(now_s, True)
+            ok, err = self.window.counts(now_s)
+            total = ok + err
+            trip = total >= pol.min_requests and err >= pol.threshold * total
+        if trip:
+            self._open(now, secs, state)
+            slots.add(b + S_TRIPS, 1)
+            self._event("tripped", secs, reason)
+        else:
+            # A failure that does not trip still cools this cell down (SPEC §4.2).
+            self._extend(now + int(secs * 1000))
+
+    def cooldown(self, streak: int) -> float:
+        """min(base * 2^streak, max), +-10 % jitter, clamped to [target/2, max]."""
+        pol = self.policy
+        target = min(pol.base_cooldown_secs * (2.0 ** min(streak, 32)), pol.max_cooldown_secs)
+        x = target * self.rand.uniform(0.9, 1.1)
+        return min(max(x, target / 2.0), pol.max_cooldown_secs)
+
+    def _open(self, now, secs, state):
+        slots = self.slots
+        b = self.base
+        slots.store(b + S_UNTIL, now + max(1, int(secs * 1000)))
+        slots.store(b + S_STATE, OPEN)
+
+    def _extend(self, until):
+        slots = self.slots
+        i = self.base + S_UNTIL
+        while True:
+            cur = slots.value(i)
+            if cur >= until or slots.cas(i, cur, until):
+                return
+
+    def _event(self, what, secs, reason):
+        log.warning("lane %s in pool %s %s%s%s", self.lane.name, self.pool or "(direct)", what,
+                    "; cooldown %.1f s" % secs if secs else "",
+                    "; reason: %s" % reason if reason else "")
+        if self.on_change is not None:
+            self.on_change(self, what)
+
+    def reset(self):
+        """Closed, no cooldown, no streak (a successful active probe)."""
+        slots = self.slots
+        b = self.base
+        for k in (S_STATE, S_UNTIL, S_STREAK, S_HARD):
+            slots.store(b + k, CLOSED if k == S_STATE else 0)
+        self.window.clear()
+
+    def record(self, disposition, retry_after=None, reason=None):
+        """The outcome of one attempt through this cell; None = ok."""
+        if disposition is None:
+            self.record_ok()
+        elif disposition == D_CLIENT_FAULT or disposition == D_CONTEXT:
+            self.record_client_fault()
+            if self.state() == HALF_OPEN:
+                # The probe reached a lane that answered for itself: it is up, whatever the
+                # caller's request was; without this the cell would wait out the probe's lease.
+                self.reset()
+                self._event("recovered", 0.0, None)
+        else:
+            self.record_failure(disposition, retry_after, reason)
+
+    def snapshot(self) -> dict:
+        s = self.slots
+        b = self.base
+        return {"state": STATE_NAMES[s.value(b + S_STATE)], "streak": s.value(b + S_STREAK),
+                "ok": s.value(b + S_OK), "err": s.value(b + S_ERR),
+                "client_fault": s.value(b + S_CLIENT_FAULT), "hard_down": bool(s.value(b + S_HARD)),
+                "trips": s.value(b + S_TRIPS), "cooldown_remaining_s": round(self.cooldown_remaining(), 3)}
+
+
+class LaneState:
+    """What is lane-global across pools and workers (SPEC §3): the lifetime budget used
+    (`max_requests`) and the attempts in flight, two slots. The budget is taken when a selection
+    claims the lane and given back when the attempt does not end in a whole answer, so a body that
+    fails is refunded and concurrent requests never overshoot. Slots start at zero in a fresh
+    mapping, so no worker has to initialise them."""
+
+    __slots__ = ("slots", "i", "limit")
+
+    def __init__(self, slots, i, limit):
+        self.slots = slots
+        self.i = i
+        self.limit = limit      # None = unlimited
+
+    def left(self):
+        """Requests left in the budget; True when unlimited."""
+        if self.limit is None:
+            return True
+        return max(0, self.limit - self.slots.value(self.i))
+
+    def take(self) -> bool:
+        slots = self.slots
+        i = self.i
+        slots.add(i + 1, 1)
+        if self.limit is None:
+            return True
+        if slots.add(i, 1) <= self.limit:
+            return True
+        slots.add(i, -1)
+        slots.add(i + 1, -1)
+        return False
+
+    def done(self, refund: bool):
+        slots = self.slots
+        slots.add(self.i + 1, -1)
+        if refund and self.limit is not None:
+            slots.add(self.i, -1)
+
+    def inflight(self) -> int:
+        return self.slots.value(self.i + 1)
+
+
+LANE_SLOTS = 2

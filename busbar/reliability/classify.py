@@ -1,0 +1,170 @@
+"""Fault classification (SPEC §4.1): what an attempt's ending means for the lane and the request.
+
+Stage 1 reads the upstream's answer with the lane protocol's own error reader (`codec.
+read_error_detail(body) -> (message, code)`: OpenAI `error.code`, Anthropic `error.type`, Gemini
+`error.status`, Cohere a code if any, Bedrock `__type`) and the Retry-After headers. Stage 1b names
+the error class: the provider's `error_map` for the code, then the built-in context-length and
+billing signatures, then the status. Stage 2 maps the class to a disposition:
+
+  transient_upstream  rate limits, overload, 5xx, network faults: penalise, cool down, fail over
+  attempt_timeout     the attempt's own deadline passed: the same, under its own name (metrics)
+  hard_down           busbar's configured key refused (auth, billing): bench the lane, fail over
+  client_fault        the caller's request is wrong: relay, no penalty
+  context_length      the prompt is too long for this lane: no penalty, try a larger lane
+
+Nothing here runs on a 2xx: the happy path never classifies.
+"""
+from __future__ import annotations
+
+import re
+import time
+from email.utils import parsedate_to_datetime
+
+from busbar.engine.records import (F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED,
+                                   F_PROTOCOL, F_REFUSED, F_RESET, F_STATUS, F_TIMEOUT, F_TRUNCATED)
+
+D_TRANSIENT = "transient_upstream"
+D_ATTEMPT_TIMEOUT = "attempt_timeout"
+D_HARD_DOWN = "hard_down"
+D_CLIENT_FAULT = "client_fault"
+D_CONTEXT = "context_length"
+
+# Dispositions that count against the lane and are worth another lane.
+PENALISED = frozenset((D_TRANSIENT, D_ATTEMPT_TIMEOUT, D_HARD_DOWN))
+FAIL_OVER = frozenset((D_TRANSIENT, D_ATTEMPT_TIMEOUT, D_HARD_DOWN, D_CONTEXT))
+
+# Faults that are not an HTTP status: every one before a usable answer is the lane's (a malformed
+# or truncated 2xx included); cancelled, refused, missing credentials and busbar's own bugs are not.
+FAULT_DISPOSITION = {
+    F_CONNECT: D_TRANSIENT,
+    F_RESET: D_TRANSIENT,
+    F_PROTOCOL: D_TRANSIENT,
+    F_MALFORMED: D_TRANSIENT,
+    F_TRUNCATED: D_TRANSIENT,
+    F_TIMEOUT: D_ATTEMPT_TIMEOUT,
+    F_CANCELLED: None,
+    F_REFUSED: None,
+    F_CREDENTIALS: None,
+    F_INTERNAL: None,
+    F_STATUS: None,         # classified from the answer (classify_status)
+}
+
+CLASS_DISPOSITION = {
+    "rate_limit": D_TRANSIENT,
+    "overloaded": D_TRANSIENT,
+    "server_error": D_TRANSIENT,
+    "timeout": D_TRANSIENT,
+    "auth": D_HARD_DOWN,
+    "billing": D_HARD_DOWN,
+    "client_error": D_CLIENT_FAULT,
+    "context_length": D_CONTEXT,
+}
+
+# Built-in signatures, each from the vendor's documented or observed error body:
+# OpenAI/Responses/Azure `code: context_length_exceeded` ("This model's maximum context length is
+# 8192 tokens..."); Anthropic 400 invalid_request_error "prompt is too long: 208310 tokens > 200000
+# maximum"; Gemini 400 INVALID_ARGUMENT "The input token count (1200000) exceeds the maximum number
+# of tokens allowed (1048576)."; Cohere 400 "too many tokens: ..."; Bedrock ValidationException
+# "Input is too long for requested model." Honoured only on 400/413 (SPEC §4.1).
+CONTEXT_CODES = frozenset(("context_length_exceeded", "string_above_max_length"))
+CONTEXT_TEXT = re.compile(
+    r"maximum context length|context window|prompt is too long|input is too long|too many tokens"
+    r"|input token count .*exceeds|too many input tokens", re.IGNORECASE)
+# Billing: OpenAI 429 `insufficient_quota`; Anthropic 400 "Your credit balance is too low";
+# HTTP 402 wherever it is used. A 429 that is billing must not be retried in 30 s: it is benched.
+BILLING_CODES = frozenset(("insufficient_quota", "billing_hard_limit_reached", "billing_not_active"))
+BILLING_TEXT = re.compile(r"credit balance is too low", re.IGNORECASE)
+# Gemini answers a wrong API key with 400 INVALID_ARGUMENT "API key not valid" (not 401): without
+# this a lane with a bad key would look like the caller's mistake.
+AUTH_TEXT = re.compile(r"API key not valid|API_KEY_INVALID")
+
+
+class Fault:
+    """A classified upstream answer: disposition, error class, provider code, Retry-After (s)."""
+
+    __slots__ = ("disposition", "cls", "code", "retry_after", "message")
+
+    def __init__(self, disposition, cls, code=None, retry_after=None, message=None):
+        self.disposition = disposition
+        self.cls = cls
+        self.code = code
+        self.retry_after = retry_after
+        self.message = message
+
+    def __repr__(self):
+        return "<Fault %s %s code=%r retry_after=%r>" % (self.disposition, self.cls, self.code,
+                                                         self.retry_after)
+
+
+def retry_after(headers, now: float | None = None) -> float | None:
+    """Seconds from `Retry-After` (delta-seconds or an HTTP-date, RFC 9110 §10.2.3) or OpenAI's
+    `retry-after-ms`; None when absent or unreadable."""
+    ms = None
+    ra = None
+    for k, v in headers:
+        if k == b"retry-after":
+            ra = v
+        elif k == b"retry-after-ms":
+            ms = v
+    if ms is not None:
+        try:
+            x = float(ms) / 1000.0
+            if x >= 0:
+                return x
+        except ValueError:
+            pass
+    if ra is None:
+        return None
+    try:
+        x = float(ra)
+        return x if x >= 0 and x == x else None
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(ra.decode("latin-1")).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def error_class(status: int, code, message, error_map=()) -> str:
+    """Stage 1b: the error class of a non-2xx answer."""
+    if code is not None:
+        for c, cls in error_map:
+            if c == code:
+                if cls == "context_length" and status >= 500:
+                    break   # never a context-length on a 5xx (SPEC §4.1)
+                return cls
+    if status == 400 or status == 413:
+        if code in CONTEXT_CODES or (message and CONTEXT_TEXT.search(message)):
+            return "context_length"
+    if code in BILLING_CODES or status == 402 or (
+            status < 500 and message and BILLING_TEXT.search(message)):
+        return "billing"
+    if status == 401 or status == 403:
+        return "auth"
+    if status == 400 and message and AUTH_TEXT.search(message):
+        return "auth"
+    if status == 429:
+        return "rate_limit"
+    if status == 408:
+        return "timeout"
+    if status == 529:
+        return "overloaded"
+    if status >= 500 or status < 400:
+        # A 3xx (busbar follows no redirects) is the lane misbehaving, as a 5xx is.
+        return "server_error"
+    return "client_error"
+
+
+def classify_status(codec, status: int, headers, body: bytes, provider) -> Fault:
+    """Stages 1 and 2 for a non-2xx answer of `provider` read with its protocol's `codec`."""
+    message, code = codec.read_error_detail(body) if body else (None, None)
+    if code is not None and not isinstance(code, str):
+        code = str(code)
+    cls = error_class(status, code, message, provider.error_map)
+    d = CLASS_DISPOSITION[cls]
+    if d == D_HARD_DOWN and provider.upstream_credentials == "passthrough":
+        # The caller's own key failed: theirs to fix, relayed, the lane untouched (SPEC §4.1).
+        d = D_CLIENT_FAULT
+    return Fault(d, cls, code, retry_after(headers), message)

@@ -1,0 +1,155 @@
+"""Reading the reliability keys of a config (SPEC §4): pool `breaker`, `failover`, `on_exhausted`;
+provider `error_map`, `upstream_credentials`, `health`. Called from busbar/config/loader.py; every
+problem is recorded with its key path, as the rest of the loader does."""
+from __future__ import annotations
+
+import math
+
+from busbar.config.checks import (Problems, check_keys, describe, get_int, get_mapping,
+                                  get_seconds, get_str, join)
+from busbar.reliability.policy import (
+    DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_HEALTH, DEFAULT_ON_EXHAUSTED, ERROR_CLASSES,
+    BreakerPolicy, FailoverPolicy, HealthPolicy, OnExhausted)
+
+BREAKER_KEYS = ("trip", "base_cooldown_secs", "max_cooldown_secs")
+TRIP_KEYS = ("mode", "threshold", "window_secs", "min_requests", "consecutive_n")
+# The reference's old spellings fail boot instead of being silently ignored (SPEC §4.2, §4.3).
+TRIP_RENAMED = {"window_s": "renamed to 'window_secs'", "n": "renamed to 'consecutive_n'"}
+FAILOVER_KEYS = ("timeout_secs", "max_hops", "exclusions")
+FAILOVER_RENAMED = {"deadline_secs": "renamed to 'timeout_secs'", "cap": "renamed to 'max_hops'"}
+HEALTH_KEYS = ("mode", "interval_secs", "timeout_secs")
+HEALTH_MODES = ("none", "dead", "active")
+CREDENTIAL_MODES = ("own", "passthrough")
+# failover.timeout_secs is capped at a day, as the reference caps it.
+MAX_TIMEOUT_SECS = 86400.0
+
+
+def breaker(section: dict | None, path: str, out: Problems) -> BreakerPolicy:
+    if section is None:
+        return DEFAULT_BREAKER
+    path = join(path, "breaker")
+    check_keys(section, path, BREAKER_KEYS, out)
+    d = DEFAULT_BREAKER
+    trip = get_mapping(section, "trip", path, out) or {}
+    tpath = join(path, "trip")
+    check_keys(trip, tpath, TRIP_KEYS, out, (), TRIP_RENAMED)
+    mode = get_str(trip, "mode", tpath, out, d.mode)
+    if mode not in ("error_rate", "consecutive"):
+        out.error(join(tpath, "mode"), "expected error_rate or consecutive")
+        mode = d.mode
+    threshold = trip.get("threshold", d.threshold)
+    if (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+            or not math.isfinite(threshold) or not 0 < threshold <= 1):
+        out.error(join(tpath, "threshold"), "expected a number in (0, 1]")
+        threshold = d.threshold
+    window = get_seconds(trip, "window_secs", tpath, out, d.window_secs)
+    min_requests = get_int(trip, "min_requests", tpath, out, 1, d.min_requests)
+    consecutive_n = get_int(trip, "consecutive_n", tpath, out, 1, d.consecutive_n)
+    base = get_seconds(section, "base_cooldown_secs", path, out, d.base_cooldown_secs)
+    top = get_seconds(section, "max_cooldown_secs", path, out, max(d.max_cooldown_secs, base))
+    if top < base:
+        out.error(join(path, "max_cooldown_secs"), "must be >= base_cooldown_secs")
+    return BreakerPolicy(mode, float(threshold), window, min_requests, consecutive_n, base, top)
+
+
+def failover(section: dict | None, path: str, members: list[str], out: Problems) -> FailoverPolicy:
+    if section is None:
+        return DEFAULT_FAILOVER
+    path = join(path, "failover")
+    check_keys(section, path, FAILOVER_KEYS, out, (), FAILOVER_RENAMED)
+    timeout = get_seconds(section, "timeout_secs", path, out, DEFAULT_FAILOVER.timeout_secs)
+    if timeout > MAX_TIMEOUT_SECS:
+        out.error(join(path, "timeout_secs"), "must be <= 86400")
+    hops = get_int(section, "max_hops", path, out, 0, DEFAULT_FAILOVER.max_hops)
+    raw = section.get("exclusions") or []
+    excl = []
+    if not isinstance(raw, list):
+        out.error(join(path, "exclusions"), f"expected a list of member models, got {describe(raw)}")
+        raw = []
+    for i, m in enumerate(raw):
+        if m not in members:
+            out.error(f"{join(path, 'exclusions')}[{i}]", "not a member of this pool")
+        else:
+            excl.append(m)
+    return FailoverPolicy(timeout, hops, tuple(excl))
+
+
+def on_exhausted(value: object, path: str, timeout_secs: float, out: Problems) -> OnExhausted:
+    path = join(path, "on_exhausted")
+    if value is None:
+        return DEFAULT_ON_EXHAUSTED
+    if value in ("reject", "least_bad"):
+        return OnExhausted(value)
+    if isinstance(value, dict) and len(value) == 1:
+        if "fallback_pool" in value:
+            name = get_str(value, "fallback_pool", path, out)
+            return OnExhausted("fallback_pool", fallback_pool=name) if name else DEFAULT_ON_EXHAUSTED
+        if "queue" in value:
+            # Waiting on lane permits is not built yet: refused by name rather than silently
+            # rejecting like `reject` (a silently ignored key is worse than a refusal).
+            out.error(join(path, "queue"), "not supported by this busbar version")
+            return DEFAULT_ON_EXHAUSTED
+    out.error(path, "expected reject, least_bad, {fallback_pool: <pool>} or {queue: {max_ms: N}}")
+    return DEFAULT_ON_EXHAUSTED
+
+
+def check_fallbacks(pools: dict, out: Problems) -> None:
+    """Every fallback_pool names a pool, and following them never comes back (SPEC §4.3)."""
+    for name, pool in pools.items():
+        seen = [name]
+        cur = pool
+        while cur.on_exhausted.kind == "fallback_pool":
+            nxt = cur.on_exhausted.fallback_pool
+            if nxt not in pools:
+                out.error(join(join("pools", cur.name), "on_exhausted.fallback_pool"),
+                          f"unknown pool '{nxt}'")
+                break
+            if nxt in seen:
+                if cur.name == name or nxt == name:
+                    out.error(join(join("pools", name), "on_exhausted.fallback_pool"),
+                              "fallback cycle: " + " -> ".join(seen + [nxt]))
+                break
+            seen.append(nxt)
+            cur = pools[nxt]
+
+
+def error_map(value: object, path: str, out: Problems) -> tuple[tuple[str, str], ...]:
+    """`error_map: {<provider error code>: <class>}`: stage 1b's first rule (SPEC §4.1)."""
+    if value is None:
+        return ()
+    path = join(path, "error_map")
+    if not isinstance(value, dict):
+        out.error(path, f"expected a mapping of provider error code to class, got {describe(value)}")
+        return ()
+    pairs = []
+    for code, cls in value.items():
+        if not isinstance(code, (str, int)) or isinstance(code, bool):
+            out.error(path, f"codes are strings, got {describe(code)}")
+        elif cls not in ERROR_CLASSES:
+            out.error(join(path, code), "expected one of " + ", ".join(ERROR_CLASSES))
+        else:
+            pairs.append((str(code), cls))
+    return tuple(pairs)
+
+
+def credentials(entry: dict, path: str, out: Problems) -> str:
+    mode = get_str(entry, "upstream_credentials", path, out, "own")
+    if mode not in CREDENTIAL_MODES:
+        out.error(join(path, "upstream_credentials"), "expected own or passthrough")
+        return "own"
+    return mode
+
+
+def health(section: dict | None, path: str, out: Problems) -> HealthPolicy:
+    if section is None:
+        return DEFAULT_HEALTH
+    path = join(path, "health")
+    check_keys(section, path, HEALTH_KEYS, out)
+    mode = get_str(section, "mode", path, out, "none")
+    if mode not in HEALTH_MODES:
+        out.error(join(path, "mode"), "expected none, dead or active")
+        mode = "none"
+    # Both floored at 1 s (SPEC §4.2): a probe storm is worse than a slow recovery.
+    interval = max(1.0, get_seconds(section, "interval_secs", path, out, DEFAULT_HEALTH.interval_secs))
+    timeout = max(1.0, get_seconds(section, "timeout_secs", path, out, DEFAULT_HEALTH.timeout_secs))
+    return HealthPolicy(mode, interval, timeout)

@@ -1,0 +1,70 @@
+"""`GET /stats` (SPEC §7): every breaker cell of the gateway with its lane's capacity and budget.
+
+`stats_snapshot(site) -> dict` is the one producer; the JSON route, the status page and metric
+scrapes all call it. It only reads (it never takes a half-open probe slot), and every number in it
+is gateway-wide: cells, budgets and in-flight counts live in the shared mapping every worker
+updates, so any worker answers for all of them.
+
+Shape:
+    {"pools": {<pool>: [<member model>, ...]},
+     "lanes": [{"pool": <pool or "" for the direct route>, "model", "provider",
+                "max_concurrent": n|null, "limit": n|"unbounded", "inflight", "free_slots": n|null,
+                "available": n|"unbounded", "at_capacity": bool,
+                "availability": available|breaker_open|at_capacity|budget_exhausted|probe_in_flight,
+                "recovery_hint_ms", "breaker_state": closed|half_open|open, "ok", "err",
+                "client_fault", "usable": bool, "dead": bool, "dead_reason": str|null,
+                "cooldown_remaining_s", "streak", "trips", "budget": n|"unbounded"}, ...]}
+"""
+from __future__ import annotations
+
+from busbar.reliability.breaker import HALF_OPEN, OPEN
+
+
+def lane_stats(pool: str, lane, cell) -> dict:
+    snap = cell.snapshot()
+    bud = cell.budget
+    limit = lane.limit
+    inflight = bud.inflight()
+    free = None if limit is None else max(0, limit - inflight)
+    at_capacity = limit is not None and not lane.has_permit()
+    left = bud.left()
+    cooling = snap["cooldown_remaining_s"]
+    state = cell.state()
+    if bud.limit is not None and not left:
+        availability = "budget_exhausted"
+    elif state == HALF_OPEN and cooling > 0:
+        availability = "probe_in_flight"
+    elif cooling > 0 or state == OPEN:
+        availability = "breaker_open" if cooling > 0 else "available"
+    elif at_capacity:
+        availability = "at_capacity"
+    else:
+        availability = "available"
+    return {
+        "pool": pool, "model": lane.name, "provider": lane.model.provider.name,
+        "max_concurrent": limit, "limit": "unbounded" if limit is None else limit,
+        "inflight": inflight, "free_slots": free,
+        "available": "unbounded" if limit is None else free, "at_capacity": at_capacity,
+        "availability": availability, "recovery_hint_ms": int(cooling * 1000),
+        "breaker_state": snap["state"], "ok": snap["ok"], "err": snap["err"],
+        "client_fault": snap["client_fault"], "usable": availability == "available",
+        "dead": snap["hard_down"] and cooling > 0,
+        "dead_reason": "hard_down: the provider refused busbar's credentials"
+        if snap["hard_down"] and cooling > 0 else None,
+        "cooldown_remaining_s": cooling, "streak": snap["streak"], "trips": snap["trips"],
+        "budget": "unbounded" if bud.limit is None else left,
+    }
+
+
+def stats_snapshot(site) -> dict:
+    rel = site.reliability
+    config = site.snapshot.config
+    router = site.snapshot.router
+    lanes = []
+    for (pool, name), cell in sorted(rel.cells.items()):
+        lane = router.lanes.get(name)
+        if lane is None or (pool and pool not in config.pools):
+            continue    # a cell a reload left behind
+        lanes.append(lane_stats(pool, lane, cell))
+    return {"pools": {name: [m.model.name for m in p.members] for name, p in config.pools.items()},
+            "lanes": lanes}
