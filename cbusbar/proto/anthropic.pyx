@@ -105,7 +105,7 @@ cdef AnthropicShape SHAPE = AnthropicShape()
 
 
 # ---------------------------------------------------------------------------------------------
-# small shared helpers
+# Helpers
 
 
 cdef str _random_b62(int n):
@@ -158,7 +158,7 @@ cdef list _citations(object cs):
 
 
 # ---------------------------------------------------------------------------------------------
-# read_request
+# Request: read_request
 
 
 cdef inline str _field_str(dict d, str key, str where, bint required):
@@ -468,7 +468,7 @@ cpdef ir.Request read_request(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# write_request
+# Request: write_request
 
 
 cdef str _tool_id(str s):
@@ -854,7 +854,7 @@ cpdef str upstream_path(str model, bint stream):
 
 
 # ---------------------------------------------------------------------------------------------
-# responses
+# Response and usage
 
 
 cdef ir.Usage _read_usage_obj(object u):
@@ -1000,7 +1000,7 @@ cpdef ir.Usage read_usage(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# errors and discovery
+# Errors and discovery
 
 
 cpdef bytes write_error(int status, str kind, str message, str request_id=None):
@@ -1083,7 +1083,7 @@ cpdef bytes write_model_list(list names):
 
 
 # ---------------------------------------------------------------------------------------------
-# streaming: upstream SSE -> IR events
+# Decoder: upstream SSE -> IR events
 
 
 cdef inline bytes _sse(str event, object payload):
@@ -1291,7 +1291,7 @@ cdef ir.Event _citation_event(int index, object citation):
 
 
 # ---------------------------------------------------------------------------------------------
-# streaming: IR events -> client SSE
+# Encoder: IR events -> client SSE
 
 # Wire block shapes the encoder tracks per index.
 cdef enum:

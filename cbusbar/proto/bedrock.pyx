@@ -172,7 +172,7 @@ cdef BedrockShape SHAPE = BedrockShape()
 
 
 # ---------------------------------------------------------------------------------------------
-# Small helpers
+# Helpers
 
 
 cdef Usage _unknown_usage():
@@ -265,7 +265,7 @@ cdef str _document_name(str name, int n):
 
 
 # ---------------------------------------------------------------------------------------------
-# Reading content blocks (requests, responses and tool results share the ContentBlock union)
+# Helpers: reading content blocks (requests, responses and tool results share the ContentBlock union)
 
 
 cdef Block _read_image(object v):
@@ -480,7 +480,7 @@ cdef list _read_content(object items):
 
 
 # ---------------------------------------------------------------------------------------------
-# Requests
+# Request
 
 
 cpdef Request read_request(bytes body):
@@ -855,7 +855,7 @@ cpdef str upstream_path(str model, bint stream):
 
 
 # ---------------------------------------------------------------------------------------------
-# Buffered responses
+# Response and usage (buffered)
 
 
 cdef int _stop_of(object v):
@@ -923,7 +923,7 @@ cpdef Usage read_usage(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors
+# Errors and discovery
 
 
 cpdef str error_type(str kind):
@@ -1028,7 +1028,7 @@ cdef str _kind_of_exception(object name):
 
 
 # ---------------------------------------------------------------------------------------------
-# Streams: upstream frames -> IR
+# Decoder: upstream frames -> IR
 
 
 cdef class StreamDecoder:
@@ -1196,7 +1196,7 @@ cdef class StreamDecoder:
 
 
 # ---------------------------------------------------------------------------------------------
-# Streams: IR -> client frames
+# Encoder: IR -> client frames
 
 
 cdef bytes _padded(dict payload):

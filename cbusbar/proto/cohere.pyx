@@ -101,7 +101,7 @@ _FINISH_OF_STOP = {
 
 
 # ---------------------------------------------------------------------------------------------
-# small readers
+# Helpers: small readers
 
 
 # Cohere words its shape errors as jsonget's base Shape does (`Invalid type for 'messages':
@@ -316,7 +316,7 @@ cdef list _read_tools(object tools):
 
 
 # ---------------------------------------------------------------------------------------------
-# requests
+# Request
 
 
 cpdef Request read_request(bytes body):
@@ -583,7 +583,7 @@ cpdef str upstream_path(str model, bint stream):
 
 
 # ---------------------------------------------------------------------------------------------
-# buffered responses
+# Response and usage (buffered)
 
 
 cdef long long _count(object v):
@@ -815,7 +815,7 @@ cpdef Usage read_usage(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# errors and ids
+# Errors and discovery: errors, ids
 
 
 cpdef bytes write_error(int status, str kind, str message, str request_id=None):
@@ -840,7 +840,7 @@ cpdef tuple read_error_detail(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# What the engine asks the codec instead of branching on its name
+# Discovery: what the engine asks the codec instead of branching on its name
 
 
 cpdef object forced_tool_name(Request req):
@@ -875,7 +875,7 @@ cpdef str mint_id():
 
 
 # ---------------------------------------------------------------------------------------------
-# streams
+# Decoder and encoder: streams
 
 
 cdef class StreamDecoder:

@@ -116,7 +116,7 @@ cdef frozenset _TOP_KNOWN = frozenset((
 
 
 # ---------------------------------------------------------------------------------------------
-# small helpers
+# Helpers
 
 
 cdef inline object _get(dict d, str camel, str snake):
@@ -264,7 +264,7 @@ cdef bint _is_google_ref(str uri):
 
 
 # ---------------------------------------------------------------------------------------------
-# schemas
+# Helpers: schemas
 
 
 cdef object _schema_to_json(object s, int depth):
@@ -306,7 +306,7 @@ cdef object _schema_to_json(object s, int depth):
 
 
 # ---------------------------------------------------------------------------------------------
-# usage and logprobs
+# Helpers: usage and logprobs
 
 
 cdef Usage _usage_from(dict um):
@@ -405,7 +405,7 @@ cdef str _finish_of(int stop):
 
 
 # ---------------------------------------------------------------------------------------------
-# request
+# Request
 
 
 cdef Block _media_block(str mime, int src_kind, str data):
@@ -925,7 +925,7 @@ cpdef str upstream_path(str model, bint stream):
 
 
 # ---------------------------------------------------------------------------------------------
-# buffered response
+# Response and usage (buffered)
 
 
 cdef list _response_parts(object cand):
@@ -1091,7 +1091,100 @@ cpdef Usage read_usage(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# stream decoder
+# Errors and discovery: errors, ids
+
+
+cdef str _rpc_status(int status):
+    cdef str name = _RPC_STATUS.get(status)
+    if name is not None:
+        return name
+    if 400 <= status < 500:
+        return "FAILED_PRECONDITION" if status == 412 else "INVALID_ARGUMENT"
+    return "INTERNAL"
+
+
+cpdef bytes write_error(int status, str kind, str message, str request_id=None):
+    cdef dict err = {"code": status, "message": message or "", "status": _rpc_status(status)}
+    if kind == "authentication":
+        err["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                           "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]
+    return orjson.dumps({"error": err})
+
+
+cpdef object read_error(bytes body):
+    return read_error_detail(body)[0]
+
+
+cpdef tuple read_error_detail(bytes body):
+    """(message, code) of an upstream error body; the code is Google's `error.status`
+    (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
+    cdef object data, err, msg = None, code = None
+    try:
+        data = orjson.loads(body)
+    except Exception:
+        return (None, None)
+    # a non-SSE streaming call reports its error inside the JSON array
+    if isinstance(data, list) and data:
+        data = data[0]
+    if not isinstance(data, dict):
+        return (None, None)
+    err = (<dict>data).get("error")
+    if isinstance(err, dict):
+        if isinstance(err.get("message"), str) and err["message"]:
+            msg = err["message"]
+        if isinstance(err.get("status"), str) and err["status"]:
+            code = err["status"]
+    return (msg, code)
+
+
+# ---------------------------------------------------------------------------------------------
+# Discovery: what the engine asks the codec instead of branching on its name
+
+
+cpdef object forced_tool_name(Request req):
+    """Gemini has responseSchema: structured output never becomes a forced tool."""
+    return None
+
+
+cpdef bint wants_stream_usage(Request req):
+    """Gemini's final chunk always carries usageMetadata: nothing for the client to ask."""
+    return False
+
+
+cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
+    """json_array: the client called streamGenerateContent without ?alt=sse."""
+    cdef StreamEncoder enc = StreamEncoder(id, model)
+    enc.json_array = json_array
+    return enc
+
+
+cpdef bytes response_headers(object upstream_headers, str request_id):
+    return b""
+
+
+cpdef bytes error_headers(str kind, str request_id):
+    return b""
+
+
+cpdef str not_found_message(str name, str api_version):
+    return ("models/%s is not found for API version %s, or is not supported for the task you are "
+            "trying to perform." % (name, api_version or "v1beta"))
+
+
+cpdef bytes write_model_list(list names):
+    return orjson.dumps({"models": [
+        {"name": "models/" + n, "displayName": n,
+         "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}
+        for n in names]})
+
+
+cpdef str mint_id():
+    """A responseId-like token: Gemini's are ~23 URL-safe base64 characters."""
+    return secrets.token_urlsafe(17)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoder
 
 
 cdef class StreamDecoder:
@@ -1249,7 +1342,7 @@ cdef class StreamDecoder:
 
 
 # ---------------------------------------------------------------------------------------------
-# stream encoder
+# Encoder
 
 
 cdef class StreamEncoder:
@@ -1356,96 +1449,3 @@ cdef class StreamEncoder:
         first = not self.wrote
         self.wrote = True
         return json_array_item(data, first) + b"]"
-
-
-# ---------------------------------------------------------------------------------------------
-# errors, discovery, ids
-
-
-cdef str _rpc_status(int status):
-    cdef str name = _RPC_STATUS.get(status)
-    if name is not None:
-        return name
-    if 400 <= status < 500:
-        return "FAILED_PRECONDITION" if status == 412 else "INVALID_ARGUMENT"
-    return "INTERNAL"
-
-
-cpdef bytes write_error(int status, str kind, str message, str request_id=None):
-    cdef dict err = {"code": status, "message": message or "", "status": _rpc_status(status)}
-    if kind == "authentication":
-        err["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                           "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]
-    return orjson.dumps({"error": err})
-
-
-cpdef object read_error(bytes body):
-    return read_error_detail(body)[0]
-
-
-cpdef tuple read_error_detail(bytes body):
-    """(message, code) of an upstream error body; the code is Google's `error.status`
-    (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
-    cdef object data, err, msg = None, code = None
-    try:
-        data = orjson.loads(body)
-    except Exception:
-        return (None, None)
-    # a non-SSE streaming call reports its error inside the JSON array
-    if isinstance(data, list) and data:
-        data = data[0]
-    if not isinstance(data, dict):
-        return (None, None)
-    err = (<dict>data).get("error")
-    if isinstance(err, dict):
-        if isinstance(err.get("message"), str) and err["message"]:
-            msg = err["message"]
-        if isinstance(err.get("status"), str) and err["status"]:
-            code = err["status"]
-    return (msg, code)
-
-
-# ---------------------------------------------------------------------------------------------
-# What the engine asks the codec instead of branching on its name
-
-
-cpdef object forced_tool_name(Request req):
-    """Gemini has responseSchema: structured output never becomes a forced tool."""
-    return None
-
-
-cpdef bint wants_stream_usage(Request req):
-    """Gemini's final chunk always carries usageMetadata: nothing for the client to ask."""
-    return False
-
-
-cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
-    """json_array: the client called streamGenerateContent without ?alt=sse."""
-    cdef StreamEncoder enc = StreamEncoder(id, model)
-    enc.json_array = json_array
-    return enc
-
-
-cpdef bytes response_headers(object upstream_headers, str request_id):
-    return b""
-
-
-cpdef bytes error_headers(str kind, str request_id):
-    return b""
-
-
-cpdef str not_found_message(str name, str api_version):
-    return ("models/%s is not found for API version %s, or is not supported for the task you are "
-            "trying to perform." % (name, api_version or "v1beta"))
-
-
-cpdef bytes write_model_list(list names):
-    return orjson.dumps({"models": [
-        {"name": "models/" + n, "displayName": n,
-         "supportedGenerationMethods": ["generateContent", "streamGenerateContent"]}
-        for n in names]})
-
-
-cpdef str mint_id():
-    """A responseId-like token: Gemini's are ~23 URL-safe base64 characters."""
-    return secrets.token_urlsafe(17)

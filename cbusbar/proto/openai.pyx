@@ -109,7 +109,7 @@ cdef str ID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 
 
 # ---------------------------------------------------------------------------------------------
-# Small helpers
+# Helpers
 
 
 cdef str _random_id(str prefix, int length):
@@ -184,7 +184,7 @@ cdef str _arguments_of(object value):
 
 
 # ---------------------------------------------------------------------------------------------
-# read_request
+# Request: read_request
 
 
 cdef Block _image(str url):
@@ -616,7 +616,7 @@ cpdef Request read_request(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# write_request
+# Request: write_request
 
 
 cdef str _data_uri(Block b):
@@ -831,7 +831,7 @@ cpdef bytes write_request(Request req):
 
 
 # ---------------------------------------------------------------------------------------------
-# Responses: read_response, write_response, read_usage
+# Response and usage: read_response, write_response, read_usage
 
 
 cdef Usage _usage_of(object u):
@@ -1072,7 +1072,7 @@ cpdef Usage read_usage(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors and model lists
+# Errors and discovery: errors, model lists
 
 
 cpdef bytes write_error(int status, str kind, str message, str request_id=None):
@@ -1146,7 +1146,7 @@ cpdef bytes write_model_list(list names):
 
 
 # ---------------------------------------------------------------------------------------------
-# What the engine asks the codec instead of branching on its name
+# Discovery: what the engine asks the codec instead of branching on its name
 
 
 cpdef object forced_tool_name(Request req):
@@ -1179,7 +1179,7 @@ cpdef str not_found_message(str name, str api_version):
 
 
 # ---------------------------------------------------------------------------------------------
-# Streaming
+# Decoder and encoder: streaming
 
 
 cdef class StreamDecoder:

@@ -54,7 +54,7 @@ cpdef str mint_id():
 
 
 # ---------------------------------------------------------------------------------------------
-# Shape checks: every bad shape in a client body becomes a caller-safe CodecError.
+# Helpers: shape checks (every bad shape in a client body becomes a caller-safe CodecError)
 
 
 # Responses is OpenAI's platform and words its shape errors as Chat Completions does.
@@ -77,7 +77,7 @@ cdef str _dumps(object v):
 
 
 # ---------------------------------------------------------------------------------------------
-# Content parts
+# Helpers: content parts
 
 
 cdef Block _media(int kind, str uri):
@@ -179,7 +179,7 @@ cdef str _text_of(list blocks, str sep):
 
 
 # ---------------------------------------------------------------------------------------------
-# read_request
+# Request: read_request
 
 
 cdef Message _turn(list messages, int role):
@@ -390,7 +390,7 @@ cpdef Request read_request(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# write_request
+# Request: write_request
 
 
 cdef dict _part_out(Block b):
@@ -617,7 +617,7 @@ cpdef bytes write_request(Request req):
 
 
 # ---------------------------------------------------------------------------------------------
-# Responses (buffered)
+# Response and usage (buffered)
 
 
 cdef long long _int_field(object d, str key):
@@ -923,7 +923,7 @@ cpdef bytes write_response(Response resp):
 
 
 # ---------------------------------------------------------------------------------------------
-# Errors
+# Errors and discovery
 
 
 # Canonical kind -> OpenAI error `type` (SPEC 1.7: the same envelope and names as OpenAI Chat;
@@ -1006,7 +1006,7 @@ cpdef tuple read_error_detail(bytes body):
 
 
 # ---------------------------------------------------------------------------------------------
-# What the engine asks the codec instead of branching on its name
+# Discovery: what the engine asks the codec instead of branching on its name
 
 
 cpdef object forced_tool_name(Request req):
@@ -1040,7 +1040,7 @@ cdef str _kind_of_code(object code):
 
 
 # ---------------------------------------------------------------------------------------------
-# StreamDecoder: upstream SSE -> IR events
+# Decoder: upstream SSE -> IR events
 
 
 # Stream event type -> handler number (a table, not a chain of string compares).
@@ -1353,7 +1353,7 @@ cdef void _emit_block(BlockSequencer seq, Block b, list out) except *:
 
 
 # ---------------------------------------------------------------------------------------------
-# StreamEncoder: IR events -> the client's `event: response.*` stream
+# Encoder: IR events -> the client's `event: response.*` stream
 
 
 cdef class _Item:
