@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import time
-from email.utils import parsedate_to_datetime
+from calendar import timegm
 
 from busbar.engine.records import (F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED,
                                    F_PROTOCOL, F_REFUSED, F_RESET, F_STATUS, F_TIMEOUT, F_TRUNCATED)
@@ -121,10 +121,31 @@ def retry_after(headers, now: float | None = None) -> float | None:
     except ValueError:
         pass
     try:
-        when = parsedate_to_datetime(ra.decode("latin-1")).timestamp()
+        when = _http_date(ra.decode("latin-1"))
     except (TypeError, ValueError, IndexError):
         return None
+    if when is None:
+        return None
     return max(0.0, when - (time.time() if now is None else now))
+
+
+_MONTHS = {m: i for i, m in enumerate(
+    ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"), 1)}
+# RFC 9110 §5.6.7 IMF-fixdate, the form senders must use: "Sun, 06 Nov 1994 08:49:37 GMT".
+# (email.utils would parse the obsolete forms too, but the single-file executable leaves `email`
+# out; a Retry-After in another form is ignored, i.e. no floor.)
+_IMF = re.compile(r"\s*[A-Za-z]{3}, (\d{2}) ([A-Za-z]{3}) (\d{4}) (\d{2}):(\d{2}):(\d{2}) GMT\s*\Z")
+
+
+def _http_date(text: str):
+    m = _IMF.match(text)
+    if m is None:
+        return None
+    month = _MONTHS.get(m.group(2).lower())
+    if month is None:
+        return None
+    return float(timegm((int(m.group(3)), month, int(m.group(1)), int(m.group(4)),
+                         int(m.group(5)), int(m.group(6)), 0, 0, 0)))
 
 
 def error_class(status: int, code, message, error_map=()) -> str:
