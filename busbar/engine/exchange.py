@@ -257,13 +257,8 @@ class Exchange:
                 self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
                 self.error(400, "invalid_request", str(e))
                 return
-            if self.site.trace_header is not None:    # observe: W3C traceparent upstream
-                extra += self.site.trace_header(self)
-            self.data = eg.request(path, body, False, extra)
-            self.site.deadlines.arm(self, self._attempt_secs())
-            self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
-            return
-        if proto == self.proto:
+            stream = False
+        elif proto == self.proto:
             self.same = True
             body = self.req.body
             if codec.BODY_MODEL:
@@ -304,9 +299,11 @@ class Exchange:
                 self.error(400, "invalid_request", str(e))
                 return
             self.site.count_translation(self.proto, proto)
+        if op is None:
+            path = codec.upstream_path(wire, stream)
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
-        self.data = eg.request(codec.upstream_path(wire, stream), body, stream, extra)
+        self.data = eg.request(path, body, stream, extra)
         self.site.deadlines.arm(self, self._attempt_secs())
         self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
 

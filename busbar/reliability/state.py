@@ -178,43 +178,32 @@ class Reliability:
         nothing else can take the request: the cooldown steers traffic to the other members, but
         with no other member left it must not turn one transient error into a 503 for every caller
         (a direct route has no other member). Tripped cells stay out. Permit and budget taken."""
-        best = None
-        best_until = None
-        for lane, cell in target.policy.cell_of.items():
-            if lane in exclude or lane in target.excluded or cell.state() != 0:
-                continue
-            if cell.budget.limit is not None and not cell.budget.left():
-                continue
-            if not (lane.limit is None or lane.has_permit()):
-                continue
-            u = cell.until_ms()
-            if best is None or u < best_until:
-                best, best_until = lane, u
-        if best is None or not best.try_acquire():
-            return None
-        if not target.policy.cell_of[best].budget.take():
-            best.release()
-            return None
-        return best
+        return _soonest(target, exclude, closed_only=True)
 
     def least_bad(self, target, exclude):
         """The cooling lane whose cooldown ends soonest and that has a free permit (SPEC §4.3),
         its permit and budget taken; None when there is none."""
-        best = None
-        best_until = None
-        for lane, cell in target.policy.cell_of.items():
-            if lane in exclude or lane in target.excluded:
-                continue
-            if cell.budget.limit is not None and not cell.budget.left():
-                continue
-            if not (lane.limit is None or lane.has_permit()):
-                continue
-            u = cell.until_ms()
-            if best is None or u < best_until:
-                best, best_until = lane, u
-        if best is None or not best.try_acquire():
-            return None
-        if not target.policy.cell_of[best].budget.take():
-            best.release()
-            return None
-        return best
+        return _soonest(target, exclude, closed_only=False)
+
+
+def _soonest(target, exclude, closed_only):
+    """The lane of `target` (not excluded, with budget and a free permit; closed cells only when
+    asked) whose cooldown ends first, its permit and budget taken; None when there is none."""
+    best = None
+    best_until = None
+    for lane, cell in target.policy.cell_of.items():
+        if lane in exclude or lane in target.excluded or (closed_only and cell.state() != 0):
+            continue
+        if cell.budget.limit is not None and not cell.budget.left():
+            continue
+        if not (lane.limit is None or lane.has_permit()):
+            continue
+        u = cell.until_ms()
+        if best is None or u < best_until:
+            best, best_until = lane, u
+    if best is None or not best.try_acquire():
+        return None
+    if not target.policy.cell_of[best].budget.take():
+        best.release()
+        return None
+    return best
