@@ -1,13 +1,7 @@
-"""Serving a table of routes `{(method, path): handler}` over busbar's own HTTP connection code.
-
-A handler takes (site, request) and returns (status, content_type, body: bytes). The admin listener
-(the control issue) mounts `busbar.observability.ADMIN_ROUTES` into its own route table; until it
-lands, and for `metrics_public: true`, these pieces serve a table directly:
-
-- `mount_public(gw, routes)`: the data listener answers these GET paths too (checked before the
-  protocol dispatch, one dict lookup).
-- `RoutesSite`: a whole site (for HttpConnection) serving only a table; the tests use it as a
-  stand-in admin listener, in the gateway process, on the gateway's own loop.
+"""`metrics_public: true`: the data listener answers a table of routes `{(method, path): handler}`
+too (checked before the protocol dispatch, one dict lookup). A handler takes (site, request) and
+returns (status, content_type, body: bytes). The admin listener mounts
+`busbar.observability.ADMIN_ROUTES` into its own route table (busbar/admin/plane.py).
 """
 from __future__ import annotations
 
@@ -78,46 +72,3 @@ def mount_public(gw, routes):
 
     gw.dispatch = dispatch
     gw.new_exchange = new_exchange
-
-
-class RoutesSite:
-    """A site serving only a route table (a stand-in for the admin listener); `gw` is the
-    gateway whose state the handlers read."""
-
-    def __init__(self, gw, routes):
-        self.gw = gw
-        self.routes = routes
-        self.snapshot = gw.snapshot
-        self.deadlines = gw.deadlines
-        self.connections = set()
-        self.draining = False
-
-    def dispatch(self, method, path, query, headers):
-        h = self.routes.get((method.decode("latin-1"), path))
-        r = Route(TABLE, None)
-        r.name = h
-        return r
-
-    def new_exchange(self, conn, req, route):
-        h = route.name
-        if h is None:
-            h = _not_found
-        return RouteExchange(self.gw, conn, req, h)
-
-    def write_error_response(self, conn, proto, status, kind, message, keep_alive, t0):
-        body = b'{"error":{"code":"invalid_request","message":"bad request"}}'
-        conn.write(b"%bContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%b" % (
-            status_line(status), len(body), body))
-        conn.closed = True
-        conn.transport.close()
-
-
-def _not_found(site, req):
-    return 404, b"application/json", b'{"error":{"code":"not_found","message":"not found"}}'
-
-
-async def serve_routes(gw, host, port, routes):
-    """Listens on (host, port) with a RoutesSite; returns the asyncio server."""
-    from busbar.server.http import HttpConnection
-    site = RoutesSite(gw, routes)
-    return await gw.loop.create_server(lambda: HttpConnection(site), host, port)

@@ -55,8 +55,9 @@ def test_status_page_in_chromium(mock_port, tmp_path):
     port, admin = free_port(), free_port()
     cfg = tmp_path / "c.yaml"
     cfg.write_text(CONFIG.format(port=port, mock=mock_port, dead=free_port()) +
-                   "observability: {access_log: off, metrics: true}\n")
-    proc = subprocess.Popen([PY, "-m", "tests.busbar.observability.admin_standin", str(cfg), str(admin)],
+                   "observability: {access_log: off, metrics: true}\n"
+                   'admin_listen: "127.0.0.1:%d"\nauth: {admin_open: true}\n' % admin)
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
                             cwd=ROOT, env=env())
     try:
         wait_http(port, proc)
