@@ -1,0 +1,330 @@
+"""Governance's data: virtual keys, groups and their limits, windows, admission checks, cost.
+
+Shared by every store (memory, SQLite, Redis) and by both sides of the gateway: the admin API in
+the parent (mint, PATCH, usage) and the data plane in every worker (verify, admit, settle). Records
+are plain slotted classes: they are pickled to workers and cached per worker.
+
+Tokens (SPEC §5): `bbk_<b64url(payload)>.<b64url(sig)>`, payload `{"sub": "vk_<16hex>", "exp",
+"kid": "k1", "g": <generation>}`. The reference signs with ed25519; busbar signs with HMAC-SHA256
+under `auth.signing_key`. Why: the same secret mints (admin API) and verifies (every worker) in
+every instance of a fleet, so an asymmetric pair buys nothing, and HMAC verifies in ~1 µs where
+ed25519 takes ~50 µs and needs `cryptography` in the executable. A forged or mistyped token fails
+the MAC and never touches the store; rotate bumps the generation, so the old token fails
+everywhere; the store keeps only the token's SHA-256.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import time
+
+import orjson
+
+TOKEN_PREFIX = "bbk_"
+KID = "k1"
+KEY_ID_PREFIX = "vk_"
+AWS_KEY_PREFIX = "BBAK"        # issued AWS access key ids: BBAK + 16 upper hex (AKIA-like, 20 chars)
+
+STATES = ("active", "disabled", "revoked", "tombstoned")
+LIMIT_KINDS = ("requests", "tokens", "budget_usd", "concurrent")
+PERIODS = ("minute", "hour", "day", "month", "total")
+# Nano-dollars per USD: spend is integer arithmetic (SPEC §5: "integer nano-units").
+NANO = 1_000_000_000
+# A group chain longer than this is refused (SPEC §5: acyclic, depth <= 8).
+MAX_GROUP_DEPTH = 8
+
+
+def _b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii")
+
+
+def _unb64(s: str) -> bytes:
+    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+
+
+def new_key_id() -> str:
+    return KEY_ID_PREFIX + os.urandom(8).hex()
+
+
+def mint_token(signing_key: bytes, key_id: str, exp: int | None, gen: int) -> str:
+    payload = _b64(orjson.dumps({"sub": key_id, "exp": exp, "kid": KID, "g": gen}))
+    sig = hmac.new(signing_key, payload.encode("ascii"), hashlib.sha256).digest()
+    return TOKEN_PREFIX + payload + "." + _b64(sig)
+
+
+def verify_token(signing_key: bytes, token: str):
+    """(key_id, exp, gen) when the token's MAC is right and it has not expired; else None.
+    Constant time over the MAC; nothing here touches a store."""
+    if not token.startswith(TOKEN_PREFIX) or len(token) > 512:
+        return None
+    payload, dot, sig = token[4:].partition(".")
+    if not dot:
+        return None
+    try:
+        want = hmac.new(signing_key, payload.encode("ascii"), hashlib.sha256).digest()
+        got = _unb64(sig)
+    except (ValueError, UnicodeEncodeError):
+        return None
+    if not hmac.compare_digest(want, got):
+        return None
+    try:
+        claims = orjson.loads(_unb64(payload))
+        sub, exp, gen = claims["sub"], claims["exp"], claims["g"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(sub, str) or not isinstance(gen, int):
+        return None
+    if exp is not None and (not isinstance(exp, int) or exp <= time.time()):
+        return None
+    return sub, exp, gen
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class KeyRecord:
+    """A virtual key as stored. Never holds the token, only its hash. `aws_secret` is kept only to
+    verify SigV4 signatures (HMAC needs the secret itself) and is never returned by a read."""
+
+    __slots__ = ("id", "name", "group", "allowed_pools", "state", "created", "expires", "gen",
+                 "token_hash", "aws_access_key_id", "aws_secret", "labels")
+
+    def __init__(self, id, name, group=None, allowed_pools=None, state="active", created=0,
+                 expires=None, gen=1, token_hash="", aws_access_key_id=None, aws_secret=None,
+                 labels=None):
+        self.id = id
+        self.name = name
+        self.group = group
+        self.allowed_pools = allowed_pools      # None = every pool; [] = none
+        self.state = state
+        self.created = created
+        self.expires = expires                  # epoch seconds or None
+        self.gen = gen
+        self.token_hash = token_hash
+        self.aws_access_key_id = aws_access_key_id
+        self.aws_secret = aws_secret
+        self.labels = labels or {}
+
+    def usable(self, now: float) -> bool:
+        return self.state == "active" and (self.expires is None or self.expires > now)
+
+    def public(self) -> dict:
+        """What the admin API shows: never the token, its hash or the AWS secret."""
+        return {"id": self.id, "name": self.name, "group": self.group,
+                "allowed_pools": self.allowed_pools, "state": self.state,
+                "enabled": self.state == "active", "created_at": _iso(self.created),
+                "expires_at": _iso(self.expires) if self.expires else None,
+                "aws_access_key_id": self.aws_access_key_id, "labels": self.labels}
+
+    def to_dict(self) -> dict:
+        return {s: getattr(self, s) for s in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "KeyRecord":
+        return cls(**{k: d.get(k) for k in cls.__slots__ if k in d})
+
+    def __repr__(self):
+        return "<KeyRecord %s %s group=%s %s>" % (self.id, self.name, self.group, self.state)
+
+
+class Limit:
+    """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-dollars
+    (budget_usd is converted at parse) or concurrent requests; `per` is None for concurrent."""
+
+    __slots__ = ("kind", "amount", "per", "pool")
+
+    def __init__(self, kind, amount, per=None, pool=None):
+        self.kind = kind
+        self.amount = amount
+        self.per = per
+        self.pool = pool
+
+    def public(self) -> dict:
+        key = self.kind
+        amount = self.amount / NANO if self.kind == "budget_usd" else self.amount
+        d = {key: amount}
+        if self.per is not None:
+            d["per"] = self.per
+        if self.pool is not None:
+            d["pool"] = self.pool
+        return d
+
+    def __eq__(self, other):
+        return isinstance(other, Limit) and all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __repr__(self):
+        return "Limit(%r)" % self.public()
+
+
+class GroupRecord:
+    __slots__ = ("name", "parent", "enabled", "limits", "source")
+
+    def __init__(self, name, parent=None, enabled=True, limits=(), source="api"):
+        self.name = name
+        self.parent = parent
+        self.enabled = enabled
+        self.limits = tuple(limits)
+        self.source = source                    # "config" (file-owned) or "api"
+
+    def public(self) -> dict:
+        return {"name": self.name, "parent": self.parent, "enabled": self.enabled,
+                "limits": [lim.public() for lim in self.limits], "source": self.source}
+
+    def __eq__(self, other):
+        return isinstance(other, GroupRecord) and all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+
+def parse_limit(raw, where: str, problems: list) -> Limit | None:
+    """A limit from config or an admin body: `{requests: 60, per: minute, pool?: p}`,
+    `{tokens: N, per}`, `{budget_usd: 5.0, per}`, `{concurrent: 4}`. Problems are appended as
+    'path: message' lines."""
+    if not isinstance(raw, dict):
+        problems.append("%s: expected a mapping like {requests: 60, per: minute}" % where)
+        return None
+    kinds = [k for k in LIMIT_KINDS if k in raw]
+    unknown = [k for k in raw if k not in LIMIT_KINDS and k not in ("per", "pool")]
+    if unknown:
+        problems.append("%s.%s: unknown key (expected one of %s, per, pool)" % (
+            where, unknown[0], ", ".join(LIMIT_KINDS)))
+        return None
+    if len(kinds) != 1:
+        problems.append("%s: a limit has exactly one of %s" % (where, ", ".join(LIMIT_KINDS)))
+        return None
+    kind = kinds[0]
+    value = raw[kind]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+            kind != "budget_usd" and not float(value).is_integer()):
+        problems.append("%s.%s: expected a non-negative %s" % (
+            where, kind, "number" if kind == "budget_usd" else "integer"))
+        return None
+    amount = round(value * NANO) if kind == "budget_usd" else int(value)
+    per = raw.get("per")
+    if kind == "concurrent":
+        if per is not None:
+            problems.append("%s.per: a concurrent limit has no period" % where)
+            return None
+    elif per not in PERIODS:
+        problems.append("%s.per: expected one of %s" % (where, ", ".join(PERIODS)))
+        return None
+    pool = raw.get("pool")
+    if pool is not None and (not isinstance(pool, str) or not pool):
+        problems.append("%s.pool: expected a pool name" % where)
+        return None
+    return Limit(kind, amount, per, pool)
+
+
+# ---------------------------------------------------------------------------- windows
+_SPAN = {"minute": 60, "hour": 3600, "day": 86400}
+
+
+def window(per: str | None, now: float) -> tuple[int, float | None]:
+    """(window id, seconds until it rolls) for a period at `now` (UTC). A `total` or concurrent
+    limit has one window forever (id 0, no roll)."""
+    if per is None or per == "total":
+        return 0, None
+    span = _SPAN.get(per)
+    if span is not None:
+        wid = int(now // span)
+        return wid, (wid + 1) * span - now
+    # month: id = year*12 + month-1, roll at the first of the next month, UTC
+    t = time.gmtime(now)
+    wid = t.tm_year * 12 + t.tm_mon - 1
+    ny, nm = (t.tm_year + 1, 1) if t.tm_mon == 12 else (t.tm_year, t.tm_mon + 1)
+    roll = _timegm(ny, nm, 1) - now
+    return wid, roll
+
+
+def _timegm(y, m, d) -> float:
+    import calendar
+    return float(calendar.timegm((y, m, d, 0, 0, 0, 0, 0, 0)))
+
+
+def day_of(now: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(now))
+
+
+def _iso(t) -> str | None:
+    if not t:
+        return None
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))
+
+
+# ---------------------------------------------------------------------------- admission
+# A Check is one limit applied to one request: (bucket, kind, limit, charge, window id, roll secs,
+# group, per). `bucket` names the counter across the fleet: "<group>#<limit index>" (+ "@<pool>"
+# for a pool-scoped limit, which is already in the limit). What admission does per kind:
+#   requests   : value + 1 <= limit, charge 1 (exact)
+#   tokens     : value < limit (post-paid: blocks the next request), charge 0; settle adds tokens
+#   budget_usd : value + reserve <= limit, charge the reservation; settle adds actual - reserve
+#   concurrent : value + 1 <= limit, charge 1; settle adds -1
+# All checks of a request are taken atomically: all charged or none.
+C_BUCKET, C_KIND, C_LIMIT, C_CHARGE, C_WINDOW, C_ROLL, C_GROUP, C_PER = range(8)
+
+
+class Denial:
+    """Why admission refused: the check that failed. `retry_after` in whole seconds or None."""
+
+    __slots__ = ("kind", "group", "per", "retry_after", "reason")
+
+    def __init__(self, kind, group, per, retry_after=None, reason=None):
+        self.kind = kind
+        self.group = group
+        self.per = per
+        self.retry_after = retry_after
+        self.reason = reason        # "disabled", "missing", "unavailable" or None (a limit)
+
+    def __repr__(self):
+        return "<Denial %s group=%s per=%s %s>" % (self.kind, self.group, self.per, self.reason)
+
+
+class Usage:
+    """One request's billable usage, as a store records it (per UTC day, key, group, model)."""
+
+    __slots__ = ("day", "key_id", "group", "model", "pool", "requests", "input_tokens",
+                 "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+    def __init__(self, day, key_id, group, model, pool, requests=1, input_tokens=0,
+                 output_tokens=0, cache_read_tokens=0, cache_write_tokens=0):
+        self.day = day
+        self.key_id = key_id
+        self.group = group
+        self.model = model
+        self.pool = pool
+        self.requests = requests
+        self.input_tokens = input_tokens
+        self.output_tokens = output_tokens
+        self.cache_read_tokens = cache_read_tokens
+        self.cache_write_tokens = cache_write_tokens
+
+
+USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_read_tokens",
+                "cache_write_tokens")
+
+
+class Rate:
+    """USD per million tokens, as configured; `nano(usage)` is the cost in nano-dollars
+    (1 USD/Mtok = 1000 nano-dollars per token)."""
+
+    __slots__ = ("input", "output", "cache_read", "cache_write")
+
+    def __init__(self, input=0.0, output=0.0, cache_read=0.0, cache_write=0.0):
+        self.input = input
+        self.output = output
+        self.cache_read = cache_read
+        self.cache_write = cache_write
+
+    def nano(self, input_tokens, output_tokens, cache_read=0, cache_write=0) -> int:
+        return round(1000 * (input_tokens * self.input + output_tokens * self.output +
+                             cache_read * self.cache_read + cache_write * self.cache_write))
+
+    def public(self) -> dict:
+        return {"input": self.input, "output": self.output, "cache_read": self.cache_read,
+                "cache_write": self.cache_write}
+
+    def __eq__(self, other):
+        return isinstance(other, Rate) and self.public() == other.public()
