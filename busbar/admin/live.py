@@ -204,6 +204,9 @@ class LiveConfig:
         interleave their swaps."""
         async with self.lock:
             gw = self.gw
+            if config.governance is not None and getattr(gw, "gate", None) is None:
+                raise ConfigError(["auth: governance (auth.chain, groups, rate_card, store) was off "
+                                   "when busbar started; restart busbar to turn it on"])
             old = gw.snapshot
             version = max(v.version for v in self.versions) + 1
             slots = assign_slots(old.router, config, gw.shared)

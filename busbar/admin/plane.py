@@ -122,6 +122,16 @@ class WorkerAgent:
                 msg = await recv_msg(loop, self.sock)
             except (EOFError, OSError):
                 return
+            if msg.get("op") == "gov":
+                # governance: a key or group changed (busbar/governance/admin.py)
+                try:
+                    gw.gate.directory.apply(msg)
+                    reply = {"ok": True}
+                except Exception as exc:
+                    log.exception("governance change failed")
+                    reply = {"error": repr(exc)}
+                await send_msg(loop, self.sock, reply)
+                continue
             if msg.get("op") == "swap":
                 try:
                     await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"])
@@ -154,6 +164,7 @@ class ParentAgent:
         loop = gw.loop
         ctl = self.plane.control
         self.live = live = LiveConfig(gw, self.path, self.plane.workers)
+        gw.live = live      # governance pushes key changes over the same channels
         self.site = site = AdminSite(gw, ctl)
         mount(site, live, self.plane)
         gw.admin = site     # where other parts of busbar add admin routes (site.routes.add)

@@ -24,9 +24,9 @@ DEFAULT_ADMIN_LISTEN = ("127.0.0.1", 8081)
 ADMIN_LISTEN_ENV = "BUSBAR_ADMIN_LISTEN"
 SCOPES = ("full", "read-only")
 TLS_KEYS = ("cert", "key", "client_ca")
-AUTH_KEYS = ("admin_tokens", "admin_open")
-# The governance issue's keys (SPEC §5): refused by name until they exist.
-AUTH_UNSUPPORTED = ("chain", "admin_auth", "keys", "methods", "signing_key")
+# `chain` and `signing_key` are governance's (busbar/governance/config.py).
+AUTH_KEYS = ("admin_tokens", "admin_open", "chain", "signing_key")
+AUTH_UNSUPPORTED = ("admin_auth", "keys", "methods")
 TOKEN_KEYS = ("name", "token", "scope")
 CONFIG_KEYS = ("locked", "overlay")
 # SPEC §2.4: the overlay file's default name, next to config.yaml.
@@ -34,7 +34,7 @@ DEFAULT_OVERLAY = "busbar-overlay.json"
 # 64 KiB is ample for a certificate chain; bounds what a mistaken path (a log file) reads.
 PEM_MAX_BYTES = 256 * 1024
 # Keys a running gateway cannot change: they are bound or forked at start (SPEC §6).
-RESTART_ONLY = ("listen", "admin_listen", "tls", "admin_tls", "admin_require_mtls",
+RESTART_ONLY = ("listen", "admin_listen", "tls", "admin_tls", "admin_require_mtls", "store",
                 "advanced.worker_threads")
 
 

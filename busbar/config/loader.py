@@ -65,10 +65,12 @@ TOP_LEVEL_KEYS = (
     "observability",
     # control plane (busbar/config/control.py)
     "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
+    # governance (busbar/governance/config.py)
+    "groups", "rate_card", "store",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "public_url", "identity-providers", "hooks", "groups", "rate_card", "per_request_fee", "store", "secrets",
+    "public_url", "identity-providers", "hooks", "per_request_fee", "secrets",
     "export", "plugins", "health", "routing",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
@@ -390,6 +392,10 @@ def _build_config(
     from busbar.observability.settings import parse as _observability
     observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
     control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
+    # governance: keys, groups, rate card, store (busbar/governance/config.py).
+    from busbar.governance.config import parse as _governance
+    auth_doc = doc.get("auth") if isinstance(doc.get("auth"), dict) else {}
+    governance = _governance(doc, auth_doc, models, pools, env, base_dir, out, offline)
     if out.errors:
         return None
     return Config(
@@ -405,6 +411,7 @@ def _build_config(
         observability=observability,
         warnings=tuple(out.warnings),
         control=control,
+        governance=governance,
         document=doc,
     )
 

@@ -238,4 +238,6 @@ class Config:
     # The control plane (busbar/config/control.py: admin listener, tokens, TLS, overlay) and the
     # parsed document (secrets still as their references), for the admin API's GET config.
     control: object = None
+    # busbar/governance/config.py: Governance (virtual keys, groups, rate card, store), or None.
+    governance: object = None
     document: dict | None = field(default=None, compare=False, repr=False)

@@ -83,7 +83,7 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op", "fallbacks")
+                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -124,6 +124,8 @@ class Exchange:
         self.egress = None
         self.op = None          # an operations.Op for embeddings / token counting; None = chat
         self.fallbacks = 0      # on_exhausted fallback_pool hops taken (a runtime loop guard)
+        self.principal = None   # governance: the caller's KeyRecord, once authenticated
+        self.ticket = None      # governance: what admission took (busbar/governance/gate.py)
 
     # ================================================================== entry
     def start(self):
@@ -137,7 +139,11 @@ class Exchange:
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
                            retry_after=1, outcome=O_SHED)
                 return
-            self.chat()
+            gov = self.snap.governance
+            if gov is not None and gov.keys:
+                site.gate.enter(self, gov, self.chat)
+            else:
+                self.chat()
         elif kind == R.HEALTH:
             ok = bool(self.snap.router.lanes) and self.site.reliability.healthy()
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
@@ -145,11 +151,12 @@ class Exchange:
         elif kind == R.STATS:
             from busbar.reliability.stats import stats_snapshot
             self.respond(200, b"application/json", _dumps(stats_snapshot(self.site)))
-        elif kind == R.MODEL_GET:
-            operations.model_get(self)
-        elif kind == R.MODELS:
-            self.respond(200, b"application/json",
-                         CODECS[self.proto].write_model_list(self.snap.router.names()))
+        elif kind == R.MODEL_GET or kind == R.MODELS:
+            gov = self.snap.governance
+            if gov is not None and gov.keys:
+                site.gate.enter(self, gov, self.discovery)
+            else:
+                self.discovery()
         elif kind == R.METHOD:
             self.error(405, "invalid_request", "Method %s not allowed for %s." % (
                 self.req.method.decode("latin-1"), self.req.path))
@@ -158,6 +165,28 @@ class Exchange:
         else:
             self.error(404, "not_found", "Unknown request URL: %s %s." % (
                 self.req.method.decode("latin-1"), self.req.path))
+
+    def discovery(self):
+        if self.route.kind == R.MODEL_GET:
+            operations.model_get(self)
+        else:
+            self.respond(200, b"application/json",
+                         CODECS[self.proto].write_model_list(self.snap.router.names()))
+
+    def own_error(self, kind):
+        """(status, message) of busbar's own refusal in the caller's vendor's words."""
+        return CODECS[self.proto or "openai"].own_error(kind)
+
+    def client_request(self):
+        """The client's request in the IR (parsed once; None when it does not parse: the attempt
+        that needs it says why)."""
+        cr = self.cr
+        if cr is None:
+            try:
+                cr = self.cr = ClientRequest(self.ingress, self.req.body)
+            except ir.CodecError:
+                return None
+        return cr
 
     def chat(self):
         req = self.req
@@ -206,6 +235,9 @@ class Exchange:
                     tried.add(lane)
         if len(tried) >= len(target.lanes):
             self.error(404, "not_found", operations.NOT_SERVED)
+            return
+        if self.principal is not None:
+            self.site.gate.admit(self, self.snap.governance, self.attempt)
             return
         self.attempt()
 
@@ -825,6 +857,15 @@ class Exchange:
         site = self.site
         site.inflight -= 1
         self.t_end = _perf_ns()
+        key = self.principal
+        if key is not None and (self.ticket is not None or self.attempts):
+            atts = self.attempts
+            try:
+                site.gate.settle(self, self.ticket, self.snap.governance, key,
+                                 atts[-1].lane.name if atts else None, self.usage, self.client_status)
+            except Exception:
+                _log_hook_failure(site.gate.settle)
+            self.ticket = None
         hooks = site.finish_hooks
         if hooks:
             rec = self.record(outcome)
@@ -867,6 +908,10 @@ class Exchange:
         r.busbar_ns = max(0, self.t_end - self.req.t0 - up)
         r.bytes_out = self.bytes_out
         r.client = getattr(self.conn, "peer", None)
+        key = self.principal
+        if key is not None:
+            r.key_id = key.id
+            r.group = key.group
         return r
 
 

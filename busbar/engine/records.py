@@ -66,7 +66,7 @@ class RequestRecord:
 
     __slots__ = ("request_id", "ingress", "egress", "target", "lane", "model", "stream", "status",
                  "outcome", "attempts", "usage", "t0", "t_end", "busbar_ns", "upstream_ns",
-                 "bytes_out", "client")
+                 "bytes_out", "client", "key_id", "group")
 
     def __init__(self):
         self.request_id = None
@@ -86,6 +86,8 @@ class RequestRecord:
         self.upstream_ns = 0
         self.bytes_out = 0
         self.client = None
+        self.key_id = None      # governance: the virtual key's id (never its token) and group
+        self.group = None
 
     def as_dict(self) -> dict:
         u = self.usage

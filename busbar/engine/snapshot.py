@@ -82,13 +82,15 @@ def secret_values(config) -> list[str]:
 class Snapshot:
     """One immutable view of a config for the requests that start while it is current."""
 
-    __slots__ = ("config", "version", "limits", "router", "egress", "server_timing",
+    __slots__ = ("config", "governance", "version", "limits", "router", "egress", "server_timing",
                  "max_attempts", "beta_headers", "wire_json", "mask", "max_inbound")
 
     def __init__(self, config, shared=None, version: int = 1, router=None, egress=None):
         """router, egress: built by a reload (busbar/admin/live.py), reusing the previous
         snapshot's surviving Lane and Egress objects so their state carries over by identity."""
         self.config = config
+        # busbar/governance/config.py: Governance or None (open relay, nothing counted)
+        self.governance = config.governance
         self.version = version
         self.limits = config.limits
         self.router = router if router is not None else Router(config, shared)

@@ -328,3 +328,9 @@ class Rate:
 
     def __eq__(self, other):
         return isinstance(other, Rate) and self.public() == other.public()
+
+
+def bucket_key(group: str, index: int, lim: Limit) -> str:
+    """The counter of one limit of one group across the fleet. The limit's kind and period are
+    part of it, so editing a group's limits never carries a count into a different limit."""
+    return "%s#%d:%s:%s:%s" % (group, index, lim.kind, lim.per, lim.pool or "")

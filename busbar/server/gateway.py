@@ -140,6 +140,9 @@ class Gateway:
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.on_attempt)
         self._debug = log.isEnabledFor(logging.DEBUG)
+        # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
+        # governance section at start.
+        self.gate = None
 
     @property
     def config(self):
@@ -237,7 +240,8 @@ def _install_uvloop():
     return uvloop.new_event_loop()
 
 
-def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None, plane=None):
+def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None, plane=None,
+               gov=None):
     """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
     process forwards the signal to its `children` (the other workers). `plane`: this process's
     part of the control plane (busbar/admin/plane.py: the admin listener, or a config channel)."""
@@ -246,6 +250,8 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     asyncio.set_event_loop(loop)
     gw = Gateway(config, loop, shared)
     observability.install(gw)   # observe: hooks, access log, metrics, sinks, traces
+    if gov is not None:         # governance (busbar/governance/plane.py)
+        gov.install(gw)
     # Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
     # use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench.
     for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
@@ -272,6 +278,8 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
         await gw.start(sock)
         if plane is not None:
             await plane.start(gw)
+        if gov is not None:
+            await gov.start(gw)
         if extra is not None:
             await extra(loop)
         if on_ready is not None:
@@ -280,6 +288,8 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
         if plane is not None:
             plane.close()
         await gw.drain()
+        if gov is not None:
+            await gov.close(gw)
         await observability.shutdown(gw)    # observe: flush logs, sinks, spans
 
     try:
@@ -300,9 +310,13 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     control = ControlPlane(config, n)
     observability.prepare(config, n)    # observe: metrics counters shared by every worker
     observability.boot(config, n)
+    gov = None
+    if config.governance is not None:
+        from busbar.governance.plane import GovBoot
+        gov = GovBoot(config, n)
     if n <= 1:
         sock = bind(host, port, reuse_port=False)
-        return run_worker(config, sock, on_ready, extra, plane=control.parent(path))
+        return run_worker(config, sock, on_ready, extra, plane=control.parent(path), gov=gov)
     # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
     first = bind(host, port, reuse_port=True)
     port = first.getsockname()[1]
@@ -316,20 +330,25 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     children = []
     for i in range(n - 1):
         channel = control.channel()
+        gov_channel = gov.channel() if gov is not None else None
         pid = os.fork()
         if pid == 0:
             first.close()
             code = 1
             try:
                 agent = control.child(channel)
+                if gov is not None:
+                    gov.child(gov_channel)
                 code = run_worker(config, bind(host, port, reuse_port=True), None, None, (), shared,
-                                  agent)
+                                  agent, gov)
             finally:
                 os._exit(code)
         children.append(pid)
         control.forked(pid, channel)
+        if gov is not None:
+            gov.forked(gov_channel)
 
-    code = run_worker(config, first, on_ready, extra, children, shared, control.parent(path))
+    code = run_worker(config, first, on_ready, extra, children, shared, control.parent(path), gov)
     for pid in children:
         try:
             _, status = os.waitpid(pid, 0)

@@ -13,6 +13,7 @@ import orjson
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
+from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar cimport jsonget
@@ -1012,6 +1013,20 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     if request_id is not None:
         d["request_id"] = request_id
     return orjson.dumps(d)
+
+
+cpdef tuple own_error(str kind):
+    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
+    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
+    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
+    is None where the caller supplies it."""
+    if kind == "authentication":
+        return (401, "invalid x-api-key")
+    if kind == "quota":
+        return (429, None)
+    if kind == "permission":
+        return (403, None)
+    return (STATUS_OF_KIND.get(kind, 400), None)
 
 
 cpdef object read_error(bytes body):

@@ -38,6 +38,7 @@ from cbusbar.ir cimport (
 )
 from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
 from cbusbar.ir import CodecError
+from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.eventstream import EventStreamError
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, top_field
@@ -953,6 +954,20 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     if name is None:
         name = _error_type_of_status(status)
     return orjson.dumps({"__type": name, "message": message})
+
+
+cpdef tuple own_error(str kind):
+    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
+    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
+    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
+    is None where the caller supplies it."""
+    if kind == "authentication":
+        return (403, "The security token included in the request is invalid.")
+    if kind == "quota":
+        return (400, None)
+    if kind == "permission":
+        return (403, None)
+    return (STATUS_OF_KIND.get(kind, 400), None)
 
 
 cpdef object read_error(bytes body):

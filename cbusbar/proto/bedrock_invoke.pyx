@@ -102,6 +102,10 @@ cpdef bytes error_headers(str kind, str request_id):
     return _b.error_headers(kind, request_id)
 
 
+cpdef tuple own_error(str kind):
+    return _b.own_error(kind)
+
+
 cpdef str not_found_message(str name, str api_version):
     return _b.not_found_message(name, api_version)
 

@@ -1111,6 +1111,20 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return orjson.dumps({"error": err})
 
 
+cpdef tuple own_error(str kind):
+    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
+    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
+    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
+    is None where the caller supplies it."""
+    if kind == "authentication":
+        return (400, "API key not valid. Please pass a valid API key.")
+    if kind == "quota":
+        return (429, None)
+    if kind == "permission":
+        return (403, None)
+    return (STATUS_OF_KIND.get(kind, 400), None)
+
+
 cpdef object read_error(bytes body):
     return read_error_detail(body)[0]
 

@@ -31,6 +31,7 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING,
 )
 from cbusbar.ir import CodecError, kind_of_status
+from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, top_field
 from cbusbar cimport jsonget
@@ -1080,6 +1081,20 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
         kind = kind_of_status(status)
     return orjson.dumps({"error": {"message": message, "type": ERROR_TYPE[kind], "param": None,
                                    "code": ERROR_CODE.get(kind)}})
+
+
+cpdef tuple own_error(str kind):
+    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
+    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
+    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
+    is None where the caller supplies it."""
+    if kind == "authentication":
+        return (401, "Incorrect API key provided.")
+    if kind == "quota":
+        return (429, None)
+    if kind == "permission":
+        return (403, None)
+    return (STATUS_OF_KIND.get(kind, 400), None)
 
 
 cdef str _kind_of_error(dict err):

@@ -14,6 +14,7 @@ import orjson
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
+from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
 from cbusbar.jsonget cimport (
     OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
@@ -974,6 +975,20 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
         "param": None,
         "code": _ERROR_CODES.get(kind),
     }})
+
+
+cpdef tuple own_error(str kind):
+    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
+    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
+    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
+    is None where the caller supplies it."""
+    if kind == "authentication":
+        return (401, "Incorrect API key provided.")
+    if kind == "quota":
+        return (429, None)
+    if kind == "permission":
+        return (403, None)
+    return (STATUS_OF_KIND.get(kind, 400), None)
 
 
 cpdef str read_error(bytes body):

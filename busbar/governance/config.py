@@ -1,0 +1,286 @@
+"""The governance sections of a config (SPEC §5; issue 10): `auth.chain`, `auth.signing_key`,
+`groups`, `rate_card` and `store`. Called from busbar/config/loader.py; the result is
+`Config.governance` (a Governance, or None when the data plane is an open relay with nothing to
+count).
+
+    auth:
+      chain: [keys]                       # [] (or absent) = open relay, with a WARNING at boot
+      signing_key: {env: BUSBAR_SIGNING_KEY}
+    groups:
+      org:    {limits: [{budget_usd: 100, per: month}]}
+      team-a: {parent: org, limits: [{requests: 60, per: minute}, {concurrent: 4}], enabled: true}
+    rate_card:                            # USD per million tokens; must cover every model
+      gpt-4o-mini: {input: 0.15, output: 0.60, cache_read: 0.075}
+    store: {kind: sqlite, path: busbar.db}    # memory | sqlite | redis (url, fail_mode)
+"""
+from __future__ import annotations
+
+from busbar.config.checks import Problems, check_keys, describe, get_mapping, join
+
+from .model import MAX_GROUP_DEPTH, GroupRecord, Rate, parse_limit
+
+CHAINS = ("keys",)
+STORE_KINDS = ("memory", "sqlite", "redis")
+STORE_KEYS = ("kind", "path", "url", "fail_mode", "flush_interval_ms", "socket_timeout_ms")
+FAIL_MODES = ("closed", "open")
+GROUP_KEYS = ("parent", "limits", "enabled")
+RATE_KEYS = ("input", "output", "cache_read", "cache_write")
+# The SQLite file's default name, next to config.yaml (issue 10: `store: {kind: sqlite, path:
+# busbar.db}` is the default).
+DEFAULT_DB = "busbar.db"
+# Usage is written to the store in batches this often: the most a crash (kill -9) can lose.
+# 200 ms keeps the write rate to 5 small transactions a second at any load.
+DEFAULT_FLUSH_MS = 200
+# A Redis round trip on loopback or in a cluster takes < 1 ms; 500 ms marks it unreachable
+# without holding requests for long.
+DEFAULT_REDIS_TIMEOUT_MS = 500
+# A signing key shorter than this is refused: HMAC-SHA256 wants >= 32 bytes of key.
+MIN_SIGNING_KEY = 32
+# Shared-memory buckets for group limits on one node (24 bytes each): one per (group, limit);
+# 16384 is 384 KiB and more limits than any config we have seen.
+DEFAULT_BUCKETS = 16384
+
+
+class StoreConfig:
+    __slots__ = ("kind", "path", "url", "fail_mode", "flush_secs", "socket_timeout_secs")
+
+    def __init__(self, kind="sqlite", path=DEFAULT_DB, url=None, fail_mode="closed",
+                 flush_secs=DEFAULT_FLUSH_MS / 1000, socket_timeout_secs=DEFAULT_REDIS_TIMEOUT_MS / 1000):
+        self.kind = kind
+        self.path = path
+        self.url = url
+        self.fail_mode = fail_mode
+        self.flush_secs = flush_secs
+        self.socket_timeout_secs = socket_timeout_secs
+
+    def __eq__(self, other):
+        return isinstance(other, StoreConfig) and all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __repr__(self):
+        return "StoreConfig(kind=%r, path=%r, url=%s)" % (
+            self.kind, self.path, "<redacted>" if self.url else None)
+
+
+class Governance:
+    """What the data plane enforces. `keys` is True when a signed virtual key is required."""
+
+    __slots__ = ("keys", "signing_key", "groups", "rate_card", "store")
+
+    def __init__(self, keys, signing_key, groups, rate_card, store):
+        self.keys = keys
+        self.signing_key = signing_key      # bytes, or None
+        self.groups = groups                # {name: GroupRecord} owned by the config file
+        self.rate_card = rate_card          # {model: Rate} or None (tokens cost 0)
+        self.store = store
+
+    def __eq__(self, other):
+        return isinstance(other, Governance) and all(
+            getattr(self, s) == getattr(other, s) for s in self.__slots__)
+
+    def __repr__(self):
+        return "Governance(keys=%r, groups=%d, rate_card=%s, store=%r, signing_key=<redacted>)" % (
+            self.keys, len(self.groups), None if self.rate_card is None else len(self.rate_card),
+            self.store)
+
+
+def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, out: Problems,
+          offline: bool = False) -> Governance | None:
+    chain_raw = auth.get("chain", [])
+    keys = False
+    if chain_raw is None:
+        chain_raw = []
+    if not isinstance(chain_raw, list) or any(not isinstance(c, str) for c in chain_raw):
+        out.error("auth.chain", "expected a list like [keys] (or [] for an open relay), got %s"
+                  % describe(chain_raw))
+    else:
+        for i, c in enumerate(chain_raw):
+            if c not in CHAINS:
+                out.error("auth.chain[%d]" % i, "unknown auth method '%s' (this busbar has: keys)" % c)
+        keys = "keys" in chain_raw
+    signing_key = None
+    if "signing_key" in auth:
+        from busbar.config.secrets import resolve_secret
+        n = len(out.errors)
+        secret = resolve_secret(auth["signing_key"], "auth.signing_key", env, base_dir, out)
+        if len(out.errors) == n and secret is not None:
+            if offline:
+                signing_key = b"offline"
+            elif len(secret.encode()) < MIN_SIGNING_KEY:
+                out.error("auth.signing_key", "must be at least %d bytes (e.g. `openssl rand -hex 32`)"
+                          % MIN_SIGNING_KEY)
+            else:
+                signing_key = secret.encode()
+    elif keys:
+        out.error("auth.signing_key", "required when auth.chain has 'keys' (a secret reference, "
+                  "the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})")
+    if not keys:
+        out.warn("auth.chain", "empty: the data plane is an open relay; anyone who reaches the "
+                 "listener spends the provider keys")
+
+    groups = _groups(get_mapping(doc, "groups", "", out) or {}, pools, out)
+    rate_card = _rate_card(doc.get("rate_card"), models, out)
+    store = _store(doc.get("store"), env, base_dir, out)
+    if not keys and not groups and rate_card is None and "store" not in doc:
+        return None
+    return Governance(keys, signing_key, groups, rate_card, store)
+
+
+def _groups(raw: dict, pools: dict, out: Problems) -> dict:
+    groups = {}
+    for name, entry in raw.items():
+        where = join("groups", name)
+        if not isinstance(name, str) or not name or len(name) > 128:
+            out.error(where, "a group name is a non-empty string of at most 128 characters")
+            continue
+        if entry is None:
+            entry = {}
+        if not isinstance(entry, dict):
+            out.error(where, "expected a mapping {parent?, limits?, enabled?}, got %s" % describe(entry))
+            continue
+        check_keys(entry, where, GROUP_KEYS, out, ("child_default",))
+        g = group_from_body(name, entry, where, out, pools, source="config")
+        if g is not None:
+            groups[name] = g
+    check_chains(groups, out)
+    return groups
+
+
+def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, source="api"):
+    problems = []
+    limits = []
+    raw = entry.get("limits") or []
+    if not isinstance(raw, list):
+        out.error(join(where, "limits"), "expected a list of limits, got %s" % describe(raw))
+        return None
+    for i, item in enumerate(raw):
+        lim = parse_limit(item, "%s.limits[%d]" % (where, i), problems)
+        if lim is not None:
+            if pools is not None and lim.pool is not None and lim.pool not in pools:
+                problems.append("%s.limits[%d].pool: unknown pool '%s'" % (where, i, lim.pool))
+            limits.append(lim)
+    for p in problems:
+        path, _, msg = p.partition(": ")
+        out.error(path, msg)
+    parent = entry.get("parent")
+    if parent is not None and (not isinstance(parent, str) or not parent):
+        out.error(join(where, "parent"), "expected a group name")
+        return None
+    enabled = entry.get("enabled", True)
+    if not isinstance(enabled, bool):
+        out.error(join(where, "enabled"), "expected true or false, got %s" % describe(enabled))
+        return None
+    if problems:
+        return None
+    return GroupRecord(name, parent, enabled, limits, source)
+
+
+def check_chains(groups: dict, out: Problems, lookup=None):
+    """Every parent exists; chains are acyclic and at most MAX_GROUP_DEPTH deep."""
+    get = lookup or groups.get
+    for name, g in groups.items():
+        seen = [name]
+        cur = g
+        while cur.parent is not None:
+            parent = get(cur.parent)
+            if parent is None:
+                out.error(join(join("groups", cur.name), "parent"), "unknown group '%s'" % cur.parent)
+                break
+            if parent.name in seen:
+                out.error(join(join("groups", name), "parent"), "groups form a cycle: %s" %
+                          " -> ".join(seen + [parent.name]))
+                break
+            seen.append(parent.name)
+            if len(seen) > MAX_GROUP_DEPTH:
+                out.error(join(join("groups", name), "parent"), "a group chain is at most %d deep"
+                          % MAX_GROUP_DEPTH)
+                break
+            cur = parent
+
+
+def _rate_card(raw, models: dict, out: Problems):
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        out.error("rate_card", "expected a mapping of model -> {input, output, cache_read, "
+                  "cache_write} (USD per million tokens), got %s" % describe(raw))
+        return None
+    card = {}
+    for model, entry in raw.items():
+        where = join("rate_card", model)
+        if model not in models:
+            out.error(where, "unknown model '%s'" % model)
+            continue
+        if not isinstance(entry, dict):
+            out.error(where, "expected {input, output, cache_read?, cache_write?} in USD per "
+                      "million tokens, got %s" % describe(entry))
+            continue
+        check_keys(entry, where, RATE_KEYS, out)
+        vals = {}
+        for k in RATE_KEYS:
+            v = entry.get(k, 0.0 if k.startswith("cache") else None)
+            if v is None:
+                out.error(where, "missing required key '%s'" % k)
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                out.error(join(where, k), "expected a non-negative number (USD per million tokens)")
+                continue
+            vals[k] = float(v)
+        if len(vals) == len(RATE_KEYS):
+            card[model] = Rate(**vals)
+    missing = sorted(m for m in models if m not in raw)
+    if missing:
+        # All or nothing (SPEC §5): a model without a rate would be free.
+        stub = "; ".join("%s: {input: 0.0, output: 0.0}" % m for m in missing)
+        out.error("rate_card", "covers no rate for model(s) %s; add them (stub: %s)"
+                  % (", ".join(missing), stub))
+    return card
+
+
+def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
+    import os
+    if raw is None:
+        return StoreConfig(path=os.path.join(base_dir, DEFAULT_DB))
+    if not isinstance(raw, dict):
+        out.error("store", "expected {kind: memory|sqlite|redis, ...}, got %s" % describe(raw))
+        return StoreConfig(kind="memory")
+    check_keys(raw, "store", STORE_KEYS, out)
+    kind = raw.get("kind", "sqlite")
+    if kind not in STORE_KINDS:
+        out.error("store.kind", "expected one of %s" % ", ".join(STORE_KINDS))
+        return StoreConfig(kind="memory")
+    sc = StoreConfig(kind=kind)
+    fm = raw.get("fail_mode", "closed")
+    if fm not in FAIL_MODES:
+        out.error("store.fail_mode", "expected closed or open")
+    sc.fail_mode = fm
+    ms = raw.get("flush_interval_ms", DEFAULT_FLUSH_MS)
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 10 <= ms <= 60000:
+        out.error("store.flush_interval_ms", "expected an integer between 10 and 60000")
+    else:
+        sc.flush_secs = ms / 1000
+    ms = raw.get("socket_timeout_ms", DEFAULT_REDIS_TIMEOUT_MS)
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 10 <= ms <= 60000:
+        out.error("store.socket_timeout_ms", "expected an integer between 10 and 60000")
+    else:
+        sc.socket_timeout_secs = ms / 1000
+    if kind == "sqlite":
+        path = raw.get("path", DEFAULT_DB)
+        if not isinstance(path, str) or not path:
+            out.error("store.path", "expected a file path")
+        else:
+            sc.path = os.path.join(base_dir, os.path.expanduser(path))
+    elif kind == "redis":
+        if "url" not in raw:
+            out.error("store", "kind redis needs url: {env: BUSBAR_REDIS_URL}")
+        else:
+            from busbar.config.secrets import resolve_secret
+            url = resolve_secret(raw["url"], "store.url", env, base_dir, out)
+            if url is not None and not (url.startswith("redis://") or url.startswith("rediss://")
+                                        or url.startswith("unix://")):
+                out.error("store.url", "expected a redis://, rediss:// or unix:// URL")
+            sc.url = url
+    for k in ("path", "url"):
+        if k in raw and (k == "path") != (kind == "sqlite") and not (k == "url" and kind == "redis"):
+            out.error(join("store", k), "not used by a %s store" % kind)
+    return sc

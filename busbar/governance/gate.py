@@ -1,0 +1,472 @@
+"""The data plane's side of governance, one per worker: who is calling (a signed virtual key, or a
+SigV4 signature made with the AWS pair issued with one), may they use this pool, and may this
+request start under every limit of their group chain (SPEC §5; issue 10).
+
+The engine calls three things, all from busbar/engine/exchange.py:
+- `enter(ex, cont)` before anything else of a data request: authenticates and sets `ex.principal`,
+  then calls `cont()`; a bad key ends the request with the vendor's own auth error.
+- `admit(ex, cont)` once the target is known: pool ACL, rate card, then the group chain's limits,
+  taken all or nothing (requests and concurrency counted, the worst-case cost reserved); then
+  `cont()`, or the native 429/403/400.
+- `settle(ex, outcome)` from `Exchange.finish`, on every path: the concurrency slot comes back,
+  the reservation becomes the actual cost, tokens are added, and the usage row goes to the store.
+
+With a local store (memory, SQLite) every step is synchronous: keys and groups are pushed to each
+worker by the parent, counters are in shared memory (cbusbar/ledger.pyx). With Redis, a key not yet
+cached and the admission are one round trip each (busbar/governance/redis_store.py).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from .model import (C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, Denial,
+                    Usage, bucket_key, day_of, verify_token, window)
+
+log = logging.getLogger("busbar.governance")
+
+# Token bytes accepted: a bbk_ token is ~150 bytes; anything far longer is not one of ours.
+MAX_TOKEN_BYTES = 1024
+# Input tokens are estimated from the body for a budget reservation: JSON and English text run
+# 3.5-4.5 bytes per token; 3 bytes per token over-reserves, which settlement refunds.
+BYTES_PER_TOKEN = 3
+PENDING = object()
+
+AUTH_MESSAGE = None     # each codec's own copy (own_error)
+ACL_MESSAGE = "Your API key does not have permission to access this resource."
+
+
+def credential(req):
+    """(kind, value) of what the caller presented, wherever its SDK puts it: `Authorization:
+    Bearer` (OpenAI, Responses, Cohere; Anthropic's SDK may), `x-api-key` (Anthropic),
+    `x-goog-api-key` or `?key=` (Gemini), or a SigV4 `Authorization` (Bedrock). The token is
+    self-identifying (bbk_...), so no protocol decides where to look."""
+    h = req.headers
+    v = h.get(b"authorization")
+    if v is not None:
+        if v[:7].lower() == b"bearer ":
+            return "token", v[7:].strip()
+        if v.startswith(b"AWS4-HMAC-SHA256"):
+            return "sigv4", v
+    v = h.get(b"x-api-key")
+    if v is None:
+        v = h.get(b"x-goog-api-key")
+    if v is not None:
+        return "token", v.strip()
+    q = req.query
+    if q and "key=" in q:
+        for part in q.split("&"):
+            if part.startswith("key="):
+                from urllib.parse import unquote
+                return "token", unquote(part[4:]).encode("latin-1", "replace")
+    return None, None
+
+
+class LocalDirectory:
+    """Keys and API-made groups as the parent pushed them (busbar/governance/plane.py)."""
+
+    remote = False
+
+    def __init__(self, keys=(), groups=()):
+        self.keys = {}
+        self.aws = {}
+        self.groups = {}
+        for k in keys:
+            self.put_key(k)
+        for g in groups:
+            self.groups[g.name] = g
+
+    def put_key(self, rec):
+        old = self.keys.get(rec.id)
+        if old is not None and old.aws_access_key_id:
+            self.aws.pop(old.aws_access_key_id, None)
+        self.keys[rec.id] = rec
+        if rec.aws_access_key_id:
+            self.aws[rec.aws_access_key_id] = rec
+
+    def drop_key(self, key_id):
+        old = self.keys.pop(key_id, None)
+        if old is not None and old.aws_access_key_id:
+            self.aws.pop(old.aws_access_key_id, None)
+
+    def apply(self, msg: dict):
+        for rec in msg.get("keys", ()):
+            self.put_key(rec)
+        for kid in msg.get("drop_keys", ()):
+            self.drop_key(kid)
+        for g in msg.get("groups", ()):
+            self.groups[g.name] = g
+        for name in msg.get("drop_groups", ()):
+            self.groups.pop(name, None)
+
+    def key(self, key_id):
+        return self.keys.get(key_id)
+
+    def key_by_aws(self, akid):
+        return self.aws.get(akid)
+
+    def group(self, name):
+        return self.groups.get(name)
+
+
+class LocalLedger:
+    remote = False
+
+    def __init__(self, table):
+        self.table = table
+
+    def admit(self, checks, now):
+        from cbusbar.ledger import BELOW, DENIED_FULL, FIT, OK
+        r = self.table.admit([(c[C_BUCKET], c[C_WINDOW], BELOW if c[C_KIND] == "tokens" else FIT,
+                               c[C_LIMIT], c[C_CHARGE]) for c in checks])
+        if r == OK:
+            return None
+        if r == DENIED_FULL:
+            log.error("governance: the shared limit table is full (limits.max_limit_buckets); "
+                      "refusing admission")
+            return "unavailable"
+        return denial_of(checks[r])
+
+    def settle(self, checks, deltas, usage):
+        self.table.settle([(c[C_BUCKET], c[C_WINDOW], d) for c, d in zip(checks, deltas) if d])
+
+
+def denial_of(c) -> Denial:
+    roll = c[C_ROLL]
+    ra = None
+    if c[C_KIND] in ("requests", "tokens") and roll is not None:
+        ra = max(1, int(roll + 0.999))
+    return Denial(c[C_KIND], c[C_GROUP], c[C_PER], ra)
+
+
+class UsageBatcher:
+    """Sums usage rows per (day, key, group, model, pool) and hands them on every flush interval:
+    to the parent over the worker's usage channel, or (in the parent) straight to the store."""
+
+    def __init__(self, loop, flush_secs, sink):
+        self.loop = loop
+        self.flush_secs = flush_secs
+        self.sink = sink            # callable(list[Usage]) -> None (may schedule a task)
+        self.rows = {}
+        self.handle = None
+
+    def add(self, u: Usage):
+        k = (u.day, u.key_id, u.group, u.model, u.pool)
+        cur = self.rows.get(k)
+        if cur is None:
+            self.rows[k] = u
+        else:
+            cur.requests += u.requests
+            cur.input_tokens += u.input_tokens
+            cur.output_tokens += u.output_tokens
+            cur.cache_read_tokens += u.cache_read_tokens
+            cur.cache_write_tokens += u.cache_write_tokens
+        if self.handle is None:
+            self.handle = self.loop.call_later(self.flush_secs, self.flush)
+
+    def flush(self):
+        self.handle = None
+        rows = list(self.rows.values())
+        self.rows = {}
+        if rows:
+            try:
+                self.sink(rows)
+            except Exception:
+                log.exception("governance: usage batch of %d rows lost", len(rows))
+
+
+class Ticket:
+    __slots__ = ("checks", "reserve", "now", "pool")
+
+    def __init__(self, checks, reserve, now, pool):
+        self.checks = checks
+        self.reserve = reserve
+        self.now = now
+        self.pool = pool
+
+
+class Gate:
+    def __init__(self, loop, directory, ledger, batcher, metrics=None):
+        self.loop = loop
+        self.directory = directory
+        self.ledger = ledger
+        self.batcher = batcher
+        self.metrics = metrics
+
+    # ------------------------------------------------------------------ who
+    def enter(self, ex, gov, cont):
+        kind, value = credential(ex.req)
+        now = time.time()
+        if kind == "token":
+            if len(value) > MAX_TOKEN_BYTES:
+                return self._refuse(ex)
+            try:
+                token = value.decode("ascii")
+            except UnicodeDecodeError:
+                return self._refuse(ex)
+            claims = verify_token(gov.signing_key, token)
+            if claims is None:
+                return self._refuse(ex)
+            kid, _exp, gen = claims
+            d = self.directory
+            if d.remote:
+                rec = d.cached_key(kid)
+                if rec is d.MISS:
+                    self.loop.create_task(self._enter_remote(ex, kid, gen, now, cont))
+                    return
+            else:
+                rec = d.key(kid)
+            return self._accept(ex, rec, gen, now, cont)
+        if kind == "sigv4":
+            return self._enter_sigv4(ex, now, cont)
+        return self._refuse(ex)
+
+    async def _enter_remote(self, ex, kid, gen, now, cont):
+        try:
+            rec = await self.directory.key(kid)
+        except Exception:
+            if not ex.closed:
+                self._unavailable(ex)
+            return
+        if ex.closed:
+            return
+        try:
+            self._accept(ex, rec, gen, now, cont)
+        except Exception as exc:
+            ex.crash(exc)
+
+    def _accept(self, ex, rec, gen, now, cont):
+        if rec is None or rec.gen != gen or not rec.usable(now):
+            return self._refuse(ex)
+        ex.principal = rec
+        cont()
+
+    def _enter_sigv4(self, ex, now, cont):
+        from .sigv4_verify import parse_access_key
+        akid = parse_access_key(ex.req.headers.get(b"authorization"))
+        d = self.directory
+        if d.remote and akid is not None:
+            rec = d.cached_aws(akid)
+            if rec is d.MISS:
+                self.loop.create_task(self._sigv4_remote(ex, akid, now, cont))
+                return
+        else:
+            rec = d.key_by_aws(akid) if akid is not None else None
+        return self._sigv4_check(ex, rec, now, cont)
+
+    async def _sigv4_remote(self, ex, akid, now, cont):
+        try:
+            rec = await self.directory.key_by_aws(akid)
+        except Exception:
+            if not ex.closed:
+                self._unavailable(ex)
+            return
+        if not ex.closed:
+            try:
+                self._sigv4_check(ex, rec, now, cont)
+            except Exception as exc:
+                ex.crash(exc)
+
+    def _sigv4_check(self, ex, rec, now, cont):
+        from .sigv4_verify import verify
+        req = ex.req
+        secret = rec.aws_secret if rec is not None else None
+        ok = verify(req.method, req.path, req.query, req.headers, req.body,
+                    lambda akid: secret, now)
+        if ok is None or rec is None or not rec.usable(now):
+            return self._refuse(ex)
+        ex.principal = rec
+        cont()
+
+    def _refuse(self, ex):
+        status, message = ex.own_error("authentication")
+        ex.error(status, "authentication", message)
+
+    def _unavailable(self, ex):
+        ex.error(503, "overloaded", "The service is temporarily unable to check your API key. "
+                 "Please retry shortly.", retry_after=1)
+
+    # ------------------------------------------------------------------ may it start
+    def admit(self, ex, gov, cont):
+        key = ex.principal
+        target = ex.target
+        pool = target.name
+        allowed = key.allowed_pools
+        if allowed is not None and pool not in allowed:
+            status, _ = ex.own_error("permission")
+            ex.error(status, "permission", ACL_MESSAGE)
+            return
+        card = gov.rate_card
+        if card is not None:
+            for lane in target.lanes:
+                if lane.name not in card:
+                    ex.error(400, "invalid_request", "no configured rate for model '%s'" % lane.name)
+                    return
+        group = key.group
+        if group is None:
+            cont()
+            return
+        now = time.time()
+        checks, reserve, why = self.plan(ex, gov, group, pool, now)
+        if why is not None:
+            return self.deny(ex, why)
+        if not checks:
+            cont()
+            return
+        ledger = self.ledger
+        if ledger.remote:
+            self.loop.create_task(self._admit_remote(ex, checks, reserve, now, pool, cont))
+            return
+        r = ledger.admit(checks, now)
+        self._admitted(ex, r, checks, reserve, now, pool, cont)
+
+    async def _admit_remote(self, ex, checks, reserve, now, pool, cont):
+        try:
+            r = await self.ledger.admit(checks, now)
+        except Exception:
+            log.exception("governance: admission failed")
+            r = "unavailable"
+        if ex.closed:
+            if r is None:   # admitted for a client that left meanwhile: give it back
+                self.ledger.settle(checks, _undo(checks), None)
+            return
+        try:
+            self._admitted(ex, r, checks, reserve, now, pool, cont)
+        except Exception as exc:
+            ex.crash(exc)
+
+    def _admitted(self, ex, r, checks, reserve, now, pool, cont):
+        if r is None:
+            ex.ticket = Ticket(checks, reserve, now, pool)
+            cont()
+        elif r == "unavailable":
+            self._unavailable(ex)
+        else:
+            self.deny(ex, r)
+
+    def plan(self, ex, gov, group_name, pool, now):
+        """The checks of the group chain for this request, and the reservation (nano-dollars)."""
+        groups = gov.groups
+        d = self.directory
+        checks = []
+        reserve = None
+        name = group_name
+        depth = 0
+        while name is not None:
+            g = groups.get(name)
+            if g is None:
+                g = d.group(name) if not d.remote else d.cached_group(name)
+            if g is None or g is getattr(d, "MISS", None):
+                # SPEC §5: a group missing from config fails closed, with the quota status.
+                return None, None, Denial("budget_usd", name, None, reason="missing")
+            if not g.enabled:
+                return None, None, Denial(None, name, None, reason="disabled")
+            for i, lim in enumerate(g.limits):
+                if lim.pool is not None and lim.pool != pool:
+                    continue
+                kind = lim.kind
+                wid, roll = window(lim.per, now)
+                if kind == "budget_usd":
+                    if reserve is None:
+                        reserve = self.reservation(ex, gov)
+                    charge = reserve
+                elif kind == "tokens":
+                    charge = 0
+                else:
+                    charge = 1
+                checks.append((bucket_key(name, i, lim), kind, lim.amount, charge, wid, roll, name,
+                               lim.per))
+            name = g.parent
+            depth += 1
+            if depth > 8:
+                break
+        return checks, reserve or 0, None
+
+    def reservation(self, ex, gov) -> int:
+        """Worst case: the input estimate plus max_tokens (or the lanes' default) at the dearest
+        rate among the target's lanes."""
+        card = gov.rate_card
+        if not card:
+            return 0
+        body = ex.req.body
+        est_in = len(body) // BYTES_PER_TOKEN + 1
+        max_out = None
+        if ex.op is None:
+            cr = ex.client_request()
+            if cr is not None:
+                max_out = cr.max_tokens
+        worst = 0
+        for lane in ex.target.lanes:
+            rate = card.get(lane.name)
+            if rate is None:
+                continue
+            out = max_out or lane.model.default_max_tokens or ex.snap.limits.default_max_tokens
+            if ex.op is not None:
+                out = 0
+            worst = max(worst, rate.nano(est_in, out))
+        return worst
+
+    def deny(self, ex, why: Denial):
+        if why.reason == "disabled":
+            status, _ = ex.own_error("permission")
+            ex.error(status, "permission", "Your API key's group '%s' is disabled." % why.group)
+            return
+        kind = why.kind
+        if kind == "budget_usd":
+            status, _ = ex.own_error("quota")
+            what = ("budget per %s exhausted" % why.per) if why.per else (
+                "is not configured" if why.reason == "missing" else "budget exhausted")
+            ex.error(status, "quota", "You have exceeded your current quota (group '%s' %s). "
+                     "Please check your plan and billing details." % (why.group, what))
+            return
+        if kind == "concurrent":
+            ex.error(429, "rate_limit", "Rate limit exceeded (group '%s': concurrent requests). "
+                     "Please retry shortly." % why.group)
+            return
+        ex.error(429, "rate_limit", "Rate limit exceeded (group '%s': %s per %s). Please retry "
+                 "after the indicated time." % (why.group, kind, why.per), retry_after=why.retry_after)
+
+    # ------------------------------------------------------------------ after
+    def settle(self, ex, ticket, gov, rec_key, lane_name, usage, status):
+        checks = ticket.checks if ticket is not None else ()
+        inp = out = cr = cw = 0
+        if usage is not None:
+            inp, out = usage.input_tokens, usage.output_tokens
+            cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+        deltas = []
+        if checks:
+            cost = None
+            for c in checks:
+                k = c[C_KIND]
+                if k == "concurrent":
+                    deltas.append(-1)
+                elif k == "tokens":
+                    deltas.append(inp + out)
+                elif k == "budget_usd":
+                    if cost is None:
+                        cost = 0
+                        card = gov.rate_card
+                        rate = card.get(lane_name) if (card and lane_name) else None
+                        if rate is not None:
+                            cost = rate.nano(inp, out, cr, cw)
+                    deltas.append(cost - c[C_CHARGE])
+                else:
+                    deltas.append(0)
+        row = Usage(day_of(time.time()), rec_key.id, rec_key.group, lane_name,
+                    ticket.pool if ticket is not None else (ex.target.name if ex.target else None),
+                    1, inp, out, cr, cw)
+        ledger = self.ledger
+        if ledger.remote:
+            ledger.settle(list(checks), deltas, row)
+        else:
+            if checks:
+                ledger.settle(checks, deltas, None)
+            if self.batcher is not None:
+                self.batcher.add(row)
+
+
+def _undo(checks):
+    out = []
+    for c in checks:
+        out.append(-c[C_CHARGE] if c[C_KIND] != "tokens" else 0)
+    return out

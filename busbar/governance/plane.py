@@ -1,0 +1,254 @@
+"""Governance across the processes of one gateway (issue 10).
+
+Local stores (memory, SQLite) have one owner, the parent (worker 0, which also serves the admin
+API): before the workers fork it opens the store, loads keys and groups (inherited by every worker)
+and makes the shared-memory limit table (cbusbar/ledger.pyx) with the counts carried over from the
+stored usage. Afterwards:
+- a key or group change made through the admin API is written to the store, then pushed to every
+  worker over its control channel (busbar/admin/plane.py) and acknowledged before the call answers,
+  so PATCH and revoke hold everywhere at once;
+- every worker sums its usage rows and sends them to the parent every `store.flush_interval_ms`
+  over a usage channel of its own (a socketpair made before the fork, 4-byte length + pickle, as
+  the control channel), and the parent adds each batch to the store in one transaction.
+
+Redis: nothing is shared in the process; each worker connects after the fork (busbar/governance/
+redis_store.py): its own policy cache with pub/sub invalidation, admission and settlement scripts.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import socket
+import struct
+import time
+
+from .model import NANO, USAGE_FIELDS, bucket_key, window
+
+log = logging.getLogger("busbar.governance")
+_LEN = struct.Struct(">I")
+
+
+class GovBoot:
+    def __init__(self, config, workers: int):
+        gov = config.governance
+        self.gov = gov
+        self.kind = gov.store.kind
+        self.local = self.kind != "redis"
+        self.store = None
+        self.table = None
+        self.keys = []
+        self.groups = []
+        self.pairs = []             # (parent end, child end) per forked worker
+        self.parent_ends = []
+        self.child_end = None
+        self.is_child = False
+        self.readers = []
+        if self.local:
+            from cbusbar.ledger import LimitTable
+
+            from .config import DEFAULT_BUCKETS
+            from .store import open_store
+            self.store = store = open_store(gov.store)
+            if hasattr(store, "open_sync"):
+                store.open_sync()
+            self.keys = list(store.keys.values())
+            self.groups = list(store.groups.values())
+            self.table = LimitTable(DEFAULT_BUCKETS)
+            seed(self.table, gov, {g.name: g for g in self.groups}, store, time.time())
+
+    # ------------------------------------------------------------------ fork
+    def channel(self):
+        if not self.local:
+            return None
+        pair = socket.socketpair()
+        self.pairs.append(pair)
+        return pair
+
+    def forked(self, pair):
+        if pair is not None:
+            pair[1].close()
+            pair[0].setblocking(False)
+            self.parent_ends.append(pair[0])
+
+    def child(self, pair):
+        self.is_child = True
+        if pair is not None:
+            for p, c in self.pairs:
+                if p is not pair[0]:
+                    p.close()
+                    if c is not pair[1]:
+                        c.close()
+            pair[0].close()
+            self.child_end = pair[1]
+        for s in self.parent_ends:
+            s.close()
+        self.parent_ends = []
+        if self.table is not None:
+            self.table.forked()
+        self.store = None           # the parent's
+
+    # ------------------------------------------------------------------ per process
+    def install(self, gw):
+        from .gate import Gate, LocalDirectory, LocalLedger, UsageBatcher
+        loop = gw.loop
+        flush = self.gov.store.flush_secs
+        if self.local:
+            directory = LocalDirectory(self.keys, self.groups)
+            ledger = LocalLedger(self.table)
+            if self.is_child:
+                sock = self.child_end
+                sink = lambda rows: _send_blocking(sock, rows)      # noqa: E731
+            else:
+                store = self.store
+                sink = lambda rows: loop.create_task(_add(store, rows))  # noqa: E731
+            batcher = UsageBatcher(loop, flush, sink)
+        else:
+            from .redis_store import RedisDirectory, RedisLedger
+            sc = self.gov.store
+            directory = RedisDirectory(sc.url)
+            ledger = RedisLedger(sc.url, sc.fail_mode)
+            batcher = None
+        gw.gate = Gate(loop, directory, ledger, batcher)
+        gw.gov_boot = self
+
+    async def start(self, gw):
+        gate = gw.gate
+        if not self.local:
+            await gate.directory.start()
+            await gate.ledger.start()
+        if self.is_child:
+            return
+        if not self.local:
+            from .store import open_store
+            self.store = open_store(self.gov.store)
+            await self.store.open()
+        for s in self.parent_ends:
+            self.readers.append(gw.loop.create_task(self._read_usage(gw.loop, s)))
+        admin = getattr(gw, "admin", None)
+        if admin is not None:
+            from .admin import mount
+            mount(admin, gw, self)
+
+    async def _read_usage(self, loop, sock):
+        while True:
+            try:
+                head = await _recv_exact(loop, sock, 4)
+                rows = pickle.loads(await _recv_exact(loop, sock, _LEN.unpack(head)[0]))
+            except (EOFError, OSError):
+                return
+            except Exception:
+                log.exception("governance: a usage batch could not be read")
+                return
+            await _add(self.store, rows)
+
+    async def close(self, gw):
+        gate = getattr(gw, "gate", None)
+        if gate is not None and gate.batcher is not None:
+            gate.batcher.flush()
+        if not self.local:
+            try:
+                await gate.ledger.close()
+                await gate.directory.close()
+            except Exception:
+                pass
+        if self.is_child:
+            if self.child_end is not None:
+                self.child_end.close()
+            return
+        # the other workers' last batches: they flush on their own SIGTERM and close the channel
+        if self.readers:
+            await asyncio.wait(self.readers, timeout=2.0)
+        await asyncio.sleep(0)
+        if self.store is not None:
+            await self.store.close()
+
+
+async def _add(store, rows):
+    try:
+        await store.add_usage(rows)
+    except Exception:
+        log.exception("governance: %d usage rows could not be stored", len(rows))
+
+
+def _send_blocking(sock, rows):
+    data = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
+    sock.setblocking(True)
+    try:
+        sock.sendall(_LEN.pack(len(data)) + data)
+    except OSError:
+        log.error("governance: the parent is gone; %d usage rows lost", len(rows))
+    finally:
+        sock.setblocking(False)
+
+
+async def _recv_exact(loop, sock, n):
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = await loop.sock_recv(sock, n - len(buf))
+        if not chunk:
+            raise EOFError
+        buf += chunk
+    return bytes(buf)
+
+
+def chain_of(name, groups_of):
+    out = []
+    while name is not None and len(out) < 9:
+        g = groups_of(name)
+        if g is None:
+            break
+        out.append(g)
+        name = g.parent
+    return out
+
+
+def seed(table, gov, api_groups: dict, store, now: float):
+    """Counts carried over a restart: each `tokens` and `budget_usd` limit of a day, month or total
+    window starts from the usage the store holds for that window (minute and hour windows start
+    from 0: usage is stored per day)."""
+    groups = dict(api_groups)
+    groups.update(gov.groups)
+    card = gov.rate_card or {}
+    sums = {}       # (group, limit index) -> value
+    today = time.strftime("%Y-%m-%d", time.gmtime(now))
+    month = today[:7]
+    for (day, _kid, grp, model, pool), vals in store.usage.items():
+        if grp is None:
+            continue
+        row = dict(zip(USAGE_FIELDS, vals))
+        for g in chain_of(grp, groups.get):
+            for i, lim in enumerate(g.limits):
+                if lim.kind not in ("tokens", "budget_usd") or lim.per in ("minute", "hour"):
+                    continue
+                if lim.pool is not None and lim.pool != pool:
+                    continue
+                if (lim.per == "day" and day != today) or (lim.per == "month" and day[:7] != month):
+                    continue
+                if lim.kind == "tokens":
+                    v = row["input_tokens"] + row["output_tokens"]
+                else:
+                    rate = card.get(model)
+                    v = rate.nano(row["input_tokens"], row["output_tokens"],
+                                  row["cache_read_tokens"], row["cache_write_tokens"]) if rate else 0
+                k = (g.name, i)
+                sums[k] = sums.get(k, 0) + v
+    for (gname, i), v in sums.items():
+        lim = groups[gname].limits[i]
+        wid, _ = window(lim.per, now)
+        table.seed(bucket_key(gname, i, lim), wid, v)
+    if sums:
+        log.info("governance: %d limit counter(s) carried over from the store", len(sums))
+    return sums
+
+
+def spend_nano(gov, row) -> int:
+    rate = (gov.rate_card or {}).get(row["model"])
+    if rate is None:
+        return 0
+    return rate.nano(row["input_tokens"], row["output_tokens"], row["cache_read_tokens"],
+                     row["cache_write_tokens"])
+
+
+def usd(nano: int) -> float:
+    return round(nano / NANO, 9)
