@@ -223,7 +223,7 @@ def mount(site, gw, boot):
         merged.update({k: v for k, v in body.items() if k != "name"})
         out = Problems()
         g = group_from_body(name, merged, "groups.%s" % name, out,
-                            pools=gw.snapshot.config.pools)
+                            pools=set(gw.snapshot.router.names()))
         if g is None or out.errors:
             from busbar.admin.live import problem_list
             raise AdminError(400, "invalid group", problems=problem_list(out.errors))

@@ -114,11 +114,8 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
     elif keys:
         out.error("auth.signing_key", "required when auth.chain has 'keys' (a secret reference, "
                   "the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})")
-    if not keys:
-        out.warn("auth.chain", "empty: the data plane is an open relay; anyone who reaches the "
-                 "listener spends the provider keys")
 
-    groups = _groups(get_mapping(doc, "groups", "", out) or {}, pools, out)
+    groups = _groups(get_mapping(doc, "groups", "", out) or {}, set(pools) | set(models), out)
     rate_card = _rate_card(doc.get("rate_card"), models, out)
     store = _store(doc.get("store"), env, base_dir, out)
     if not keys and not groups and rate_card is None and "store" not in doc:
@@ -157,7 +154,7 @@ def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, so
         lim = parse_limit(item, "%s.limits[%d]" % (where, i), problems)
         if lim is not None:
             if pools is not None and lim.pool is not None and lim.pool not in pools:
-                problems.append("%s.limits[%d].pool: unknown pool '%s'" % (where, i, lim.pool))
+                problems.append("%s.limits[%d].pool: unknown pool or model '%s'" % (where, i, lim.pool))
             limits.append(lim)
     for p in problems:
         path, _, msg = p.partition(": ")

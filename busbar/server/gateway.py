@@ -311,6 +311,9 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     observability.prepare(config, n)    # observe: metrics counters shared by every worker
     observability.boot(config, n)
     gov = None
+    if config.governance is None or not config.governance.keys:
+        log.warning("auth.chain is empty: the data plane is an open relay; anyone who reaches "
+                    "%s:%d spends the provider keys", host, port)
     if config.governance is not None:
         from busbar.governance.plane import GovBoot
         gov = GovBoot(config, n)

@@ -324,18 +324,15 @@ def test_unknown_key_with_suggestion_at_every_level():
 
 def test_reference_keys_not_yet_implemented_are_refused_by_name():
     errs = problems(MINIMAL + """
-auth: {chain: []}
+auth: {admin_auth: []}
 hooks: {}
-groups: {}
 tls: {cert: {file: c.pem}}
 admin_listen: "127.0.0.1:9901"
-store: {}
 export: {}
 plugins: {}
-rate_card: {}
 metrics: {}
 """)
-    for key in ("auth.chain", "hooks", "groups", "store", "export", "plugins", "rate_card"):
+    for key in ("auth.admin_auth", "hooks", "export", "plugins"):
         assert f"{key}: not supported by this busbar version" in errs
     assert "tls: missing required key 'key'" in errs
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs

@@ -1,0 +1,350 @@
+"""Keys, groups, limits and usage (issue 10) through the real gateway (two workers) over real HTTP,
+with the official SDKs: a good key works, a bad, revoked, disabled or expired one gets the vendor's
+own error; limits hold exactly across both workers under concurrency; usage equals what the mock
+reported; a SQLite store keeps keys and usage through kill -9."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import anthropic
+import cohere
+import openai
+import pytest
+from google import genai
+from google.genai import types as gt
+
+from tests.conftest import LANES, stop
+from tests.integration.gov_helpers import post, start, wait_usage
+
+MODELS = ["oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model",
+          "dead-model", "one-slot"]
+# output costs 1000 USD/Mtok = 0.01 USD per 10-token answer; input is free, so a request sent with
+# max_tokens = 10 reserves exactly what it costs, and a budget of 0.10 is exactly ten answers.
+CARD = "rate_card:\n" + "".join("  %s: {input: 0.0, output: 1000.0}\n" % m for m in MODELS)
+TAIL = """
+groups:
+  org:     {limits: [{budget_usd: 1000, per: month}]}
+  team:    {parent: org, limits: [{requests: 1000, per: minute}]}
+  rl:      {limits: [{requests: 20, per: minute}]}
+  money:   {limits: [{budget_usd: 0.10, per: day}]}
+  one:     {limits: [{concurrent: 1}]}
+  tok:     {limits: [{tokens: 25, per: hour}]}
+  frozen:  {enabled: false}
+  scoped:  {limits: [{requests: 1, per: minute, pool: oai-model}]}
+store: {kind: memory}
+""" + CARD
+
+
+@pytest.fixture(scope="module")
+def gw(mock_port, tmp_path_factory):
+    g = start(tmp_path_factory.mktemp("gov"), mock_port, TAIL, workers=2)
+    yield g
+    stop(g.proc)
+
+
+def chat(gw, token, model="oai-model", max_tokens=None, text="hi", header="authorization"):
+    body = {"model": model, "messages": [{"role": "user", "content": text}]}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
+    h = {"authorization": "Bearer " + token} if header == "authorization" else {header: token}
+    return post(gw, "/v1/chat/completions", body, h)
+
+
+# ------------------------------------------------------------------ keys through every SDK
+def _sdk_calls(url, token):
+    o = openai.OpenAI(base_url=url + "/v1", api_key=token, max_retries=0, timeout=20)
+    a = anthropic.Anthropic(base_url=url, api_key=token, max_retries=0, timeout=20)
+    g = genai.Client(api_key=token, http_options=gt.HttpOptions(base_url=url, api_version="v1beta",
+                                                                timeout=20000))
+    c = cohere.ClientV2(api_key=token, base_url=url, timeout=20)
+    return {
+        "openai": lambda: o.chat.completions.create(model="oai-model", messages=[
+            {"role": "user", "content": "hi"}]).choices[0].message.content,
+        "openai-stream": lambda: "".join(ch.choices[0].delta.content or "" for ch in
+                                         o.chat.completions.create(model="oai-model", stream=True,
+                                         messages=[{"role": "user", "content": "hi"}]) if ch.choices),
+        "responses": lambda: o.responses.create(model="resp-model", input="hi").output_text,
+        "anthropic": lambda: a.messages.create(model="ant-model", max_tokens=50, messages=[
+            {"role": "user", "content": "hi"}]).content[0].text,
+        "anthropic-stream": lambda: "".join(a.messages.stream(
+            model="ant-model", max_tokens=50,
+            messages=[{"role": "user", "content": "hi"}]).__enter__().text_stream),
+        "gemini": lambda: g.models.generate_content(model="gem-model", contents="hi").text,
+        "cohere": lambda: c.chat(model="coh-model", messages=[
+            {"role": "user", "content": "hi"}]).message.content[0].text,
+    }
+
+
+def _native_error(name, exc):
+    """(status, the vendor's own marker) of an SDK's exception."""
+    if name.startswith("openai") or name == "responses":
+        assert isinstance(exc, openai.AuthenticationError)
+        return exc.status_code, exc.body["code"]
+    if name.startswith("anthropic"):
+        assert isinstance(exc, anthropic.AuthenticationError)
+        return exc.status_code, exc.body["error"]["type"]
+    if name == "gemini":
+        assert isinstance(exc, genai.errors.ClientError)
+        return exc.code, exc.status
+    assert exc.status_code == 401, exc
+    return exc.status_code, exc.body["message"]
+
+
+NATIVE = {"openai": (401, "invalid_api_key"), "openai-stream": (401, "invalid_api_key"),
+          "responses": (401, "invalid_api_key"), "anthropic": (401, "authentication_error"),
+          "anthropic-stream": (401, "authentication_error"),
+          "gemini": (400, "INVALID_ARGUMENT"), "cohere": (401, "invalid api token")}
+
+
+def test_every_sdk_good_key_works_bad_keys_get_native_errors(gw):
+    good = gw.admin.mint(name="sdk", group="team")
+    for name, call in _sdk_calls(gw.url, good["token"]).items():
+        assert call().startswith("mock: hi"), name
+    revoked = gw.admin.mint(name="revoked")
+    assert gw.admin.call("POST", "/keys/%s/revoke" % revoked["id"])[0] == 200
+    disabled = gw.admin.mint(name="disabled")
+    assert gw.admin.call("PATCH", "/keys/%s" % disabled["id"], {"enabled": False})[0] == 200
+    forged = good["token"][:-3] + ("AAA" if not good["token"].endswith("AAA") else "BBB")
+    for bad in ("", "sk-not-ours", forged, revoked["token"], disabled["token"]):
+        for name, call in _sdk_calls(gw.url, bad or "x").items():
+            with pytest.raises(Exception) as e:
+                call()
+            assert _native_error(name, e.value) == NATIVE[name], (name, bad)
+
+
+def test_key_carriers_and_missing_key(gw):
+    k = gw.admin.mint(name="carriers")["token"]
+    s, _, _ = post(gw, "/v1/messages", {"model": "ant-model", "max_tokens": 10, "messages": [
+        {"role": "user", "content": "hi"}]}, {"x-api-key": k, "anthropic-version": "2023-06-01"})
+    assert s == 200
+    s, _, _ = post(gw, "/v1beta/models/gem-model:generateContent",
+                   {"contents": [{"parts": [{"text": "hi"}]}]}, {"x-goog-api-key": k})
+    assert s == 200
+    s, _, _ = post(gw, "/v1beta/models/gem-model:generateContent?key=" + k,
+                   {"contents": [{"parts": [{"text": "hi"}]}]}, {})
+    assert s == 200
+    s, body, _ = post(gw, "/v1/chat/completions", {"model": "oai-model", "messages": []}, {})
+    assert s == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
+    s, body, _ = post(gw, "/v1beta/models/gem-model:generateContent", {"contents": []}, {})
+    err = json.loads(body)["error"]
+    assert s == 400 and err["status"] == "INVALID_ARGUMENT"
+    assert err["message"] == "API key not valid. Please pass a valid API key."
+    assert err["details"][0]["reason"] == "API_KEY_INVALID"
+    s, body, h = post(gw, "/model/bed-model/converse", {"messages": []}, {})
+    assert s == 403 and json.loads(body)["__type"] == "AccessDeniedException"
+    assert h["x-amzn-errortype"].startswith("AccessDeniedException")
+
+
+def test_expired_key_is_refused(gw):
+    k = gw.admin.mint(name="short", expires_in_days=2 / 86400)      # two seconds
+    assert chat(gw, k["token"])[0] == 200
+    time.sleep(2.2)
+    assert chat(gw, k["token"])[0] == 401
+
+
+def test_rotate_revoke_patch_take_effect_on_every_worker_at_once(gw):
+    k = gw.admin.mint(name="rot", group="team")
+    s, rot = gw.admin.call("POST", "/keys/%s/rotate" % k["id"])
+    assert s == 200 and rot["id"] == k["id"] and rot["token"] != k["token"]
+    # 2 workers: ten calls land on both
+    assert {chat(gw, k["token"])[0] for _ in range(10)} == {401}
+    assert {chat(gw, rot["token"])[0] for _ in range(10)} == {200}
+    assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"group": "frozen"})[0] == 200
+    s, body, _ = chat(gw, rot["token"])
+    assert s == 403 and "disabled" in json.loads(body)["error"]["message"]
+    assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"group": "team",
+                                                          "allowed_pools": ["ant-model"]})[0] == 200
+    s, body, _ = chat(gw, rot["token"])
+    assert s == 403 and json.loads(body)["error"]["message"] == (
+        "Your API key does not have permission to access this resource.")
+    assert {chat(gw, rot["token"], model="ant-model", max_tokens=20)[0] for _ in range(4)} == {200}
+    assert gw.admin.call("DELETE", "/keys/%s" % k["id"])[0] == 200
+    assert {chat(gw, rot["token"], model="ant-model")[0] for _ in range(4)} == {401}
+    assert gw.admin.call("GET", "/keys/%s" % k["id"])[0] == 404
+    # the token is never shown again, nor any hash or secret
+    listed = json.dumps(gw.admin.call("GET", "/keys")[1])
+    assert rot["token"] not in listed and "token_hash" not in listed and "aws_secret" not in listed
+
+
+# ------------------------------------------------------------------ limits, exactly
+def _burst(gw, n, fn):
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda _: fn(), range(n)))
+
+
+def test_requests_limit_is_exact_across_workers(gw):
+    k = gw.admin.mint(name="rl", group="rl")["token"]
+    out = _burst(gw, 60, lambda: chat(gw, k))
+    ok = [r for r in out if r[0] == 200]
+    refused = [r for r in out if r[0] == 429]
+    assert len(ok) == 20 and len(refused) == 40
+    err = json.loads(refused[0][1])["error"]
+    assert err["type"] == "rate_limit_error" and "requests per minute" in err["message"]
+    assert all(1 <= int(r[2]["retry-after"]) <= 60 for r in refused)
+
+
+def test_budget_holds_exactly_under_concurrency(gw):
+    k = gw.admin.mint(name="money", group="money")
+    out = _burst(gw, 50, lambda: chat(gw, k["token"], max_tokens=10))
+    ok = sum(r[0] == 200 for r in out)
+    assert 1 <= ok <= 10
+    denied = [r for r in out if r[0] == 429]
+    assert all(json.loads(r[1])["error"]["code"] == "insufficient_quota" for r in denied)
+    assert all("retry-after" not in r[2] for r in denied)
+    # what the burst left: refunds settle, then sequential calls use the rest of the budget
+    more = 0
+    while chat(gw, k["token"], max_tokens=10)[0] == 200:
+        more += 1
+        assert more <= 10
+    assert ok + more == 10
+    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"], lambda d: d["total"]["requests"] >= 10)
+    assert u["total"]["requests"] == 10 and u["total"]["spend_usd"] == pytest.approx(0.10)
+    assert u["total"]["output_tokens"] == 100
+
+
+def test_concurrent_limit_and_release(gw):
+    k = gw.admin.mint(name="one", group="one")["token"]
+    out = _burst(gw, 4, lambda: chat(gw, k, text="slow #mock:delay_ms=400"))
+    assert sorted(r[0] for r in out) == [200, 429, 429, 429]
+    assert all("retry-after" not in r[2] for r in out if r[0] == 429)
+    assert chat(gw, k)[0] == 200        # released at the end of the first
+
+
+def test_tokens_limit_is_post_paid(gw):
+    k = gw.admin.mint(name="tok", group="tok")["token"]
+    # 18 in + 10 out = 28 tokens: the first request passes (0 < 25), the next is refused.
+    assert chat(gw, k)[0] == 200
+    s, body, h = chat(gw, k)
+    assert s == 429 and "tokens per hour" in json.loads(body)["error"]["message"]
+    assert int(h["retry-after"]) >= 1
+
+
+def test_pool_scoped_limit_and_group_chain(gw):
+    k = gw.admin.mint(name="scoped", group="scoped")["token"]
+    assert chat(gw, k)[0] == 200
+    assert chat(gw, k)[0] == 429
+    assert chat(gw, k, model="ant-model", max_tokens=10)[0] == 200      # another pool: no limit
+
+
+def test_groups_api(gw):
+    a = gw.admin
+    s, g = a.call("POST", "/groups", {"name": "api-team", "parent": "org",
+                                      "limits": [{"requests": 2, "per": "minute"}]})
+    assert s == 201 and g["limits"] == [{"requests": 2, "per": "minute"}]
+    assert a.call("POST", "/groups", {"name": "api-team"})[0] == 409
+    assert a.call("PATCH", "/groups/team", {"enabled": False})[0] == 409     # file-owned
+    s, body = a.call("POST", "/groups", {"name": "bad", "limits": [{"requests": 1}]})
+    assert s == 400 and body["error"]["problems"][0]["path"] == "groups.bad.limits[0].per"
+    assert a.call("POST", "/groups", {"name": "loop", "parent": "nowhere"})[0] == 400
+    k = a.mint(name="api", group="api-team")["token"]
+    assert [chat(gw, k)[0] for _ in range(3)] == [200, 200, 429]
+    assert a.call("PATCH", "/groups/api-team", {"limits": [{"requests": 100, "per": "minute"}]})[0] == 200
+    assert chat(gw, k)[0] == 200
+    assert a.call("DELETE", "/groups/api-team")[0] == 409      # a key is in it
+    s, u = a.call("GET", "/groups/org/usage")
+    assert s == 200 and "total" in u
+
+
+def test_usage_equals_what_the_upstream_reported(gw):
+    k = gw.admin.mint(name="usage", group="team")
+    t = k["token"]
+    reported = {"input": 0, "output": 0, "requests": 0}
+    bodies = {
+        "/v1/chat/completions": ({"model": "oai-model", "messages": [{"role": "user", "content": "a b"}]},
+                                 {"authorization": "Bearer " + t},
+                                 lambda d: (d["usage"]["prompt_tokens"], d["usage"]["completion_tokens"])),
+        "/v1/responses": ({"model": "resp-model", "input": "a b c"}, {"authorization": "Bearer " + t},
+                          lambda d: (d["usage"]["input_tokens"], d["usage"]["output_tokens"])),
+        "/v1/messages": ({"model": "ant-model", "max_tokens": 30, "messages": [{"role": "user", "content": "a"}]},
+                         {"x-api-key": t, "anthropic-version": "2023-06-01"},
+                         lambda d: (d["usage"]["input_tokens"], d["usage"]["output_tokens"])),
+        "/v1beta/models/gem-model:generateContent": (
+            {"contents": [{"parts": [{"text": "a b c d"}]}]}, {"x-goog-api-key": t},
+            lambda d: (d["usageMetadata"]["promptTokenCount"], d["usageMetadata"]["candidatesTokenCount"])),
+        "/v2/chat": ({"model": "coh-model", "messages": [{"role": "user", "content": "x"}]},
+                     {"authorization": "Bearer " + t},
+                     lambda d: (d["usage"]["tokens"]["input_tokens"], d["usage"]["tokens"]["output_tokens"])),
+    }
+    for path, (body, headers, read) in bodies.items():
+        s, data, _ = post(gw, path, body, headers)
+        assert s == 200, (path, data)
+        i, o = read(json.loads(data))
+        reported["input"] += i
+        reported["output"] += o
+        reported["requests"] += 1
+    # streamed, same protocol and translated: the SDKs' own usage figures
+    o = openai.OpenAI(base_url=gw.url + "/v1", api_key=t, max_retries=0, timeout=20)
+    for model in ("oai-model", "ant-model"):
+        chunks = list(o.chat.completions.create(model=model, stream=True, max_tokens=30,
+                                                stream_options={"include_usage": True},
+                                                messages=[{"role": "user", "content": "s t"}]))
+        reported["input"] += chunks[-1].usage.prompt_tokens
+        reported["output"] += chunks[-1].usage.completion_tokens
+        reported["requests"] += 1
+    a = anthropic.Anthropic(base_url=gw.url, api_key=t, max_retries=0, timeout=20)
+    for model in ("ant-model", "gem-model"):
+        with a.messages.stream(model=model, max_tokens=30, messages=[{"role": "user", "content": "q"}]) as st:
+            final = st.get_final_message()
+        reported["input"] += final.usage.input_tokens
+        reported["output"] += final.usage.output_tokens
+        reported["requests"] += 1
+    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"],
+                   lambda d: d["total"]["requests"] >= reported["requests"])["total"]
+    assert (u["requests"], u["input_tokens"], u["output_tokens"]) == (
+        reported["requests"], reported["input"], reported["output"])
+    assert u["spend_usd"] == pytest.approx(reported["output"] * 1000 / 1e6)
+    s, day = gw.admin.call("GET", "/usage")
+    assert s == 200 and day["currency"] == "USD"
+    mine = [x for x in day["by_key"] if x["key_id"] == k["id"]][0]
+    assert mine["output_tokens"] == reported["output"]
+    assert gw.admin.call("GET", "/usage?day=2026-13-01")[0] == 400
+
+
+def test_read_only_token_cannot_mint(gw, mock_port):
+    s, body = gw.admin.call("POST", "/keys", {"name": "x"}, token="wrong")
+    assert s == 401
+
+
+# ------------------------------------------------------------------ SQLite through kill -9
+def _children(pid):
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        return []
+
+
+def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
+    tail = TAIL.replace("store: {kind: memory}", "store: {kind: sqlite, path: gov.db, "
+                                                 "flush_interval_ms: 100}")
+    g = start(tmp_path, mock_port, tail, workers=2)
+    try:
+        k = g.admin.mint(name="durable", group="team")
+        for _ in range(12):
+            assert chat(g, k["token"])[0] == 200
+        # the stated window: a worker batch plus a parent batch (2 x flush_interval_ms)
+        time.sleep(0.4)
+        pids = [g.proc.pid] + _children(g.proc.pid)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        g.proc.wait(5)
+    finally:
+        stop(g.proc)
+    for pid in pids:
+        for _ in range(50):
+            if not os.path.exists("/proc/%d" % pid):
+                break
+            time.sleep(0.05)
+    # the same config file, the same database
+    g2 = start(tmp_path, mock_port, tail, workers=2)
+    try:
+        assert chat(g2, k["token"])[0] == 200
+        u = wait_usage(g2.admin, "/keys/%s/usage" % k["id"], lambda d: d["total"]["requests"] >= 13)
+        assert u["total"]["requests"] == 13 and u["total"]["output_tokens"] == 130
+    finally:
+        stop(g2.proc)
