@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: build demo test dist bench clean chromium
+.PHONY: build demo test dist bench clean chromium redis
 
 $(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
@@ -25,7 +25,7 @@ $(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml
 demo: build
 	$(BIN)/busbar serve --demo
 
-test: build chromium
+test: build chromium redis
 	$(BIN)/python -m pytest
 
 # Headless Chromium for the status-page test (Debian's package). Installed when missing, as root or
@@ -35,6 +35,15 @@ chromium:
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
 	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
 	  || echo "chromium could not be installed; the status-page test will skip"; }
+
+# redis-server for the Redis store's tests (Debian's package; tests/redis_server.py starts one per
+# test session on a free loopback port and stops it). Installed when missing, as root or through
+# passwordless sudo; when neither works those tests skip and say why.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || [ -x /usr/bin/redis-server ] || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; } \
+	  || echo "redis-server could not be installed; the Redis store tests will skip"; }
 
 # One static executable (dist/busbar) and its container image (dist/busbar-image.tar, dist/oci/).
 dist: build

@@ -1,0 +1,32 @@
+"""Fixtures of the governance tests. The Redis ones run a real redis-server (tests/redis_server.py)
+on a free loopback port, stopped at the end; they skip, saying why, only when redis-server is not
+installed at all (`make redis` installs it)."""
+from __future__ import annotations
+
+import pytest
+
+from tests.redis_server import RedisServer, redis_server_path
+
+
+def _need_redis():
+    if redis_server_path() is None:
+        pytest.skip("redis-server not found: `make redis` installs Debian's redis-server")
+    pytest.importorskip("redis", reason="redis-py not installed (requirements.txt)")
+
+
+@pytest.fixture(scope="session")
+def redis_server():
+    """One redis-server for the session (tests isolate themselves with their own key prefix)."""
+    _need_redis()
+    srv = RedisServer().start()
+    yield srv
+    srv.close()
+
+
+@pytest.fixture
+def own_redis():
+    """A redis-server of the test's own, which it may stop and start again (same port)."""
+    _need_redis()
+    srv = RedisServer().start()
+    yield srv
+    srv.close()
