@@ -30,7 +30,7 @@ MAX_TOKEN_BYTES = 1024
 # Input tokens are estimated from the body for a budget reservation: JSON and English text run
 # 3.5-4.5 bytes per token; 3 bytes per token over-reserves, which settlement refunds.
 BYTES_PER_TOKEN = 3
-PENDING = object()
+UNAVAILABLE = "unavailable"     # a store that cannot answer (redis_store.UNAVAILABLE)
 
 AUTH_MESSAGE = None     # each codec's own copy (own_error)
 ACL_MESSAGE = "Your API key does not have permission to access this resource."
@@ -225,10 +225,11 @@ class Gate:
         try:
             rec = await self.directory.key(kid)
         except Exception:
-            if not ex.closed:
-                self._unavailable(ex)
-            return
+            rec = UNAVAILABLE
         if ex.closed:
+            return
+        if rec == UNAVAILABLE:
+            self._unavailable(ex)
             return
         try:
             self._accept(ex, rec, gen, now, cont)
@@ -246,22 +247,22 @@ class Gate:
         akid = parse_access_key(ex.req.headers.get(b"authorization"))
         d = self.directory
         if d.remote and akid is not None:
-            rec = d.cached_aws(akid)
-            if rec is d.MISS:
-                self.loop.create_task(self._sigv4_remote(ex, akid, now, cont))
-                return
-        else:
-            rec = d.key_by_aws(akid) if akid is not None else None
+            self.loop.create_task(self._sigv4_remote(ex, akid, now, cont))
+            return
+        rec = d.key_by_aws(akid) if akid is not None else None
         return self._sigv4_check(ex, rec, now, cont)
 
     async def _sigv4_remote(self, ex, akid, now, cont):
         try:
             rec = await self.directory.key_by_aws(akid)
         except Exception:
-            if not ex.closed:
-                self._unavailable(ex)
+            rec = UNAVAILABLE
+        if ex.closed:
             return
-        if not ex.closed:
+        if rec == UNAVAILABLE:
+            self._unavailable(ex)
+            return
+        if True:
             try:
                 self._sigv4_check(ex, rec, now, cont)
             except Exception as exc:
@@ -306,26 +307,61 @@ class Gate:
         if group is None:
             cont()
             return
+        d = self.directory
+        if d.remote:
+            self.loop.create_task(self._admit_remote(ex, gov, group, pool, cont))
+            return
         now = time.time()
-        checks, reserve, why = self.plan(ex, gov, group, pool, now)
+        checks, reserve, why = self.plan(ex, gov, group, pool, now, d.group)
         if why is not None:
             return self.deny(ex, why)
         if not checks:
             cont()
             return
-        ledger = self.ledger
-        if ledger.remote:
-            self.loop.create_task(self._admit_remote(ex, checks, reserve, now, pool, cont))
-            return
-        r = ledger.admit(checks, now)
+        r = self.ledger.admit(checks, now)
         self._admitted(ex, r, checks, reserve, now, pool, cont)
 
-    async def _admit_remote(self, ex, checks, reserve, now, pool, cont):
+    async def _admit_remote(self, ex, gov, group, pool, cont):
+        """Redis: the group chain from the worker's cache (a read on a miss), then one admission
+        script."""
+        chain = {}
+        name = group
+        r = None
+        try:
+            while name is not None and len(chain) < 9:
+                g = gov.groups.get(name)
+                if g is None:
+                    g = await self.directory.group(name)
+                if g == UNAVAILABLE:
+                    r = UNAVAILABLE
+                    break
+                if g is None:
+                    break
+                chain[name] = g
+                name = g.parent
+        except Exception:
+            r = UNAVAILABLE
+        if ex.closed:
+            return
+        if r == UNAVAILABLE:
+            self._unavailable(ex)
+            return
+        now = time.time()
+        try:
+            checks, reserve, why = self.plan(ex, gov, group, pool, now, chain.get)
+        except Exception as exc:
+            ex.crash(exc)
+            return
+        if why is not None:
+            return self.deny(ex, why)
+        if not checks:
+            cont()
+            return
         try:
             r = await self.ledger.admit(checks, now)
         except Exception:
             log.exception("governance: admission failed")
-            r = "unavailable"
+            r = UNAVAILABLE
         if ex.closed:
             if r is None:   # admitted for a client that left meanwhile: give it back
                 self.ledger.settle(checks, _undo(checks), None)
@@ -339,15 +375,15 @@ class Gate:
         if r is None:
             ex.ticket = Ticket(checks, reserve, now, pool)
             cont()
-        elif r == "unavailable":
+        elif r == UNAVAILABLE:
             self._unavailable(ex)
         else:
             self.deny(ex, r)
 
-    def plan(self, ex, gov, group_name, pool, now):
-        """The checks of the group chain for this request, and the reservation (nano-dollars)."""
+    def plan(self, ex, gov, group_name, pool, now, lookup):
+        """The checks of the group chain for this request, and the reservation (nano-dollars).
+        `lookup(name)`: a group made through the admin API (config groups come first)."""
         groups = gov.groups
-        d = self.directory
         checks = []
         reserve = None
         name = group_name
@@ -355,8 +391,8 @@ class Gate:
         while name is not None:
             g = groups.get(name)
             if g is None:
-                g = d.group(name) if not d.remote else d.cached_group(name)
-            if g is None or g is getattr(d, "MISS", None):
+                g = lookup(name)
+            if g is None:
                 # SPEC §5: a group missing from config fails closed, with the quota status.
                 return None, None, Denial("budget_usd", name, None, reason="missing")
             if not g.enabled:

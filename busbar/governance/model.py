@@ -334,3 +334,15 @@ def bucket_key(group: str, index: int, lim: Limit) -> str:
     """The counter of one limit of one group across the fleet. The limit's kind and period are
     part of it, so editing a group's limits never carries a count into a different limit."""
     return "%s#%d:%s:%s:%s" % (group, index, lim.kind, lim.per, lim.pool or "")
+
+
+def group_to_dict(g: GroupRecord) -> dict:
+    return {"name": g.name, "parent": g.parent, "enabled": g.enabled, "source": g.source,
+            "limits": [{"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool}
+                       for x in g.limits]}
+
+
+def group_from_dict(d: dict) -> GroupRecord:
+    return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
+                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"))
+                        for x in d.get("limits", ())], d.get("source", "api"))

@@ -44,6 +44,7 @@ import time
 
 import orjson
 
+from busbar.governance.model import group_from_dict, group_to_dict  # noqa: F401
 from busbar.governance.model import (
     C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS,
     Denial, GroupRecord, KeyRecord, Limit, Usage)
@@ -215,20 +216,6 @@ return {id, redis.call('HGET', KEYS[2], id)}
 
 
 # ---------------------------------------------------------------------------- records
-def group_to_dict(rec: GroupRecord) -> dict:
-    return {"name": rec.name, "parent": rec.parent, "enabled": rec.enabled,
-            "limits": [{"kind": lim.kind, "amount": lim.amount, "per": lim.per, "pool": lim.pool}
-                       for lim in rec.limits],
-            "source": rec.source}
-
-
-def group_from_dict(d: dict) -> GroupRecord:
-    return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
-                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"))
-                        for x in d.get("limits") or ()],
-                       d.get("source", "api"))
-
-
 def _key_from_json(raw) -> KeyRecord:
     return KeyRecord.from_dict(orjson.loads(raw))
 
@@ -696,6 +683,9 @@ class RedisDirectory:
     nobody reaches, which is what lets fail_mode open keep serving known keys), read anything else
     from Redis without caching it, and give UNAVAILABLE when that fails. Once resubscribed the
     whole cache is dropped, so no policy from before a Redis restart survives it."""
+
+    remote = True
+    MISS = MISS     # what cached_key returns for an id not cached (the gate compares with it)
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = "bb:"):
         self.url = url

@@ -19,19 +19,7 @@ import sqlite3
 
 import orjson
 
-from .model import USAGE_FIELDS, GroupRecord, KeyRecord, Limit
-
-
-def group_to_dict(g: GroupRecord) -> dict:
-    return {"name": g.name, "parent": g.parent, "enabled": g.enabled, "source": g.source,
-            "limits": [{"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool}
-                       for x in g.limits]}
-
-
-def group_from_dict(d: dict) -> GroupRecord:
-    return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
-                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"))
-                        for x in d.get("limits", ())], d.get("source", "api"))
+from .model import USAGE_FIELDS, KeyRecord, group_from_dict, group_to_dict  # noqa: F401
 
 
 def _ukey(u):

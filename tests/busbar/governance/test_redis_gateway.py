@@ -1,0 +1,104 @@
+"""A fleet sharing one real redis-server (issue 10): two gateway processes, each with two
+workers, enforce one rate limit and one budget exactly; a key minted on one instance works on the
+other, and a revoke on one holds on the other within a second; with Redis stopped, fail_mode closed
+refuses in the caller's own shape and serving resumes when Redis is back."""
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from tests.busbar.governance.conftest import _need_redis
+from tests.conftest import stop
+from tests.redis_server import RedisServer
+from tests.integration.gov_helpers import post, start, wait_usage
+from tests.integration.test_governance import CARD
+
+TAIL = """
+groups:
+  rl:    {limits: [{requests: 20, per: minute}]}
+  money: {limits: [{budget_usd: 0.10, per: day}]}
+store: {kind: redis, url: {env: BB_REDIS}, fail_mode: closed}
+""" + CARD
+
+
+def chat(gw, token, max_tokens=None):
+    body = {"model": "oai-model", "messages": [{"role": "user", "content": "hi"}]}
+    if max_tokens:
+        body["max_tokens"] = max_tokens
+    return post(gw, "/v1/chat/completions", body, {"authorization": "Bearer " + token})
+
+
+@pytest.fixture
+def fleet(mock_port, tmp_path):
+    _need_redis()
+    # persisted (saved on stop, loaded on start), as a production Redis is: keys outlive a restart
+    own_redis = RedisServer(persist=True).start()
+    env = {"BB_REDIS": own_redis.url}
+    a = start(tmp_path, mock_port, TAIL, workers=2, extra_env=env)
+    try:
+        b = start(tmp_path, mock_port, TAIL, workers=2, extra_env=env)
+    except Exception:
+        stop(a.proc)
+        raise
+    yield a, b, own_redis
+    stop(a.proc)
+    stop(b.proc)
+    own_redis.close()
+
+
+def _spread(gws, n, fn):
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(lambda i: fn(gws[i % len(gws)]), range(n)))
+
+
+def test_fleet_limits_are_exact(fleet):
+    a, b, _ = fleet
+    k = a.admin.mint(name="rl", group="rl")["token"]
+    assert chat(b, k)[0] == 200                  # minted on a, known to b
+    out = _spread([a, b], 60, lambda g: chat(g, k)[0])
+    assert out.count(200) == 19 and out.count(429) == 41
+    m = b.admin.mint(name="money", group="money")
+    out = _spread([a, b], 50, lambda g: chat(g, m["token"], max_tokens=10)[0])
+    ok = out.count(200)
+    assert 1 <= ok <= 10 and out.count(429) == 50 - ok
+    more = 0
+    while chat(a if more % 2 else b, m["token"], max_tokens=10)[0] == 200:
+        more += 1
+        assert more <= 10
+    assert ok + more == 10
+    u = wait_usage(a.admin, "/keys/%s/usage" % m["id"], lambda d: d["total"]["requests"] >= 10)
+    assert u["total"]["requests"] == 10 and u["total"]["spend_usd"] == pytest.approx(0.10)
+
+
+def test_revoke_on_one_instance_holds_on_the_other(fleet):
+    a, b, _ = fleet
+    k = a.admin.mint(name="r")
+    assert chat(b, k["token"])[0] == 200
+    assert b.admin.call("POST", "/keys/%s/revoke" % k["id"])[0] == 200
+    deadline = time.monotonic() + 1.0
+    while chat(a, k["token"])[0] != 401:
+        assert time.monotonic() < deadline, "the revoke did not reach the other instance in 1 s"
+        time.sleep(0.05)
+    assert {chat(g, k["token"])[0] for g in (a, b) for _ in range(4)} == {401}
+
+
+def test_fail_closed_then_recovers(fleet):
+    a, b, redis = fleet
+    k = a.admin.mint(name="fc", group="rl")["token"]
+    assert chat(a, k)[0] == 200 and chat(b, k)[0] == 200
+    redis.stop()
+    try:
+        s, body, h = chat(a, k)
+        assert s == 503 and json.loads(body)["error"]["type"] == "server_error"
+        s, body, h = post(b, "/v1/messages", {"model": "ant-model", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "hi"}]}, {"x-api-key": k, "anthropic-version": "2023-06-01"})
+        assert s in (503, 529) and json.loads(body)["error"]["type"] == "overloaded_error"
+    finally:
+        redis.start()
+    deadline = time.monotonic() + 5
+    while chat(a, k)[0] != 200:
+        assert time.monotonic() < deadline, "serving did not resume after Redis came back"
+        time.sleep(0.2)
