@@ -273,7 +273,8 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         else:
             from busbar.config.secrets import resolve_secret
             url = resolve_secret(raw["url"], "store.url", env, base_dir, out)
-            if url is not None and not (url.startswith("redis://") or url.startswith("rediss://")
+            offline = getattr(env, "offline", False)
+            if url is not None and not offline and not (url.startswith("redis://") or url.startswith("rediss://")
                                         or url.startswith("unix://")):
                 out.error("store.url", "expected a redis://, rediss:// or unix:// URL")
             sc.url = url

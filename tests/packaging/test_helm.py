@@ -316,23 +316,15 @@ def test_network_policy(other):
 # ------------------------------------------------------------------------------------- config
 def test_config_is_one_busbar_accepts(rendered):
     """config.yaml through busbar's own loader (`busbar validate --offline`: secret references
-    are checked for shape, not resolved). The governance keys the chart's config is written for
-    (auth.chain, auth.signing_key, store) may still be refused by name as not yet supported by
-    this busbar version; nothing else may be wrong, and once they are supported nothing may."""
-    from busbar.config import control, loader
+    are checked for shape, not resolved): no problem at all."""
+    from busbar.config import loader
     from busbar.config.secrets import OfflineEnv
 
     text = rendered.one("ConfigMap")["data"]["config.yaml"]
     config, out = loader.build(text=text, base_dir="/etc/busbar/conf", env=OfflineEnv({}),
                                offline=True, overlay=False)
-    pending = ({f"auth.{k}" for k in getattr(control, "AUTH_UNSUPPORTED", ())}
-               | set(getattr(loader, "TOP_LEVEL_UNSUPPORTED", ())))
-    unexpected = [e for e in out.errors
-                  if not (e.endswith(": not supported by this busbar version")
-                          and e.split(":")[0] in pending)]
-    assert unexpected == []
-    if not out.errors:
-        assert config is not None
+    assert out.errors == []
+    assert config is not None and config.governance.keys and config.governance.store.kind == "redis"
 
 
 def test_workers_follow_the_cpu_limit(rendered):
