@@ -774,3 +774,65 @@ def test_os_environ_is_the_default_env(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_KEY", "from-os-environ")
     assert load(text=MINIMAL).providers["anthropic"].api_key == "from-os-environ"
     assert os.environ["ANTHROPIC_KEY"] == "from-os-environ"
+
+
+# --- governance (issue 10) ----------------------------------------------------------------------
+GOV_ENV = {"ANTHROPIC_KEY": "k", "SIGN": "x" * 40, "REDIS": "redis://127.0.0.1:6379/0"}
+
+
+def test_governance_config_parses():
+    c = cfg(MINIMAL + """
+auth: {chain: [keys], signing_key: {env: SIGN}}
+groups:
+  org: {limits: [{budget_usd: 12.5, per: month}]}
+  team: {parent: org, limits: [{requests: 60, per: minute}, {concurrent: 4}, {tokens: 1000, per: hour, pool: claude}]}
+rate_card:
+  claude: {input: 3.0, output: 15.0, cache_read: 0.3}
+store: {kind: redis, url: {env: REDIS}, fail_mode: open}
+""", GOV_ENV)
+    g = c.governance
+    assert g.keys and g.signing_key == b"x" * 40
+    assert g.groups["team"].parent == "org"
+    assert g.groups["org"].limits[0].amount == 12_500_000_000      # nano-dollars
+    assert g.rate_card["claude"].nano(1_000_000, 0) == 3_000_000_000
+    assert g.store.kind == "redis" and g.store.fail_mode == "open"
+    assert "REDIS" not in repr(g) and "x" * 40 not in repr(g)
+    # no governance at all: an open relay, nothing counted
+    assert cfg(MINIMAL, GOV_ENV).governance is None
+
+
+def test_governance_config_problems():
+    errs = problems(MINIMAL + """
+auth: {chain: [keys, ldap]}
+groups:
+  a: {parent: b, limits: [{requests: 1}]}
+  b: {parent: a, limits: [{requests: 1, tokens: 2, per: day}, {concurrent: 2, per: day}]}
+  c: {parent: nowhere, limits: [{budget_usd: -1, per: day}, {requests: 5, per: week}, {requests: 1, per: minute, pool: nope}]}
+rate_card:
+  ghost: {input: 1, output: 1}
+store: {kind: postgres}
+""", GOV_ENV)
+    for want in (
+        "auth.chain[1]: unknown auth method 'ldap' (this busbar has: keys)",
+        "auth.signing_key: required when auth.chain has 'keys' (a secret reference, the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})",
+        "groups.a.limits[0].per: expected one of minute, hour, day, month, total",
+        "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget_usd, concurrent",
+        "groups.b.limits[1].per: a concurrent limit has no period",
+        "groups.c.limits[0].budget_usd: expected a non-negative number",
+        "groups.c.limits[1].per: expected one of minute, hour, day, month, total",
+        "groups.c.limits[2].pool: unknown pool or model 'nope'",
+        "rate_card.ghost: unknown model 'ghost'",
+        "rate_card: covers no rate for model(s) claude; add them (stub: claude: {input: 0.0, output: 0.0})",
+        "store.kind: expected one of memory, sqlite, redis",
+    ):
+        assert want in errs, (want, errs)
+    errs = problems(MINIMAL + """
+auth: {chain: [keys], signing_key: {env: SHORT}}
+groups:
+  a: {parent: b}
+  b: {parent: a}
+""", dict(GOV_ENV, SHORT="short"))
+    assert "auth.signing_key: must be at least 32 bytes (e.g. `openssl rand -hex 32`)" in errs
+    assert any(e.startswith("groups.a.parent: groups form a cycle: a -> b -> a") for e in errs), errs
+    errs = problems(MINIMAL + "store: {kind: redis}\n", GOV_ENV)
+    assert "store: kind redis needs url: {env: BUSBAR_REDIS_URL}" in errs
