@@ -650,6 +650,11 @@ def _provider(
         or profile is not None or role_arn is not None))
     if aws_chain and importlib.util.find_spec("botocore") is None:
         out.error(path, "the AWS credential chain needs botocore, which this build lacks; set api_key")
+    # BYOK (issue 10): the caller's own provider key is forwarded; busbar holds none.
+    passthrough = entry.get("upstream_credentials") == "passthrough"
+    if passthrough and protocol in AWS_PROTOCOLS:
+        out.error(join(path, "upstream_credentials"), "passthrough cannot forward a SigV4 "
+                  "signature (it is made for busbar's host); give the provider its own credentials")
     if entry.get("api_key") is not None:
         errors = len(out.errors)
         api_key = resolve_secret(entry["api_key"], join(path, "api_key"), env, base_dir, out)
@@ -657,10 +662,12 @@ def _provider(
         if profile is not None or service_account is not None:
             out.error(join(path, "api_key"), "give either api_key or "
                       + ("profile" if profile is not None else "credentials") + ", not both")
-    elif url is not None and url.scheme != "http" and not aws_chain and service_account is None:
+    elif (url is not None and url.scheme != "http" and not aws_chain and service_account is None
+          and not passthrough):
         out.error(path, "missing required key 'api_key' (only http:// loopback or private providers may omit it)")
         key_failed = True
-    has_key = api_key is not None or key_failed or aws_chain or service_account is not None
+    has_key = (api_key is not None or key_failed or aws_chain or service_account is not None
+               or passthrough)
 
     auth = get_str(entry, "auth", path, out)
     if auth is not None:

@@ -49,7 +49,7 @@ class Egress:
 
     __slots__ = ("provider", "protocol", "key", "host_header", "prefix", "head_json", "head_stream",
                  "signer", "host", "_lines", "_base", "_auth", "source", "ready", "_paths",
-                 "vertex_anthropic")
+                 "vertex_anthropic", "passthrough")
 
     def __init__(self, provider):
         self.provider = provider
@@ -65,6 +65,8 @@ class Egress:
         self._lines = {}    # (path, stream) → request line + head, for unsigned requests
         self._paths = {}    # codec path → provider path (signed requests)
         self.vertex_anthropic = provider.protocol == "anthropic" and provider.vertex_project is not None
+        # BYOK: the caller's own provider key goes upstream in this provider's carrier
+        self.passthrough = provider.upstream_credentials == "passthrough"
         lines = [b"Host: " + self.host.encode("ascii"),
                  b"User-Agent: " + USER_AGENTS.get(provider.protocol, b"okhttp/4.12.0"),
                  b"Content-Type: application/json"]
@@ -159,6 +161,22 @@ class Egress:
             self.prefix, p.vertex_project, p.vertex_location, quote(str(model or ""), safe="@._-"),
             "streamRawPredict" if stream else "rawPredict")
         return path, orjson.dumps(obj)
+
+    def caller_auth(self, req) -> bytes:
+        """The caller's key (wherever its SDK put it) as this provider's auth header; b"" when
+        the caller sent none (the upstream answers 401, relayed as the caller's own)."""
+        from busbar.governance.gate import credential
+        kind, value = credential(req)
+        if kind != "token" or not value or b"\r" in value or b"\n" in value:
+            return b""
+        auth = self.provider.auth
+        if auth == "x-api-key":
+            return b"x-api-key: " + value + b"\r\n"
+        if auth == "x-goog-api-key":
+            return b"x-goog-api-key: " + value + b"\r\n"
+        if auth == "api-key":
+            return b"api-key: " + value + b"\r\n"
+        return b"Authorization: Bearer " + value + b"\r\n"
 
     def request(self, path: str, body: bytes, stream: bool, extra: bytes = b"") -> bytes:
         """The whole HTTP/1.1 request: request line, headers, body."""

@@ -139,11 +139,7 @@ class Exchange:
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
                            retry_after=1, outcome=O_SHED)
                 return
-            gov = self.snap.governance
-            if gov is not None and gov.keys:
-                site.gate.enter(self, gov, self.chat)
-            else:
-                self.chat()
+            self.chat()
         elif kind == R.HEALTH:
             ok = bool(self.snap.router.lanes) and self.site.reliability.healthy()
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
@@ -220,11 +216,22 @@ class Exchange:
             self.stream = s is not None and body[s[0]:s[1]] == b"true"
         else:
             self.stream = route.stream
-        target = self.snap.router.resolve(name)
-        if target is None:
-            self.error(404, "not_found", ingress.not_found_message(name, route.gemini_version))
+        target = self.target = self.snap.router.resolve(name)
+        gov = self.snap.governance
+        if gov is not None and gov.keys and not (target is not None and target.byok):
+            # governance: who is calling, before anything else is said (an unknown model to a
+            # caller without a key is a 401, not a 404); BYOK targets skip it.
+            self.site.gate.enter(self, gov, self.routed)
             return
-        self.target = target
+        self.routed()
+
+    def routed(self):
+        target = self.target
+        op = self.op
+        if target is None:
+            self.error(404, "not_found", self.ingress.not_found_message(self.name,
+                                                                        self.route.gemini_version))
+            return
         # Lanes that do not serve the operation are never candidates; none left is a native 404.
         tried = self.tried
         tried.update(target.lacking(op.name if op is not None else "chat"))
@@ -333,6 +340,8 @@ class Exchange:
             self.site.count_translation(self.proto, proto)
         if op is None:
             path = codec.upstream_path(wire, stream)
+        if eg.passthrough:
+            extra += eg.caller_auth(self.req)
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
         self.data = eg.request(path, body, stream, extra)

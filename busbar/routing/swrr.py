@@ -74,7 +74,7 @@ class Target:
     """
 
     __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning", "_lacking",
-                 "cells", "policy", "excluded")
+                 "cells", "policy", "excluded", "byok")
 
     def __init__(
         self, name: str, is_pool: bool, members: list[tuple[Lane, int, bool | None]]
@@ -84,6 +84,11 @@ class Target:
         self.lanes: tuple[Lane, ...] = tuple(lane for lane, _, _ in members)
         self.weights: tuple[int, ...] = tuple(weight for _, weight, _ in members)
         self.current: list[int] = [0] * len(members)
+        # governance: every member's provider takes the caller's own key (upstream_credentials:
+        # passthrough), so busbar's own key check is skipped for this target (issue 10, BYOK).
+        self.byok = bool(self.lanes) and all(
+            getattr(lane.model.provider, "upstream_credentials", "own") == "passthrough"
+            for lane in self.lanes)
         # reliability (busbar/reliability/state.py attaches them): the breaker cell of each member,
         # parallel to `lanes`; the target's failover policy; members never selected through it.
         self.cells = None

@@ -348,3 +348,37 @@ def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
         assert u["total"]["requests"] == 13 and u["total"]["output_tokens"] == 130
     finally:
         stop(g2.proc)
+
+
+# ------------------------------------------------------------------ BYOK
+def test_byok_passthrough_forwards_the_callers_own_key(mock_port, tmp_path):
+    """upstream_credentials: passthrough: busbar holds no key for the provider, skips its own key
+    check for it, and forwards the caller's key in the provider's carrier (the mock, started with
+    --require-auth, accepts only sk-test-key); other targets still need a busbar key."""
+    base_providers = "providers:\n"
+    from tests.conftest import CONFIG, free_port, start_gateway
+    from tests.integration.gov_helpers import GOV, Admin, gov_env
+    admin = free_port()
+    cfg = CONFIG.format(port="{port}", mock=mock_port, dead=free_port())
+    cfg = cfg.replace(base_providers, base_providers + "  byok: {protocol: anthropic, base_url: "
+                      "\"http://127.0.0.1:%d\", upstream_credentials: passthrough}\n" % mock_port)
+    cfg = cfg.replace("models:\n", "models:\n  byok-model: {provider: byok, upstream_model: claude-haiku-4-5}\n")
+    cfg += GOV.format(admin=admin)
+    g = start_gateway(tmp_path, cfg, 1, gov_env())
+    g.admin = Admin(admin)
+    try:
+        body = {"model": "byok-model", "max_tokens": 30,
+                "messages": [{"role": "user", "content": "hi #mock:echo_auth=1"}]}
+        s, data, _ = post(g, "/v1/messages", body, {"x-api-key": "sk-callers-own",
+                                                    "anthropic-version": "2023-06-01"})
+        assert s == 200, data
+        assert "[auth:x-api-key]" in json.loads(data)["content"][0]["text"]
+        # no key from the caller: nothing forwarded, the upstream's own 401 is relayed
+        s, data, _ = post(g, "/v1/messages", body, {"anthropic-version": "2023-06-01"})
+        assert s == 401 and json.loads(data)["error"]["type"] == "authentication_error"
+        body["model"] = "ant-model"
+        s, data, _ = post(g, "/v1/messages", body, {"x-api-key": "sk-test-key",
+                                                    "anthropic-version": "2023-06-01"})
+        assert s == 401 and json.loads(data)["error"]["message"] == "invalid x-api-key"
+    finally:
+        stop(g.proc)
