@@ -260,7 +260,8 @@ class Bench:
         # --observe: the access log and metrics off (the floor-comparable row) or both on.
         observe = ("observability: {access_log: off}\n" if self.args.observe == "off" else
                    "observability: {access_log: \"%s\", metrics: true}\n" % (self.log_dir / "access.jsonl"))
-        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe)
+        keys = self.keys_config(env)
+        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe + keys)
         bb = self.procs.start("busbar", [PY, "-m", "busbar.cli", "serve", "--config", str(cfg),
                                          "--workers", "1"], self.gw_core, env, str(ROOT))
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
@@ -272,6 +273,10 @@ class Bench:
             if why:
                 raise SystemExit("bench: %s %s; log: %s" % (name, why, s.log_tail()))
         self.targets["busbar"] = Target("busbar", bb_port, bb)
+        if self.args.keys != "off":
+            # the bench caller's virtual key, minted through the admin API like a user would
+            token = self.mint_key(self.admin_port)
+            self.targets["busbar"].headers_extra = {"Authorization": "Bearer " + token}
         self.targets["floor"] = Target("floor", floor_port, fl)
         self.targets["direct"] = Target("direct", mock_port, self.mock)
         lt = Target("LiteLLM", 0, None)
@@ -308,11 +313,64 @@ class Bench:
                     self.sampler.watch(t.name, t.started)
         self.sampler.start()
 
+    def keys_config(self, env):
+        """--keys: virtual keys on, with a group whose limits every request takes (requests per
+        minute, a monthly budget, a concurrency cap, all far above the load) and a rate card, so
+        the row pays for authentication, admission and settlement; SQLite or a loopback Redis."""
+        self.admin_port = procs.free_port()
+        if self.args.keys == "off":
+            return ""
+        env["BENCH_SIGNING_KEY"] = secrets.token_hex(32)
+        env["BENCH_ADMIN_TOKEN"] = secrets.token_hex(16)
+        self.admin_token = env["BENCH_ADMIN_TOKEN"]
+        if self.args.keys == "redis":
+            import shutil
+            binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+            rport = procs.free_port()
+            self.redis = self.procs.start("redis", [binary, "--port", str(rport), "--bind", "127.0.0.1",
+                                                    "--save", "", "--appendonly", "no"],
+                                          self.load_core, env, str(self.log_dir))
+            import socket
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", rport), 0.2).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        raise SystemExit("bench: redis-server did not start")
+                    time.sleep(0.05)
+            env["BENCH_REDIS_URL"] = "redis://127.0.0.1:%d/0" % rport
+            store = "store: {kind: redis, url: {env: BENCH_REDIS_URL}}\n"
+        else:
+            store = "store: {kind: sqlite, path: \"%s\"}\n" % (self.log_dir / "bench.db")
+        card = "".join("  %s: {input: 3.0, output: 15.0}\n" % m for m in
+                       ("oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model"))
+        return ("admin_listen: \"127.0.0.1:%d\"\n" % self.admin_port +
+                "auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
+                "  admin_tokens: [{name: bench, token: {env: BENCH_ADMIN_TOKEN}, scope: full}]\n"
+                "groups:\n  bench: {limits: [{requests: 100000000, per: minute}, "
+                "{budget_usd: 100000000, per: month}, {concurrent: 100000}]}\n"
+                "rate_card:\n" + card + store)
+
+    def mint_key(self, port):
+        import http.client
+        import json as _json
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("POST", "/api/v1/admin/keys", _json.dumps({"name": "bench", "group": "bench"}),
+                  {"Authorization": "Bearer " + self.admin_token, "Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 201:
+            raise SystemExit("bench: minting the bench key failed: %d %s" % (r.status, body[:200]))
+        return _json.loads(body)["token"]
+
     # ---------------------------------------------------------------- requests
     def headers_for(self, target, proto):
         h = payloads.headers(proto)
         if target.headers_extra:
-            # LiteLLM authenticates callers with its master key (Bearer), whatever the protocol.
+            # LiteLLM authenticates callers with its master key (Bearer), whatever the protocol;
+            # busbar with --keys takes its virtual key the same way.
             for k in ("Authorization", "x-api-key", "x-goog-api-key"):
                 h.pop(k, None)
             h.update(target.headers_extra)
@@ -748,6 +806,9 @@ def main(argv=None):
     ap.add_argument("--no-litellm", action="store_true", help="do not install or run LiteLLM")
     ap.add_argument("--observe", choices=("off", "on"), default="off",
                     help="busbar's access log and metrics: off (default) or both on")
+    ap.add_argument("--keys", choices=("off", "sqlite", "redis"), default="off",
+                    help="busbar's virtual keys: off (default), or on with a governed group on a "
+                    "SQLite store or a loopback redis-server")
     ap.add_argument("--only", help="comma-separated substrings of case keys to run "
                     "(e.g. openai-openai-4096)")
     ap.add_argument("--install-timeout", type=int, default=420,

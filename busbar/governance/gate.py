@@ -32,7 +32,10 @@ MAX_TOKEN_BYTES = 1024
 BYTES_PER_TOKEN = 3
 UNAVAILABLE = "unavailable"     # a store that cannot answer (redis_store.UNAVAILABLE)
 
-AUTH_MESSAGE = None     # each codec's own copy (own_error)
+# Verified tokens and group chains kept per worker: bounded, cleared whole when full (a worker
+# sees far fewer distinct keys and (group, pool) pairs than this in any real deployment).
+TOKEN_CACHE_MAX = 8192
+CHAIN_CACHE_MAX = 4096
 ACL_MESSAGE = "Your API key does not have permission to access this resource."
 
 
@@ -68,6 +71,7 @@ class LocalDirectory:
     remote = False
 
     def __init__(self, keys=(), groups=()):
+        self.version = 0            # bumped by every change: the gate's caches follow it
         self.keys = {}
         self.aws = {}
         self.groups = {}
@@ -90,6 +94,7 @@ class LocalDirectory:
             self.aws.pop(old.aws_access_key_id, None)
 
     def apply(self, msg: dict):
+        self.version += 1
         for rec in msg.get("keys", ()):
             self.put_key(rec)
         for kid in msg.get("drop_keys", ()):
@@ -109,6 +114,9 @@ class LocalDirectory:
         return self.groups.get(name)
 
 
+from cbusbar.ledger import BELOW, DENIED_FULL, FIT, OK  # noqa: E402
+
+
 class LocalLedger:
     remote = False
 
@@ -116,7 +124,6 @@ class LocalLedger:
         self.table = table
 
     def admit(self, checks, now):
-        from cbusbar.ledger import BELOW, DENIED_FULL, FIT, OK
         r = self.table.admit([(c[C_BUCKET], c[C_WINDOW], BELOW if c[C_KIND] == "tokens" else FIT,
                                c[C_LIMIT], c[C_CHARGE]) for c in checks])
         if r == OK:
@@ -150,23 +157,23 @@ class UsageBatcher:
         self.rows = {}
         self.handle = None
 
-    def add(self, u: Usage):
-        k = (u.day, u.key_id, u.group, u.model, u.pool)
+    def add(self, day, key_id, group, model, pool, inp, out, cr, cw):
+        k = (day, key_id, group, model, pool)
         cur = self.rows.get(k)
         if cur is None:
-            self.rows[k] = u
+            self.rows[k] = [1, inp, out, cr, cw]
         else:
-            cur.requests += u.requests
-            cur.input_tokens += u.input_tokens
-            cur.output_tokens += u.output_tokens
-            cur.cache_read_tokens += u.cache_read_tokens
-            cur.cache_write_tokens += u.cache_write_tokens
+            cur[0] += 1
+            cur[1] += inp
+            cur[2] += out
+            cur[3] += cr
+            cur[4] += cw
         if self.handle is None:
             self.handle = self.loop.call_later(self.flush_secs, self.flush)
 
     def flush(self):
         self.handle = None
-        rows = list(self.rows.values())
+        rows = [Usage(*k, *v) for k, v in self.rows.items()]
         self.rows = {}
         if rows:
             try:
@@ -192,6 +199,11 @@ class Gate:
         self.ledger = ledger
         self.batcher = batcher
         self.metrics = metrics
+        self._chains = {}           # (group, pool) -> the chain's limits, while _stamp holds
+        self._stamp = None
+        self._windows = {}          # per -> (window id, when it rolls)
+        self._verified = {}         # token -> (key id, exp, gen): MACs already checked
+        self._day = (0, "")
 
     # ------------------------------------------------------------------ who
     def enter(self, ex, gov, cont):
@@ -204,10 +216,18 @@ class Gate:
                 token = value.decode("ascii")
             except UnicodeDecodeError:
                 return self._refuse(ex)
-            claims = verify_token(gov.signing_key, token)
-            if claims is None:
+            claims = self._verified.get(token)
+            if claims is None or claims[3] is not gov.signing_key:
+                claims = verify_token(gov.signing_key, token)
+                if claims is None:
+                    return self._refuse(ex)
+                claims = claims + (gov.signing_key,)
+                if len(self._verified) >= TOKEN_CACHE_MAX:
+                    self._verified = {}
+                self._verified[token] = claims
+            kid, exp, gen, _ = claims
+            if exp is not None and exp <= now:
                 return self._refuse(ex)
-            kid, _exp, gen = claims
             d = self.directory
             if d.remote:
                 rec = d.cached_key(kid)
@@ -382,10 +402,43 @@ class Gate:
 
     def plan(self, ex, gov, group_name, pool, now, lookup):
         """The checks of the group chain for this request, and the reservation (nano-dollars).
-        `lookup(name)`: a group made through the admin API (config groups come first)."""
-        groups = gov.groups
+        `lookup(name)`: a group made through the admin API (config groups come first). The chain's
+        limits are cached per (group, pool) until the config or a group changes."""
+        chain = self.chain(gov, group_name, pool, lookup)
+        if chain.__class__ is Denial:
+            return None, None, chain
         checks = []
         reserve = None
+        windows = self._windows
+        for bucket, kind, amount, per, name in chain:
+            w = windows.get(per)
+            if w is None or (w[1] is not None and now >= w[1]):
+                wid, roll = window(per, now)
+                w = windows[per] = (wid, None if roll is None else now + roll)
+            roll = None if w[1] is None else w[1] - now
+            if kind == "budget_usd":
+                if reserve is None:
+                    reserve = self.reservation(ex, gov)
+                charge = reserve
+            elif kind == "tokens":
+                charge = 0
+            else:
+                charge = 1
+            checks.append((bucket, kind, amount, charge, w[0], roll, name, per))
+        return checks, reserve or 0, None
+
+    def chain(self, gov, group_name, pool, lookup):
+        d = self.directory
+        stamp = (id(gov), d.version)
+        if stamp != self._stamp:
+            self._chains = {}
+            self._stamp = stamp
+        k = (group_name, pool)
+        out = self._chains.get(k)
+        if out is not None:
+            return out
+        groups = gov.groups
+        limits = []
         name = group_name
         depth = 0
         while name is not None:
@@ -394,29 +447,21 @@ class Gate:
                 g = lookup(name)
             if g is None:
                 # SPEC §5: a group missing from config fails closed, with the quota status.
-                return None, None, Denial("budget_usd", name, None, reason="missing")
+                return Denial("budget_usd", name, None, reason="missing")
             if not g.enabled:
-                return None, None, Denial(None, name, None, reason="disabled")
+                return Denial(None, name, None, reason="disabled")
             for i, lim in enumerate(g.limits):
                 if lim.pool is not None and lim.pool != pool:
                     continue
-                kind = lim.kind
-                wid, roll = window(lim.per, now)
-                if kind == "budget_usd":
-                    if reserve is None:
-                        reserve = self.reservation(ex, gov)
-                    charge = reserve
-                elif kind == "tokens":
-                    charge = 0
-                else:
-                    charge = 1
-                checks.append((bucket_key(name, i, lim), kind, lim.amount, charge, wid, roll, name,
-                               lim.per))
+                limits.append((bucket_key(name, i, lim), lim.kind, lim.amount, lim.per, name))
             name = g.parent
             depth += 1
             if depth > 8:
                 break
-        return checks, reserve or 0, None
+        out = self._chains[k] = tuple(limits)
+        if len(self._chains) > CHAIN_CACHE_MAX:
+            self._chains = {}
+        return out
 
     def reservation(self, ex, gov) -> int:
         """Worst case: the input estimate plus max_tokens (or the lanes' default) at the dearest
@@ -469,36 +514,41 @@ class Gate:
         if usage is not None:
             inp, out = usage.input_tokens, usage.output_tokens
             cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
-        deltas = []
-        if checks:
-            cost = None
-            for c in checks:
-                k = c[C_KIND]
-                if k == "concurrent":
-                    deltas.append(-1)
-                elif k == "tokens":
-                    deltas.append(inp + out)
-                elif k == "budget_usd":
-                    if cost is None:
-                        cost = 0
-                        card = gov.rate_card
-                        rate = card.get(lane_name) if (card and lane_name) else None
-                        if rate is not None:
-                            cost = rate.nano(inp, out, cr, cw)
-                    deltas.append(cost - c[C_CHARGE])
-                else:
-                    deltas.append(0)
-        row = Usage(day_of(time.time()), rec_key.id, rec_key.group, lane_name,
-                    ticket.pool if ticket is not None else (ex.target.name if ex.target else None),
-                    1, inp, out, cr, cw)
+        pool = ticket.pool if ticket is not None else (ex.target.name if ex.target else None)
+        now = time.time()
+        dn = int(now // 86400)
+        day = self._day
+        if day[0] != dn:
+            day = self._day = (dn, day_of(now))
+        # (bucket, window, delta) per check whose counter moves at the end
+        moves = []
+        cost = None
+        for c in checks:
+            k = c[C_KIND]
+            if k == "requests":
+                continue
+            if k == "concurrent":
+                d = -1
+            elif k == "tokens":
+                d = inp + out
+            else:   # budget_usd: the reservation becomes the actual cost
+                if cost is None:
+                    card = gov.rate_card
+                    rate = card.get(lane_name) if (card and lane_name) else None
+                    cost = rate.nano(inp, out, cr, cw) if rate is not None else 0
+                d = cost - c[C_CHARGE]
+            if d:
+                moves.append((c, d))
         ledger = self.ledger
         if ledger.remote:
-            ledger.settle(list(checks), deltas, row)
-        else:
-            if checks:
-                ledger.settle(checks, deltas, None)
-            if self.batcher is not None:
-                self.batcher.add(row)
+            ledger.settle([c for c, _ in moves], [d for _, d in moves],
+                          Usage(day[1], rec_key.id, rec_key.group, lane_name, pool, 1, inp, out,
+                                cr, cw))
+            return
+        if moves:
+            ledger.table.settle([(c[C_BUCKET], c[C_WINDOW], d) for c, d in moves])
+        if self.batcher is not None:
+            self.batcher.add(day[1], rec_key.id, rec_key.group, lane_name, pool, inp, out, cr, cw)
 
 
 def _undo(checks):

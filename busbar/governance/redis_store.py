@@ -687,6 +687,11 @@ class RedisDirectory:
     remote = True
     MISS = MISS     # what cached_key returns for an id not cached (the gate compares with it)
 
+    @property
+    def version(self):
+        """Bumped by every invalidation: the gate's group-chain cache follows it."""
+        return self._gen
+
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = "bb:"):
         self.url = url
         self.timeout = timeout
