@@ -204,3 +204,12 @@ def verify(method: bytes, path: str, query: str, headers: dict[bytes, bytes], bo
     if hmac.compare_digest(want, sig) and known:
         return key_id
     return None
+
+
+def parse_access_key(value) -> str | None:
+    """The access key id a SigV4 `Authorization` names (to find its key), or None when the header
+    is not one; the signature itself is checked by verify()."""
+    if not value:
+        return None
+    parsed = _parse_authorization(value)
+    return None if parsed is None else parsed[0].decode("ascii")

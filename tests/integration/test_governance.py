@@ -382,3 +382,50 @@ def test_byok_passthrough_forwards_the_callers_own_key(mock_port, tmp_path):
         assert s == 401 and json.loads(data)["error"]["message"] == "invalid x-api-key"
     finally:
         stop(g.proc)
+
+
+# ------------------------------------------------------------------ Bedrock: SigV4 with the issued pair
+def test_boto3_with_the_issued_aws_credential(gw):
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config as BotoConfig
+
+    k = gw.admin.mint(name="aws", group="team", issue_aws_credential=True)
+    assert k["aws_access_key_id"].startswith("BBAK") and len(k["aws_secret_access_key"]) >= 40
+
+    def client(akid, secret):
+        return boto3.client("bedrock-runtime", endpoint_url=gw.url, region_name="us-east-1",
+                            aws_access_key_id=akid, aws_secret_access_key=secret,
+                            config=BotoConfig(retries={"max_attempts": 1}, read_timeout=20))
+
+    br = client(k["aws_access_key_id"], k["aws_secret_access_key"])
+    msgs = [{"role": "user", "content": [{"text": "hi"}]}]
+    r = br.converse(modelId="bed-model", messages=msgs)
+    assert r["output"]["message"]["content"][0]["text"].startswith("mock: hi")
+    stream = br.converse_stream(modelId="ant-model", messages=msgs,
+                                inferenceConfig={"maxTokens": 20})["stream"]
+    text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in stream if "contentBlockDelta" in e)
+    assert text.startswith("mock: hi")
+    # a wrong secret and an unknown access key id look the same: 403 AccessDeniedException
+    for akid, secret in ((k["aws_access_key_id"], "x" * 40), ("BBAK0000000000000000", "y" * 40)):
+        with pytest.raises(botocore.exceptions.ClientError) as e:
+            client(akid, secret).converse(modelId="bed-model", messages=msgs)
+        assert e.value.response["Error"]["Code"] == "AccessDeniedException"
+        assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    # the signature covers the body: a tampered body with the old signature is refused
+    import botocore.auth
+    import botocore.awsrequest
+    import botocore.credentials
+    body = json.dumps({"messages": msgs}).encode()
+    req = botocore.awsrequest.AWSRequest("POST", gw.url + "/model/bed-model/converse", data=body,
+                                         headers={"content-type": "application/json"})
+    botocore.auth.SigV4Auth(botocore.credentials.Credentials(
+        k["aws_access_key_id"], k["aws_secret_access_key"]), "bedrock", "us-east-1").add_auth(req)
+    headers = dict(req.headers.items())
+    assert post(gw, "/model/bed-model/converse", {"messages": msgs}, headers)[0] == 200
+    tampered = {"messages": [{"role": "user", "content": [{"text": "hj"}]}]}
+    assert post(gw, "/model/bed-model/converse", tampered, headers)[0] == 403
+    # revoking the key revokes the pair
+    assert gw.admin.call("POST", "/keys/%s/revoke" % k["id"])[0] == 200
+    with pytest.raises(botocore.exceptions.ClientError):
+        br.converse(modelId="bed-model", messages=msgs)
