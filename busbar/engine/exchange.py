@@ -83,7 +83,7 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket")
+                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket", "denied")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -126,6 +126,7 @@ class Exchange:
         self.fallbacks = 0      # on_exhausted fallback_pool hops taken (a runtime loop guard)
         self.principal = None   # governance: the caller's KeyRecord, once authenticated
         self.ticket = None      # governance: what admission took (busbar/governance/gate.py)
+        self.denied = None      # governance: the gate that refused the request, if one did
 
     # ================================================================== entry
     def start(self):
@@ -921,6 +922,7 @@ class Exchange:
         if key is not None:
             r.key_id = key.id
             r.group = key.group
+        r.denied = self.denied
         return r
 
 

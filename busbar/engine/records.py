@@ -66,7 +66,7 @@ class RequestRecord:
 
     __slots__ = ("request_id", "ingress", "egress", "target", "lane", "model", "stream", "status",
                  "outcome", "attempts", "usage", "t0", "t_end", "busbar_ns", "upstream_ns",
-                 "bytes_out", "client", "key_id", "group")
+                 "bytes_out", "client", "key_id", "group", "denied")
 
     def __init__(self):
         self.request_id = None
@@ -88,6 +88,7 @@ class RequestRecord:
         self.client = None
         self.key_id = None      # governance: the virtual key's id (never its token) and group
         self.group = None
+        self.denied = None      # governance: the gate that refused it (observability GATES)
 
     def as_dict(self) -> dict:
         u = self.usage

@@ -182,6 +182,11 @@ class UsageBatcher:
                 log.exception("governance: usage batch of %d rows lost", len(rows))
 
 
+# Denial -> the busbar_admission_denied_total gate it counts under
+DENIED_GATE = {"disabled": "group_disabled", "missing": "budget", "budget_usd": "budget",
+               "concurrent": "concurrent", "requests": "rate_limit", "tokens": "rate_limit"}
+
+
 class Ticket:
     __slots__ = ("checks", "reserve", "now", "pool")
 
@@ -300,10 +305,12 @@ class Gate:
         cont()
 
     def _refuse(self, ex):
+        ex.denied = "auth"
         status, message = ex.own_error("authentication")
         ex.error(status, "authentication", message)
 
     def _unavailable(self, ex):
+        ex.denied = "store_unavailable"
         ex.error(503, "overloaded", "The service is temporarily unable to check your API key. "
                  "Please retry shortly.", retry_after=1)
 
@@ -314,6 +321,7 @@ class Gate:
         pool = target.name
         allowed = key.allowed_pools
         if allowed is not None and pool not in allowed:
+            ex.denied = "pool_acl"
             status, _ = ex.own_error("permission")
             ex.error(status, "permission", ACL_MESSAGE)
             return
@@ -488,6 +496,7 @@ class Gate:
         return worst
 
     def deny(self, ex, why: Denial):
+        ex.denied = DENIED_GATE.get(why.reason or why.kind, "rate_limit")
         if why.reason == "disabled":
             status, _ = ex.own_error("permission")
             ex.error(status, "permission", "Your API key's group '%s' is disabled." % why.group)

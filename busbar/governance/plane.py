@@ -27,6 +27,8 @@ from .model import NANO, USAGE_FIELDS, bucket_key, window
 
 log = logging.getLogger("busbar.governance")
 _LEN = struct.Struct(">I")
+# How often the parent recomputes the spend series of /metrics from the stored usage.
+SPEND_REFRESH_SECS = 5.0
 
 
 class GovBoot:
@@ -125,10 +127,27 @@ class GovBoot:
             await self.store.open()
         for s in self.parent_ends:
             self.readers.append(gw.loop.create_task(self._read_usage(gw.loop, s)))
+        self.spender = gw.loop.create_task(self._spend_loop(gw))
         admin = getattr(gw, "admin", None)
         if admin is not None:
             from .admin import mount
             mount(admin, gw, self)
+
+    async def _spend_loop(self, gw):
+        """busbar_key_spend_usd_total: spend per (key, group) from the stored usage and the
+        current rate card, every SPEND_REFRESH_SECS (a scrape reads the last figure)."""
+        while True:
+            try:
+                gov = gw.snapshot.governance
+                if gov is not None and gov.rate_card:
+                    spend = {}
+                    for row in await self.store.usage_rows():
+                        k = (row["key_id"], row["group"])
+                        spend[k] = spend.get(k, 0) + spend_nano(gov, row)
+                    gw.gov_spend = {k: usd(v) for k, v in spend.items()}
+            except Exception:
+                log.debug("governance: spend figures not refreshed", exc_info=True)
+            await asyncio.sleep(SPEND_REFRESH_SECS)
 
     async def _read_usage(self, loop, sock):
         while True:
@@ -143,6 +162,8 @@ class GovBoot:
             await _add(self.store, rows)
 
     async def close(self, gw):
+        if getattr(self, "spender", None) is not None:
+            self.spender.cancel()
         gate = getattr(gw, "gate", None)
         if gate is not None and gate.batcher is not None:
             gate.batcher.flush()

@@ -31,7 +31,13 @@ DISPOSITIONS = ("transient_upstream", "attempt_timeout", "hard_down", "context_l
                 "upstream_4xx", "reset", "malformed", "truncated", "protocol", "credentials",
                 "refused", "cancelled", "internal")
 TOKEN_KINDS = ("input", "output", "cached")
-GATES = ("inbound_concurrency",)
+# Where a request was refused before any upstream: the inbound cap, and governance's gates
+# (busbar/governance/gate.py sets RequestRecord.denied to one of the others).
+GATES = ("inbound_concurrency", "auth", "pool_acl", "rate_limit", "budget", "concurrent",
+         "group_disabled", "store_unavailable")
+# busbar_key_spend_usd_total: the keys with the most spend get their own series, the rest are
+# summed under key="others" (a gateway with thousands of keys must not mint thousands of series).
+SPEND_SERIES_MAX = 100
 UNRESOLVED = "unresolved"
 
 # busbar's own time per request: from 50 µs (a relayed small call is ~100-300 µs) to 2.5 s.
@@ -80,6 +86,7 @@ class Layout:
         self.ing_i = {p: i for i, p in enumerate(INGRESS)}
         self.out_i = {o: i for i, o in enumerate(OUTCOMES)}
         self.disp_i = {d: i for i, d in enumerate(DISPOSITIONS)}
+        self.gate_i = {g: i for i, g in enumerate(GATES)}
         # (pool, lane) pairs that exist: a pool's members, and a model's direct route.
         pairs = []
         for name, pool in sorted(config.pools.items()):
@@ -198,6 +205,8 @@ class Metrics:
                     add(base + 2, u.cache_read_tokens)
         if rec.outcome == R.O_SHED:
             add(L.admission, 1)
+        elif rec.denied is not None:
+            add(L.admission + L.gate_i.get(rec.denied, 0), 1)
 
     def dropped(self, sink: str, n: int = 1):
         try:
@@ -328,6 +337,21 @@ def render(m: Metrics) -> bytes:
     w("# TYPE busbar_admission_denied_total counter")
     for g, gate in enumerate(GATES):
         w("busbar_admission_denied_total%s %d" % (_labels(gate=gate), v[L.admission + g]))
+    spend = getattr(m.site, "gov_spend", None) if m.site is not None else None
+    if spend is not None:
+        # governance: derived from stored usage and the current rate card, refreshed every few
+        # seconds by the parent (busbar/governance/plane.py); the top keys, then "others".
+        w("# HELP busbar_key_spend_usd_total Spend of each virtual key (USD, from the rate card).")
+        w("# TYPE busbar_key_spend_usd_total counter")
+        ranked = sorted(spend.items(), key=lambda kv: -kv[1])
+        others = 0
+        for n, ((key, group), usd) in enumerate(ranked):
+            if n < SPEND_SERIES_MAX:
+                w("busbar_key_spend_usd_total%s %.9f" % (_labels(key=key, group=group or ""), usd))
+            else:
+                others += usd
+        if len(ranked) > SPEND_SERIES_MAX:
+            w("busbar_key_spend_usd_total%s %.9f" % (_labels(key="others", group=""), others))
     w("# HELP busbar_records_dropped_total Records a saturated sink dropped, by sink.")
     w("# TYPE busbar_records_dropped_total counter")
     for s, sink in enumerate(L.sinks):

@@ -37,6 +37,7 @@ groups:
   frozen:  {enabled: false}
   scoped:  {limits: [{requests: 1, per: minute, pool: oai-model}]}
 store: {kind: memory}
+observability: {metrics: true, access_log: off}
 """ + CARD
 
 
@@ -429,3 +430,41 @@ def test_boto3_with_the_issued_aws_credential(gw):
     assert gw.admin.call("POST", "/keys/%s/revoke" % k["id"])[0] == 200
     with pytest.raises(botocore.exceptions.ClientError):
         br.converse(modelId="bed-model", messages=msgs)
+
+
+def test_metrics_count_refusals_by_gate_and_spend_by_key(gw):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def scrape():
+        import http.client
+        c = http.client.HTTPConnection("127.0.0.1", gw.admin.port, timeout=10)
+        c.request("GET", "/metrics", headers={"authorization": "Bearer " + gw.admin.token})
+        r = c.getresponse()
+        text = r.read().decode()
+        c.close()
+        assert r.status == 200
+        out = {}
+        for fam in text_string_to_metric_families(text):
+            for smp in fam.samples:
+                out[(smp.name, tuple(sorted(smp.labels.items())))] = smp.value
+        return out
+
+    def denied(m, gate):
+        return m.get(("busbar_admission_denied_total", (("gate", gate),)), 0)
+
+    before = scrape()
+    for _ in range(3):
+        chat(gw, "bbk_nothing.valid")
+    k = gw.admin.mint(name="metrics", group="team", allowed_pools=["ant-model"])
+    chat(gw, k["token"])                                      # pool not allowed
+    assert chat(gw, k["token"], model="ant-model", max_tokens=10)[0] == 200
+    deadline = time.monotonic() + 8         # spend is refreshed every 5 s from stored usage
+    while True:
+        after = scrape()
+        spend = after.get(("busbar_key_spend_usd_total", (("group", "team"), ("key", k["id"]))))
+        if spend or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert denied(after, "auth") - denied(before, "auth") == 3
+    assert denied(after, "pool_acl") - denied(before, "pool_acl") == 1
+    assert spend == pytest.approx(10 * 1000 / 1e6)
