@@ -468,3 +468,63 @@ def test_metrics_count_refusals_by_gate_and_spend_by_key(gw):
     assert denied(after, "auth") - denied(before, "auth") == 3
     assert denied(after, "pool_acl") - denied(before, "pool_acl") == 1
     assert spend == pytest.approx(10 * 1000 / 1e6)
+
+
+def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):
+    """Each SDK's own usage figures, summed, equal what the key's usage endpoint reports: all six
+    ingress protocols, buffered and streamed, same-protocol lanes and a translated one."""
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    k = gw.admin.mint(name="six", group="team", issue_aws_credential=True)
+    t = k["token"]
+    seen = []      # (input, output) per request, from the SDKs
+
+    o = openai.OpenAI(base_url=gw.url + "/v1", api_key=t, max_retries=0, timeout=20)
+    r = o.chat.completions.create(model="oai-model", messages=[{"role": "user", "content": "u1"}])
+    seen.append((r.usage.prompt_tokens, r.usage.completion_tokens))
+    ch = list(o.chat.completions.create(model="oai-model", stream=True, stream_options={"include_usage": True},
+                                        messages=[{"role": "user", "content": "u2"}]))
+    seen.append((ch[-1].usage.prompt_tokens, ch[-1].usage.completion_tokens))
+    r = o.responses.create(model="resp-model", input="u3")
+    seen.append((r.usage.input_tokens, r.usage.output_tokens))
+    with o.responses.stream(model="resp-model", input="u4") as s:
+        fin = s.get_final_response()
+    seen.append((fin.usage.input_tokens, fin.usage.output_tokens))
+
+    a = anthropic.Anthropic(base_url=gw.url, api_key=t, max_retries=0, timeout=20)
+    m = a.messages.create(model="ant-model", max_tokens=40, messages=[{"role": "user", "content": "u5"}])
+    seen.append((m.usage.input_tokens, m.usage.output_tokens))
+    with a.messages.stream(model="oai-model", max_tokens=40, messages=[{"role": "user", "content": "u6"}]) as s:
+        fin = s.get_final_message()
+    seen.append((fin.usage.input_tokens, fin.usage.output_tokens))
+
+    g = genai.Client(api_key=t, http_options=gt.HttpOptions(base_url=gw.url, api_version="v1beta",
+                                                            timeout=20000))
+    r = g.models.generate_content(model="gem-model", contents="u7")
+    seen.append((r.usage_metadata.prompt_token_count, r.usage_metadata.candidates_token_count))
+    last = list(g.models.generate_content_stream(model="gem-model", contents="u8"))[-1]
+    seen.append((last.usage_metadata.prompt_token_count, last.usage_metadata.candidates_token_count))
+
+    c = cohere.ClientV2(api_key=t, base_url=gw.url, timeout=20)
+    r = c.chat(model="coh-model", messages=[{"role": "user", "content": "u9"}])
+    seen.append((int(r.usage.tokens.input_tokens), int(r.usage.tokens.output_tokens)))
+    end = [e for e in c.chat_stream(model="coh-model", messages=[{"role": "user", "content": "u10"}])
+           if e.type == "message-end"][0]
+    seen.append((int(end.delta.usage.tokens.input_tokens), int(end.delta.usage.tokens.output_tokens)))
+
+    br = boto3.client("bedrock-runtime", endpoint_url=gw.url, region_name="us-east-1",
+                      aws_access_key_id=k["aws_access_key_id"],
+                      aws_secret_access_key=k["aws_secret_access_key"],
+                      config=BotoConfig(retries={"max_attempts": 1}))
+    msgs = [{"role": "user", "content": [{"text": "u11"}]}]
+    r = br.converse(modelId="bed-model", messages=msgs)
+    seen.append((r["usage"]["inputTokens"], r["usage"]["outputTokens"]))
+    meta = [e["metadata"] for e in br.converse_stream(modelId="bed-model", messages=msgs)["stream"]
+            if "metadata" in e][0]
+    seen.append((meta["usage"]["inputTokens"], meta["usage"]["outputTokens"]))
+
+    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"],
+                   lambda d: d["total"]["requests"] >= len(seen))["total"]
+    assert u["requests"] == len(seen) == 12
+    assert (u["input_tokens"], u["output_tokens"]) == (sum(x for x, _ in seen), sum(y for _, y in seen))
