@@ -83,7 +83,7 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket", "denied")
+                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket", "denied", "spans")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -127,6 +127,7 @@ class Exchange:
         self.principal = None   # governance: the caller's KeyRecord, once authenticated
         self.ticket = None      # governance: what admission took (busbar/governance/gate.py)
         self.denied = None      # governance: the gate that refused the request, if one did
+        self.spans = None       # the body's top-level members the codec names (SCAN_KEYS)
 
     # ================================================================== entry
     def start(self):
@@ -191,7 +192,7 @@ class Exchange:
         ingress = self.ingress = CODECS[self.proto]
         body = req.body
         try:
-            spans = scan_top(body, (b"model", b"stream"))
+            spans = self.spans = scan_top(body, ingress.SCAN_KEYS)
         except FramingError:
             self.error(400, "invalid_request", PARSE_ERROR)
             return

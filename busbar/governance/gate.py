@@ -20,6 +20,8 @@ from __future__ import annotations
 import logging
 import time
 
+from cbusbar.framing import FramingError, scan_top
+
 from .model import (C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, Denial,
                     Usage, bucket_key, day_of, verify_token, window)
 
@@ -136,6 +138,30 @@ class LocalLedger:
 
     def settle(self, checks, deltas, usage):
         self.table.settle([(c[C_BUCKET], c[C_WINDOW], d) for c, d in zip(checks, deltas) if d])
+
+
+def requested_max_tokens(codec, body: bytes, spans) -> int | None:
+    """The caller's output cap, read from the body's scanned members where the codec says it
+    lives (MAX_TOKENS_PATH): no parse of the request."""
+    if spans is None:
+        return None
+    for path in codec.MAX_TOKENS_PATH:
+        sp = spans.get(path[0])
+        if sp is None:
+            continue
+        raw = body[sp[0]:sp[1]]
+        if len(path) == 2:
+            try:
+                sub = scan_top(raw, (path[1],))
+            except FramingError:
+                continue
+            sp = sub.get(path[1])
+            if sp is None:
+                continue
+            raw = raw[sp[0]:sp[1]]
+        if raw.isdigit() and len(raw) < 12:
+            return int(raw)
+    return None
 
 
 def denial_of(c) -> Denial:
@@ -481,9 +507,7 @@ class Gate:
         est_in = len(body) // BYTES_PER_TOKEN + 1
         max_out = None
         if ex.op is None:
-            cr = ex.client_request()
-            if cr is not None:
-                max_out = cr.max_tokens
+            max_out = requested_max_tokens(ex.ingress, body, ex.spans)
         worst = 0
         for lane in ex.target.lanes:
             rate = card.get(lane.name)

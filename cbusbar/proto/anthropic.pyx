@@ -31,6 +31,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = True     # the Messages API refuses a request without max_tokens
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"max_tokens")
+MAX_TOKENS_PATH = ((b"max_tokens",),)
 
 # Anthropic rejects a request without max_tokens; the engine injects the configured default on a
 # cross-protocol hop (SPEC 1.6), this is the last resort when nobody did.

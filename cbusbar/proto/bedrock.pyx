@@ -55,6 +55,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"application/vnd.amazon.eventstream"
 BODY_MODEL = False          # the model id travels in the path
 NEEDS_MAX_TOKENS = False    # inferenceConfig.maxTokens is optional
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"inferenceConfig")
+MAX_TOKENS_PATH = ((b"inferenceConfig", b"maxTokens"),)
 
 # The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
 # "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.

@@ -30,6 +30,11 @@ BEDROCK_ANTHROPIC_VERSION = "bedrock-2023-05-31"
 # The model travels in the path; the Messages API requires max_tokens.
 BODY_MODEL = False
 NEEDS_MAX_TOKENS = True
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"max_tokens")
+MAX_TOKENS_PATH = ((b"max_tokens",),)
 
 cdef bytes _CHUNK_HEADERS = encode_headers({
     ":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"})

@@ -56,6 +56,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_tokens is optional
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"max_tokens")
+MAX_TOKENS_PATH = ((b"max_tokens",),)
 
 # Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
 cdef int MAX_STOP_SEQUENCES = 5

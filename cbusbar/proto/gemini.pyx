@@ -45,6 +45,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = False          # the model name travels in the path
 NEEDS_MAX_TOKENS = False    # maxOutputTokens is optional
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"generationConfig")
+MAX_TOKENS_PATH = ((b"generationConfig", b"maxOutputTokens"),)
 
 cdef str _BAD_SHAPE = (
     "Invalid JSON payload received: the body does not have the generateContent shape.")

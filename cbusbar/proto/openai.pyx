@@ -48,6 +48,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_tokens is optional
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"max_completion_tokens", b"max_tokens")
+MAX_TOKENS_PATH = ((b"max_completion_tokens",), (b"max_tokens",))
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4

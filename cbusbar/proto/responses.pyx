@@ -43,6 +43,11 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_output_tokens is optional
+# The top-level members the engine reads without parsing (one scan of the body): the model,
+# stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
+# deep at most (governance reserves a budget for it before the call).
+SCAN_KEYS = (b"model", b"stream", b"max_output_tokens")
+MAX_TOKENS_PATH = ((b"max_output_tokens",),)
 
 
 cpdef str upstream_path(str model, bint stream):
