@@ -12,6 +12,7 @@ notes this codec keeps for itself (no OpenAI field starts with `_`): which spell
 limit the client used, per-tool `strict`, non-function tools, an `allowed_tools` choice."""
 
 from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.bytes cimport PyBytes_FromStringAndSize
 
 import os
 import time
@@ -1510,7 +1511,7 @@ cdef class UsageHider:
                     i += 1
             i += 1
             if end == line:     # a blank line: the event ends here
-                out.append(_hide_usage(bytes(self.buf[ev:i])))
+                out.append(_hide_usage(PyBytes_FromStringAndSize(<const char*>p + ev, i - ev)))
                 ev = i
             line = i
         if ev:
@@ -1539,10 +1540,28 @@ cdef class UsageHider:
 
 cdef bytes _hide_usage(bytes ev):
     """One SSE event (its lines and the blank line ending it) without its usage parts."""
-    cdef list lines, data_lines, others
+    cdef list data_lines, others
     cdef bytes l, data, new, term, d
+    cdef const unsigned char* p = ev
+    cdef Py_ssize_t n = len(ev), i = 6, j
     if ev.find(b'"usage"') < 0:
         return ev
+    if n > 6 and p[0] == 100 and ev.startswith(b"data: "):
+        # The usual shape, one `data: ` line and its line ends: the JSON is cut out and put back
+        # between the same bytes.
+        while i < n and p[i] != 10 and p[i] != 13:
+            i += 1
+        j = i
+        while j < n and (p[j] == 10 or p[j] == 13):
+            j += 1
+        if j == n:
+            data = ev[6:i]
+            new = _without_usage(data)
+            if new is None:
+                return b""
+            if new is data:
+                return ev
+            return b"data: " + new + ev[i:]
     data_lines = []
     others = []
     for l in ev.splitlines():
@@ -1580,6 +1599,11 @@ cdef object _without_usage(bytes data):
     cdef bytes cur = data
     cdef object nxt
     cdef int k
+    cdef Py_ssize_t n = len(data)
+    if n > 15 and data.endswith(b',"usage":null}'):
+        # OpenAI's own spelling, last member of the object: no scan needed. (A usage chunk never
+        # has a null usage, so this is never the chunk to drop.)
+        return data[:n - 14] + b"}"
     for k in range(4):      # a repeated `usage` key: each occurrence goes
         try:
             spans = scan_top(cur, (b"choices", b"usage"))

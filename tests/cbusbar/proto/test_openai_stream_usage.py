@@ -153,7 +153,11 @@ def test_an_unended_last_event_is_flushed_at_close():
     data = b'data: {"id":"x","choices":[{"index":0}],"usage":null}'
     h = O.UsageHider()
     assert h.feed(data) == b""
-    assert h.close() == b'data: {"id":"x","choices":[{"index":0}]}\n\n'
+    # As the upstream left it (unended), without its usage member.
+    assert h.close() == b'data: {"id":"x","choices":[{"index":0}]}'
+    h = O.UsageHider()
+    assert h.feed(b'id: 1\ndata: {"id":"x","choices":[{"index":0}],"usage":null}') == b""
+    assert h.close() == b'id: 1\ndata: {"id":"x","choices":[{"index":0}]}\n\n'
     h = O.UsageHider()
     assert h.feed(b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n') == b""
     assert h.close() == b""
