@@ -83,7 +83,8 @@ class Exchange:
                  "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket", "denied", "spans")
+                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket",
+                 "denied", "spans", "relay")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -128,6 +129,7 @@ class Exchange:
         self.ticket = None      # governance: what admission took (busbar/governance/gate.py)
         self.denied = None      # governance: the gate that refused the request, if one did
         self.spans = None       # the body's top-level members the codec names (SCAN_KEYS)
+        self.relay = None       # a same-protocol stream's relay filter (codec.stream_usage_request)
 
     # ================================================================== entry
     def start(self):
@@ -290,6 +292,7 @@ class Exchange:
         stream = self.stream
         extra = b""
         self.forced = None
+        self.relay = None
         op = self.op
         if op is not None:
             try:
@@ -314,6 +317,10 @@ class Exchange:
                     # Bytes compare, no parse: a client spelling of the same name with escapes
                     # just gets the canonical spelling spliced in.
                     body = splice(body, span[0], span[1], wj)
+            if stream:
+                # Usage on every path (SPEC §5): the codec makes the upstream send it, and gives
+                # a filter that hides it again from a client that did not ask for it.
+                body, self.relay = codec.stream_usage_request(body)
             betas = snap.beta_headers.get(proto)
             if betas:
                 h = self.req.headers
@@ -572,6 +579,14 @@ class Exchange:
                     self._tap_events(events, chunk)
                     if self.tap_error:
                         chunk = self.snap.mask.mask(chunk)
+            rf = self.relay
+            if rf is not None:
+                # After the tap: it reads the usage this filter hides from the client.
+                chunk = rf.feed(chunk)
+                if not chunk:
+                    return
+                if self.tap_error:
+                    chunk = self.snap.mask.mask(chunk)
             self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
         elif mode == M_TRANSLATE_STREAM:
             try:
@@ -627,6 +642,13 @@ class Exchange:
                     self.truncated()
                     return
             self.end_attempt(None)
+            rf = self.relay
+            if rf is not None:
+                rest = rf.close()
+                if rest:
+                    if self.tap_error:
+                        rest = self.snap.mask.mask(rest)
+                    self._w(b"%x\r\n%b\r\n" % (len(rest), rest))
             self._w(b"0\r\n\r\n")
             self.finish(O_OK)
         elif mode == M_BUFFER:

@@ -1089,6 +1089,11 @@ cpdef bint wants_stream_usage(ir.Request req):
     return False
 
 
+cpdef tuple stream_usage_request(bytes body):
+    """Anthropic streams always carry usage: the body goes as it is, nothing is hidden."""
+    return body, None
+
+
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     return StreamEncoder(id, model)
 

@@ -873,6 +873,11 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
+cpdef tuple stream_usage_request(bytes body):
+    """Cohere's message-end always carries usage: the body goes as it is."""
+    return body, None
+
+
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     return StreamEncoder(id, model)
 

@@ -1170,6 +1170,11 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
+cpdef tuple stream_usage_request(bytes body):
+    """Gemini's final chunk always carries usageMetadata: the body goes as it is."""
+    return body, None
+
+
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     """json_array: the client called streamGenerateContent without ?alt=sse."""
     cdef StreamEncoder enc = StreamEncoder(id, model)

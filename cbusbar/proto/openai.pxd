@@ -47,3 +47,16 @@ cdef class StreamEncoder:
     cpdef bytes encode(self, list events)
     cpdef bytes error(self, str kind, str message)
     cdef bytes _chunk(self, dict delta, object finish_reason, object logprobs)
+
+
+cdef class UsageHider:
+    """The relay filter for a same-protocol stream whose client did not ask for usage: drops the
+    usage chunk and the `usage` members busbar's added include_usage makes the upstream send."""
+    cdef bytearray buf              # bytes of the event being received
+    cdef Py_ssize_t scan            # next byte of buf to scan
+    cdef Py_ssize_t line            # start of the line being scanned
+    cdef Py_ssize_t max_frame
+    cdef bint passthrough           # an event outgrew max_frame: everything passes as it is
+
+    cpdef bytes feed(self, bytes chunk)
+    cpdef bytes close(self)

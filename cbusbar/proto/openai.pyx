@@ -11,6 +11,9 @@ req.extra holds two kinds of keys: top-level OpenAI fields with no IR home (`log
 notes this codec keeps for itself (no OpenAI field starts with `_`): which spelling of the token
 limit the client used, per-tool `strict`, non-function tools, an `allowed_tools` choice."""
 
+from cpython.bytearray cimport PyByteArray_AS_STRING
+from cpython.bytes cimport PyBytes_FromStringAndSize
+
 import os
 import time
 
@@ -33,7 +36,7 @@ from cbusbar.ir cimport (
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, top_field
+from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
 from cbusbar cimport jsonget
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
@@ -53,6 +56,9 @@ NEEDS_MAX_TOKENS = False    # max_tokens is optional
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"max_completion_tokens", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_completion_tokens",), (b"max_tokens",))
+
+# What a streamed request's stream_options gets so the upstream sends the usage chunk.
+_INCLUDE_USAGE = b'{"include_usage":true}'
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4
@@ -1180,6 +1186,53 @@ cpdef bint wants_stream_usage(Request req):
     return isinstance(so, dict) and so.get("include_usage") is True
 
 
+cpdef tuple stream_usage_request(bytes body):
+    """(upstream body, relay filter or None) for a same-protocol streamed request. busbar bills
+    from the usage chunk, so the upstream is always asked for it (SPEC §5): a body without
+    `stream_options.include_usage: true` gets it, merged into the client's own stream_options,
+    and the client's stream then goes through a UsageHider, as it did not ask for usage. A body
+    that already asks goes as it is, with no filter. Bytes-level, like the engine's model splice:
+    the rest of the body is untouched. A stream_options that is not an object (or null) is left
+    for the upstream to refuse in its own words."""
+    cdef dict spans
+    cdef object span, so
+    cdef Py_ssize_t i, s, e
+    cdef bytes v
+    try:
+        spans = scan_top(body, (b"stream_options",))
+    except FramingError:
+        return body, None
+    span = spans.get(b"stream_options")
+    if span is None:
+        i = body.find(b"{") + 1
+        return (body[:i] + b'"stream_options":' + _INCLUDE_USAGE +
+                (b"" if _empty_rest(body, i) else b",") + body[i:]), UsageHider()
+    s = span[0]
+    e = span[1]
+    v = body[s:e]
+    if v == b"null":
+        return splice(body, s, e, _INCLUDE_USAGE), UsageHider()
+    if not v.startswith(b"{"):
+        return body, None
+    try:
+        so = orjson.loads(v)
+    except orjson.JSONDecodeError:
+        return body, None
+    if so.get("include_usage") is True:
+        return body, None
+    so["include_usage"] = True
+    return splice(body, s, e, orjson.dumps(so)), UsageHider()
+
+
+cdef bint _empty_rest(bytes body, Py_ssize_t i):
+    """Only whitespace between body[i] and the object's closing brace."""
+    cdef const unsigned char* p = body
+    cdef Py_ssize_t n = len(body)
+    while i < n and (p[i] == 32 or p[i] == 9 or p[i] == 10 or p[i] == 13):
+        i += 1
+    return i < n and p[i] == 125
+
+
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     cdef StreamEncoder enc = StreamEncoder(id, model)
     enc.include_usage = include_usage
@@ -1433,3 +1486,208 @@ cdef class StreamEncoder:
             kind = "api_error"
         return b"data: " + orjson.dumps({"error": {"message": message, "type": ERROR_TYPE[kind],
                                                    "param": None, "code": ERROR_CODE.get(kind)}}) + b"\n\n"
+
+
+cdef class UsageHider:
+    """The same-protocol relay of a stream whose client did not ask for usage, while busbar asked
+    the upstream for it (stream_usage_request): events pass byte for byte, except that the usage
+    chunk (`"choices":[]` with a `usage` object) is dropped and every other chunk's top-level
+    `usage` member (the `"usage":null` OpenAI adds once asked) is removed, so the client sees what
+    it would have without include_usage. The engine's tap reads the usage from the upstream's
+    bytes before they come here.
+
+    Events are released whole (up to their blank line), so chunks split anywhere still come out as
+    valid SSE; an event without `"usage"` is never parsed. An event that is not one JSON object is
+    passed unchanged. Past max_frame bytes without an event boundary (the tap has refused the stream
+    by then) the buffer is released and the rest passes through."""
+
+    def __cinit__(self, Py_ssize_t max_frame=0):
+        self.buf = bytearray()
+        self.max_frame = max_frame if max_frame > 0 else DEFAULT_MAX_FRAME
+
+    cpdef bytes feed(self, bytes chunk):
+        cdef list out
+        cdef Py_ssize_t i, n, end, line, ev = 0
+        cdef const unsigned char* p
+        cdef unsigned char c
+        if self.passthrough:
+            return chunk
+        self.buf += chunk
+        n = len(self.buf)
+        p = <const unsigned char*>PyByteArray_AS_STRING(self.buf)
+        i = self.scan
+        line = self.line
+        out = []
+        while i < n:
+            c = p[i]
+            if c != 10 and c != 13:
+                i += 1
+                continue
+            end = i
+            if c == 13:
+                if i + 1 >= n:
+                    break   # a CR at the very end may be half of a CRLF: wait for more bytes
+                if p[i + 1] == 10:
+                    i += 1
+            i += 1
+            if end == line:     # a blank line: the event ends here
+                out.append(_hide_usage(PyBytes_FromStringAndSize(<const char*>p + ev, i - ev)))
+                ev = i
+            line = i
+        if ev:
+            del self.buf[:ev]
+            i -= ev
+            line -= ev
+        self.scan = i
+        self.line = line
+        if len(self.buf) > self.max_frame:
+            out.append(bytes(self.buf))
+            self.buf = bytearray()
+            self.passthrough = True
+        if not out:
+            return b""
+        return out[0] if len(out) == 1 else b"".join(out)
+
+    cpdef bytes close(self):
+        """The rest at upstream EOF: an event the upstream did not end with a blank line."""
+        cdef bytes rest = bytes(self.buf)
+        self.buf = bytearray()
+        self.scan = self.line = 0
+        if self.passthrough or not rest:
+            return rest
+        return _hide_usage(rest)
+
+
+cdef bytes _hide_usage(bytes ev):
+    """One SSE event (its lines and the blank line ending it) without its usage parts."""
+    cdef list data_lines, others
+    cdef bytes l, data, new, term, d
+    cdef const unsigned char* p = ev
+    cdef Py_ssize_t n = len(ev), i = 6, j
+    if ev.find(b'"usage"') < 0:
+        return ev
+    if n > 6 and p[0] == 100 and ev.startswith(b"data: "):
+        # The usual shape, one `data: ` line and its line ends: the JSON is cut out and put back
+        # between the same bytes.
+        while i < n and p[i] != 10 and p[i] != 13:
+            i += 1
+        j = i
+        while j < n and (p[j] == 10 or p[j] == 13):
+            j += 1
+        if j == n:
+            data = ev[6:i]
+            new = _without_usage(data)
+            if new is None:
+                return b""
+            if new is data:
+                return ev
+            return b"data: " + new + ev[i:]
+    data_lines = []
+    others = []
+    for l in ev.splitlines():
+        if l.startswith(b"data:"):
+            d = l[5:]
+            data_lines.append(d[1:] if d.startswith(b" ") else d)
+        elif l:
+            others.append(l)
+    if not data_lines:
+        return ev
+    data = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+    new = _without_usage(data)
+    if new is None:
+        return b""
+    if new is data:
+        return ev
+    # The upstream's own line end (an event cut off at EOF has none: LF).
+    term = b"\r\n" if ev.find(b"\r\n") >= 0 else (
+        b"\r" if ev.find(b"\r") >= 0 and ev.find(b"\n") < 0 else b"\n")
+    out = bytearray()
+    for l in others:
+        out += l + term
+    for l in new.split(b"\n"):
+        out += b"data: " + l + term
+    out += term
+    return bytes(out)
+
+
+cdef object _without_usage(bytes data):
+    """A chunk's JSON without its top-level `usage` member; None for the usage chunk itself
+    (choices `[]` and a usage that is not null); `data` itself when there is nothing to remove or
+    it is not a JSON object."""
+    cdef dict spans
+    cdef object u, ch
+    cdef bytes cur = data
+    cdef object nxt
+    cdef int k
+    cdef Py_ssize_t n = len(data)
+    if n > 15 and data.endswith(b',"usage":null}'):
+        # OpenAI's own spelling, last member of the object: no scan needed. (A usage chunk never
+        # has a null usage, so this is never the chunk to drop.)
+        return data[:n - 14] + b"}"
+    for k in range(4):      # a repeated `usage` key: each occurrence goes
+        try:
+            spans = scan_top(cur, (b"choices", b"usage"))
+        except FramingError:
+            return data
+        u = spans.get(b"usage")
+        if u is None:
+            return cur
+        if cur[<Py_ssize_t>u[0]] != 110:    # not `null`: the usage chunk?
+            ch = spans.get(b"choices")
+            if ch is not None and _empty_array(cur, ch[0], ch[1]):
+                return None
+        nxt = _remove_member(cur, u[0], u[1])
+        if nxt is None:
+            return data
+        cur = nxt
+    return cur
+
+
+cdef bint _empty_array(bytes b, Py_ssize_t s, Py_ssize_t e):
+    cdef const unsigned char* p = b
+    if e - s < 2 or p[s] != 91:
+        return False
+    s += 1
+    while s < e and (p[s] == 32 or p[s] == 9 or p[s] == 10 or p[s] == 13):
+        s += 1
+    return s == e - 1 and p[s] == 93
+
+
+cdef inline bint _ws(unsigned char c):
+    return c == 32 or c == 9 or c == 10 or c == 13
+
+
+cdef object _remove_member(bytes b, Py_ssize_t vs, Py_ssize_t ve):
+    """b without the top-level member `"usage": <value>` whose value spans b[vs:ve] (found by
+    scan_top, which matches only the unescaped key), with the comma that joined it; None if the
+    bytes are not laid out as expected."""
+    cdef const unsigned char* p = b
+    cdef Py_ssize_t n = len(b)
+    cdef Py_ssize_t k = vs - 1, ks, j
+    while k >= 0 and _ws(p[k]):
+        k -= 1
+    if k < 0 or p[k] != 58:             # ':'
+        return None
+    k -= 1
+    while k >= 0 and _ws(p[k]):
+        k -= 1
+    ks = k - 6                          # `"usage"` is 7 bytes ending at k
+    if ks < 0 or b[ks:k + 1] != b'"usage"':
+        return None
+    j = ks - 1
+    while j >= 0 and _ws(p[j]):
+        j -= 1
+    if j < 0:
+        return None
+    if p[j] == 44:                      # `,"usage":v` — the comma before it goes too
+        return b[:j] + b[ve:]
+    if p[j] != 123:                     # must be the object's first member: `{"usage":v,`
+        return None
+    j = ve
+    while j < n and _ws(p[j]):
+        j += 1
+    if j < n and p[j] == 44:
+        j += 1
+        while j < n and _ws(p[j]):
+            j += 1
+    return b[:ks] + b[j:]

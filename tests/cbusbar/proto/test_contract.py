@@ -225,3 +225,15 @@ def test_read_response_rejects_non_objects(name, body):
 def test_read_usage_without_usage_is_unknown(name):
     u = codec(name).read_usage(b'{"id": "x"}')
     assert (u.input_tokens, u.output_tokens, u.input_known) == (0, 0, False)
+
+
+@pytest.mark.parametrize("name", PROTOCOLS + ("bedrock-invoke",))
+def test_stream_usage_request(name):
+    body = b'{"model":"m","stream":true,"messages":[]}'
+    out, relay = codec(name).stream_usage_request(body)
+    if name == "openai":
+        assert orjson.loads(out)["stream_options"] == {"include_usage": True}
+        assert relay is not None and hasattr(relay, "feed") and hasattr(relay, "close")
+    else:
+        # Every other protocol's stream carries usage unasked: the body goes as it is.
+        assert out is body and relay is None
