@@ -486,6 +486,17 @@ def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):
     ch = list(o.chat.completions.create(model="oai-model", stream=True, stream_options={"include_usage": True},
                                         messages=[{"role": "user", "content": "u2"}]))
     seen.append((ch[-1].usage.prompt_tokens, ch[-1].usage.completion_tokens))
+    # a same-protocol stream whose client did not ask for usage: busbar asks the upstream for it
+    # (and hides it from the client); the mock answers the same prompt with the same usage, so the
+    # asked-for twin below says what it was
+    plain = list(o.chat.completions.create(model="oai-model", stream=True,
+                                           messages=[{"role": "user", "content": "twin"}]))
+    assert all(getattr(x, "usage", None) is None for x in plain) and plain[-1].choices
+    twin = list(o.chat.completions.create(model="oai-model", stream=True,
+                                          stream_options={"include_usage": True},
+                                          messages=[{"role": "user", "content": "twin"}]))
+    seen.append((twin[-1].usage.prompt_tokens, twin[-1].usage.completion_tokens))
+    seen.append(seen[-1])
     r = o.responses.create(model="resp-model", input="u3")
     seen.append((r.usage.input_tokens, r.usage.output_tokens))
     with o.responses.stream(model="resp-model", input="u4") as s:
@@ -526,5 +537,5 @@ def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):
 
     u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"],
                    lambda d: d["total"]["requests"] >= len(seen))["total"]
-    assert u["requests"] == len(seen) == 12
+    assert u["requests"] == len(seen) == 14
     assert (u["input_tokens"], u["output_tokens"]) == (sum(x for x, _ in seen), sum(y for _, y in seen))
