@@ -19,6 +19,37 @@ def test_module_constants(name, body_model, needs_max_tokens):
     assert (c.BODY_MODEL, c.NEEDS_MAX_TOKENS) == (body_model, needs_max_tokens)
 
 
+@pytest.mark.parametrize("name", PROTOCOLS)
+def test_scan_keys_name_the_output_cap(name):
+    """Every MAX_TOKENS_PATH starts at a scanned member, and the cap a caller sets in the
+    protocol's own request is found there (what governance reserves a budget for)."""
+    from busbar.governance.gate import requested_max_tokens
+    from cbusbar.framing import scan_top
+    c = codec(name)
+    assert b"model" in c.SCAN_KEYS and b"stream" in c.SCAN_KEYS
+    assert c.MAX_TOKENS_PATH and all(p[0] in c.SCAN_KEYS and len(p) <= 2 for p in c.MAX_TOKENS_PATH)
+    req = ir.Request()
+    req.model = "m"
+    req.messages = [ir.Message(ir.USER, [ir.text_block("hi")])]
+    req.max_tokens = 321
+    body = c.write_request(req)
+    assert requested_max_tokens(c, body, scan_top(body, c.SCAN_KEYS)) == 321
+
+
+@pytest.mark.parametrize("name,auth,quota", [
+    ("openai", (401, "Incorrect API key provided."), 429),
+    ("responses", (401, "Incorrect API key provided."), 429),
+    ("anthropic", (401, "invalid x-api-key"), 429),
+    ("gemini", (400, "API key not valid. Please pass a valid API key."), 429),
+    ("cohere", (401, "invalid api token"), 429),
+    ("bedrock", (403, "The security token included in the request is invalid."), 400)])
+def test_own_error(name, auth, quota):
+    c = codec(name)
+    assert c.own_error("authentication") == auth
+    assert c.own_error("quota") == (quota, None)
+    assert c.own_error("permission") == (403, None)
+
+
 def _structured():
     req = ir.Request()
     req.messages = [ir.Message(ir.USER, [ir.text_block("hi")])]
