@@ -275,11 +275,13 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     loop.add_signal_handler(signal.SIGINT, _signal, signal.SIGINT)
 
     async def main():
-        await gw.start(sock)
+        # The admin listener and governance come up before the data listener, so once the data
+        # port answers, every admin route (keys, groups) and the policy stores are ready too.
         if plane is not None:
             await plane.start(gw)
         if gov is not None:
             await gov.start(gw)
+        await gw.start(sock)
         if extra is not None:
             await extra(loop)
         if on_ready is not None:

@@ -102,3 +102,30 @@ def test_fail_closed_then_recovers(fleet):
     while chat(a, k)[0] != 200:
         assert time.monotonic() < deadline, "serving did not resume after Redis came back"
         time.sleep(0.2)
+
+
+def test_fail_open_admits_counts_locally_and_reconciles(mock_port, tmp_path):
+    _need_redis()
+    redis = RedisServer(persist=True).start()
+    g = start(tmp_path, mock_port, TAIL.replace("fail_mode: closed", "fail_mode: open"), workers=1,
+              extra_env={"BB_REDIS": redis.url})
+    try:
+        k = g.admin.mint(name="open", group="rl")
+        assert chat(g, k["token"])[0] == 200           # the key is now cached in the worker
+        redis.stop()
+        # Redis gone: admitted on local counts, and the local count still holds the limit
+        codes = [chat(g, k["token"])[0] for _ in range(25)]
+        assert codes.count(200) == 19 and set(codes) == {200, 429}
+        redis.start()
+        # back: the local counts are pushed to Redis, so the fleet's count includes them
+        deadline = time.monotonic() + 5
+        while True:
+            u = wait_usage(g.admin, "/keys/%s/usage" % k["id"], lambda d: True)
+            if u["total"]["requests"] == 20 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert u["total"]["requests"] == 20
+        assert chat(g, k["token"])[0] == 429            # 20 per minute, used up across the outage
+    finally:
+        stop(g.proc)
+        redis.close()
