@@ -385,3 +385,57 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_keys_and_stores_in_the_executable(exe, tmp_path, store):
+    """Governance runs from the single file: sqlite3 and redis-py are in it (neither may pull a
+    module the spec leaves out). Mint through the admin API, call with the key, refuse without."""
+    from tests.redis_server import RedisServer, redis_server_path
+    if store == "redis" and redis_server_path() is None:
+        pytest.skip("redis-server not found: `make redis` installs Debian's redis-server")
+    redis = RedisServer().start() if store == "redis" else None
+    mock_port, port, admin = free_port(), free_port(), free_port()
+    env = {"SIGN": "k" * 40, "ADMIN": "a" * 32, "REDIS": redis.url if redis else ""}
+    store_cfg = ("store: {kind: redis, url: {env: REDIS}}\n" if redis else
+                 "store: {kind: sqlite, path: gov.db}\n")
+    (tmp_path / "config.yaml").write_text(
+        'listen: "127.0.0.1:%d"\nadmin_listen: "127.0.0.1:%d"\n'
+        "providers:\n"
+        '  mock-openai: {protocol: openai, base_url: "http://127.0.0.1:%d"}\n'
+        "models:\n  gpt-4o-mini: {provider: mock-openai}\n"
+        "auth:\n  chain: [keys]\n  signing_key: {env: SIGN}\n"
+        "  admin_tokens: [{name: ops, token: {env: ADMIN}, scope: full}]\n"
+        "groups:\n  g: {limits: [{requests: 2, per: minute}]}\n"
+        "rate_card:\n  gpt-4o-mini: {input: 1.0, output: 2.0}\n"
+        "advanced: {worker_threads: 2}\n" % (port, admin, mock_port) + store_cfg)
+    mock = subprocess.Popen([exe, "mock", "--port", str(mock_port)], env={}, cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    gw = subprocess.Popen([exe, "serve", "--config", "config.yaml"], env=env, cwd=tmp_path,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(mock_port, mock)
+        wait_healthy(port, gw)
+        c = http.client.HTTPConnection("127.0.0.1", admin, timeout=10)
+        c.request("POST", "/api/v1/admin/keys", json.dumps({"name": "x", "group": "g"}),
+                  {"authorization": "Bearer " + "a" * 32})
+        r = c.getresponse()
+        key = json.loads(r.read())
+        assert r.status == 201, key
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+        auth = [("authorization", "Bearer " + key["token"])]
+        assert [post(port, "/v1/chat/completions", body, auth)[0] for _ in range(3)] == [200, 200, 429]
+        assert post(port, "/v1/chat/completions", body)[0] == 401
+    finally:
+        for p in (gw, mock):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                try:
+                    p.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        if redis is not None:
+            redis.close()
+    if store == "sqlite":
+        assert (tmp_path / "gov.db").exists()
