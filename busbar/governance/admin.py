@@ -81,6 +81,17 @@ def mount(site, gw, boot):
             raise AdminError(400, "allowed_pools: unknown pool(s) %s" % ", ".join(unknown))
         return list(pools)
 
+    async def shown_once(rec, token, secret, status):
+        """Store and push a key, and answer with its token (and AWS secret): the only time
+        either is shown."""
+        await store().put_key(rec)
+        await push({"keys": [rec]})
+        out = rec.public()
+        out["token"] = token
+        if secret is not None:
+            out["aws_secret_access_key"] = secret
+        return json_response(out, status)
+
     # ------------------------------------------------------------------ keys
     async def create_key(req):
         g = gov()
@@ -116,13 +127,7 @@ def mount(site, gw, boot):
             rec.aws_access_key_id = AWS_KEY_PREFIX + os.urandom(8).hex().upper()
             secret = _aws_secret()
             rec.aws_secret = secret
-        await store().put_key(rec)
-        await push({"keys": [rec]})
-        out = rec.public()
-        out["token"] = token
-        if secret is not None:
-            out["aws_secret_access_key"] = secret
-        return json_response(out, 201)
+        return await shown_once(rec, token, secret, 201)
 
     async def list_keys(req):
         keys = [k.public() for k in await store().list_keys() if k.state != "tombstoned"]
@@ -181,13 +186,7 @@ def mount(site, gw, boot):
         secret = None
         if rec.aws_access_key_id:
             secret = rec.aws_secret = _aws_secret()
-        await store().put_key(rec)
-        await push({"keys": [rec]})
-        out = rec.public()
-        out["token"] = token
-        if secret is not None:
-            out["aws_secret_access_key"] = secret
-        return json_response(out)
+        return await shown_once(rec, token, secret, 200)
 
     async def delete_key(req):
         rec = await get_key(req.params["id"])

@@ -263,7 +263,8 @@ class Gate:
             if d.remote:
                 rec = d.cached_key(kid)
                 if rec is d.MISS:
-                    self.loop.create_task(self._enter_remote(ex, kid, gen, now, cont))
+                    self.loop.create_task(self._remote(
+                        ex, d.key(kid), lambda rec: self._accept(ex, rec, gen, now, cont)))
                     return
             else:
                 rec = d.key(kid)
@@ -272,9 +273,11 @@ class Gate:
             return self._enter_sigv4(ex, now, cont)
         return self._refuse(ex)
 
-    async def _enter_remote(self, ex, kid, gen, now, cont):
+    async def _remote(self, ex, lookup, then):
+        """A policy read from Redis (a cache miss), then `then(record)`; the store unreachable
+        answers 503, a client gone meanwhile is left alone."""
         try:
-            rec = await self.directory.key(kid)
+            rec = await lookup
         except Exception:
             rec = UNAVAILABLE
         if ex.closed:
@@ -283,7 +286,7 @@ class Gate:
             self._unavailable(ex)
             return
         try:
-            self._accept(ex, rec, gen, now, cont)
+            then(rec)
         except Exception as exc:
             ex.crash(exc)
 
@@ -298,26 +301,11 @@ class Gate:
         akid = parse_access_key(ex.req.headers.get(b"authorization"))
         d = self.directory
         if d.remote and akid is not None:
-            self.loop.create_task(self._sigv4_remote(ex, akid, now, cont))
+            self.loop.create_task(self._remote(
+                ex, d.key_by_aws(akid), lambda rec: self._sigv4_check(ex, rec, now, cont)))
             return
         rec = d.key_by_aws(akid) if akid is not None else None
         return self._sigv4_check(ex, rec, now, cont)
-
-    async def _sigv4_remote(self, ex, akid, now, cont):
-        try:
-            rec = await self.directory.key_by_aws(akid)
-        except Exception:
-            rec = UNAVAILABLE
-        if ex.closed:
-            return
-        if rec == UNAVAILABLE:
-            self._unavailable(ex)
-            return
-        if True:
-            try:
-                self._sigv4_check(ex, rec, now, cont)
-            except Exception as exc:
-                ex.crash(exc)
 
     def _sigv4_check(self, ex, rec, now, cont):
         from .sigv4_verify import verify

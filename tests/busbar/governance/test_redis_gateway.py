@@ -112,6 +112,7 @@ def test_fail_open_admits_counts_locally_and_reconciles(mock_port, tmp_path):
     try:
         k = g.admin.mint(name="open", group="rl")
         assert chat(g, k["token"])[0] == 200           # the key is now cached in the worker
+        time.sleep(0.3)                                  # its settlement written to Redis
         redis.stop()
         # Redis gone: admitted on local counts, and the local count still holds the limit
         codes = [chat(g, k["token"])[0] for _ in range(25)]
