@@ -539,3 +539,58 @@ def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):
                    lambda d: d["total"]["requests"] >= len(seen))["total"]
     assert u["requests"] == len(seen) == 14
     assert (u["input_tokens"], u["output_tokens"]) == (sum(x for x, _ in seen), sum(y for _, y in seen))
+
+
+def test_the_callers_key_never_reaches_the_upstream(mock_port, tmp_path):
+    """An upstream written in the test records every header it receives: the virtual key (in any
+    carrier) is not among them, only the provider's own configured key."""
+    from tests.conftest import CONFIG, free_port, start_gateway
+    from tests.hostile import HostileUpstream, http_response, openai_body
+    from tests.integration.gov_helpers import GOV, Admin, gov_env
+
+    up = HostileUpstream({}, default=lambda c, req: c.sendall(http_response(200, openai_body("ok"))))
+    admin = free_port()
+    cfg = CONFIG.format(port="{port}", mock=mock_port, dead=free_port()).replace(
+        "providers:\n", "providers:\n  spy: {protocol: openai, base_url: \"%s\", api_key: {env: MOCK_KEY}}\n"
+        % up.url).replace("models:\n", "models:\n  spy-model: {provider: spy, upstream_model: gpt-spy}\n")
+    g = start_gateway(tmp_path, cfg + GOV.format(admin=admin), 1, gov_env())
+    try:
+        tok = Admin(admin).mint(name="spy")["token"]
+        body = {"model": "spy-model", "messages": [{"role": "user", "content": "hi"}]}
+        assert post(g, "/v1/chat/completions", body, {"authorization": "Bearer " + tok})[0] == 200
+        assert post(g, "/v1beta/models/spy-model:generateContent?key=" + tok,
+                    {"contents": [{"parts": [{"text": "hi"}]}]}, {})[0] == 200
+        assert post(g, "/v1beta/models/spy-model:generateContent",
+                    {"contents": [{"parts": [{"text": "hi"}]}]}, {"x-goog-api-key": tok})[0] == 200
+        s, _, _ = post(g, "/v1/messages", {"model": "spy-model", "max_tokens": 5, "messages": [
+            {"role": "user", "content": "hi"}]}, {"x-api-key": tok, "anthropic-version": "2023-06-01"})
+        assert s == 200
+        assert len(up.requests) == 4
+        assert all(tok not in r.path for r in up.requests)
+        for req in up.requests:
+            raw = json.dumps({k.decode() if isinstance(k, bytes) else k:
+                              v.decode() if isinstance(v, bytes) else v
+                              for k, v in dict(req.headers).items()})
+            assert tok not in raw and "bbk_" not in raw
+            assert "sk-test-key" in raw          # the provider's own key, and only it
+    finally:
+        stop(g.proc)
+        up.close()
+
+
+def test_bedrock_budget_refusal_is_its_own(gw):
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config as BotoConfig
+    k = gw.admin.mint(name="bq", group="money", issue_aws_credential=True)
+    while chat(gw, k["token"], max_tokens=10)[0] == 200:
+        pass
+    br = boto3.client("bedrock-runtime", endpoint_url=gw.url, region_name="us-east-1",
+                      aws_access_key_id=k["aws_access_key_id"],
+                      aws_secret_access_key=k["aws_secret_access_key"],
+                      config=BotoConfig(retries={"max_attempts": 1}))
+    with pytest.raises(botocore.exceptions.ClientError) as e:
+        br.converse(modelId="bed-model", messages=[{"role": "user", "content": [{"text": "hi"}]}],
+                    inferenceConfig={"maxTokens": 10})
+    assert e.value.response["Error"]["Code"] == "ServiceQuotaExceededException"
+    assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
