@@ -240,6 +240,17 @@ def _install_uvloop():
     return uvloop.new_event_loop()
 
 
+def _import_serving():
+    """Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
+    use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench. Called
+    in the parent before the workers fork too, so the modules' pages are shared, not one copy per
+    worker."""
+    for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
+        CODECS[name]
+    import cbusbar.embed  # noqa: F401 (embeddings: the same first-request cost otherwise)
+    import uvloop  # noqa: F401
+
+
 def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None, plane=None,
                gov=None):
     """Runs one gateway process on `sock` until SIGTERM/SIGINT; returns the exit code. A parent
@@ -252,11 +263,7 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     observability.install(gw)   # observe: hooks, access log, metrics, sinks, traces
     if gov is not None:         # governance (busbar/governance/plane.py)
         gov.install(gw)
-    # Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
-    # use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench.
-    for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
-        CODECS[name]
-    import cbusbar.embed  # noqa: F401 (embeddings: the same first-request cost otherwise)
+    _import_serving()
     # What exists now lives as long as the process: freezing it keeps the collector's full passes
     # (which would otherwise walk every module and config object) off the request path.
     gc.collect()
@@ -322,6 +329,12 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     if n <= 1:
         sock = bind(host, port, reuse_port=False)
         return run_worker(config, sock, on_ready, extra, plane=control.parent(path), gov=gov)
+    # What every worker serves with is imported once, here, and frozen before the fork: the
+    # workers share those pages (copy-on-write) instead of each importing its own copy, and the
+    # collector never writes to the frozen objects' headers (which would copy their pages).
+    _import_serving()
+    gc.collect()
+    gc.freeze()
     # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
     first = bind(host, port, reuse_port=True)
     port = first.getsockname()[1]
