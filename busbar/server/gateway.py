@@ -137,6 +137,8 @@ class Gateway:
         # (busbar/reliability/state.py); a reloaded snapshot is attached again.
         from busbar.reliability.state import Reliability
         self.reliability = Reliability(config, shared)
+        self.reliability.loop = loop
+        self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.on_attempt)
         self._debug = log.isEnabledFor(logging.DEBUG)
@@ -328,8 +330,8 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     # reliability: breaker cells and lane budgets in the same mapping, after the permits (the
     # control plane's table, with room for models added by reloads), so a lane one worker found
     # dead is open for every worker (busbar/reliability/breaker.py).
-    from busbar.reliability.state import slots_needed
-    shared = SharedCounters(control.slot_capacity(config) + slots_needed(config))
+    from busbar.reliability.state import capacity
+    shared = SharedCounters(control.slot_capacity(config) + capacity(config))
     children = []
     for i in range(n - 1):
         channel = control.channel()
