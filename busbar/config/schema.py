@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # reliability: pool/provider settings of SPEC §4 (busbar/reliability/policy.py)
-from busbar.reliability.policy import (DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED,
-                                       BreakerPolicy, FailoverPolicy, OnExhausted)
+from busbar.reliability.policy import (DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_HEALTH,
+                                       DEFAULT_ON_EXHAUSTED, BreakerPolicy, FailoverPolicy,
+                                       HealthPolicy, OnExhausted)
 
 # The wire protocols a lane can speak: the six of SPEC §1.2, and `bedrock-invoke` (Anthropic
 # Messages bodies through Bedrock InvokeModel, what anthropic.AnthropicBedrock speaks).
@@ -158,6 +159,9 @@ class Provider:
     # upstream: `own` (busbar's) or `passthrough` (the caller's, whose 401/403 is the caller's).
     error_map: tuple[tuple[str, str], ...] = ()
     upstream_credentials: str = "own"
+    # reliability: active health probing (busbar/reliability/health.py). Not part of equality: a
+    # reload that changes only probing keeps the provider's lanes, permits and breaker cells.
+    health: HealthPolicy = field(default=DEFAULT_HEALTH, compare=False)
 
     def __repr__(self) -> str:
         # Never the key or header values: reprs end up in logs and tracebacks.

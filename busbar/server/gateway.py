@@ -189,11 +189,18 @@ class Gateway:
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
                                                backlog=4096, **tls)
         self.servers.append(server)
+        # reliability: active health probes (providers' `health:`); one per lane per interval
+        # over all workers (busbar/reliability/health.py).
+        from busbar.reliability.health import HealthProber
+        self.prober = HealthProber(self)
+        self.prober.start()
         return server
 
     async def drain(self):
         """Stop accepting; finish in-flight requests; close idle keep-alive connections."""
         self.draining = True
+        if getattr(self, "prober", None) is not None:
+            self.prober.close()
         for s in self.servers:
             s.close()
         for c in list(self.connections):

@@ -31,6 +31,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = True     # the Messages API refuses a request without max_tokens
+PROBE_MAX_TOKENS = 1        # health probes: the Messages API accepts max_tokens >= 1
 
 # Anthropic rejects a request without max_tokens; the engine injects the configured default on a
 # cross-protocol hop (SPEC 1.6), this is the last resort when nobody did.

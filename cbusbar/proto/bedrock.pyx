@@ -55,6 +55,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"application/vnd.amazon.eventstream"
 BODY_MODEL = False          # the model id travels in the path
 NEEDS_MAX_TOKENS = False    # inferenceConfig.maxTokens is optional
+PROBE_MAX_TOKENS = 1        # health probes: Converse accepts maxTokens >= 1
 
 # The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
 # "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.

@@ -30,6 +30,7 @@ BEDROCK_ANTHROPIC_VERSION = "bedrock-2023-05-31"
 # The model travels in the path; the Messages API requires max_tokens.
 BODY_MODEL = False
 NEEDS_MAX_TOKENS = True
+PROBE_MAX_TOKENS = 1        # health probes: Anthropic Messages through InvokeModel, max_tokens >= 1
 
 cdef bytes _CHUNK_HEADERS = encode_headers({
     ":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"})

@@ -56,6 +56,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_tokens is optional
+PROBE_MAX_TOKENS = 1        # health probes: v2 chat accepts max_tokens >= 1
 
 # Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
 cdef int MAX_STOP_SEQUENCES = 5

@@ -45,6 +45,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = False          # the model name travels in the path
 NEEDS_MAX_TOKENS = False    # maxOutputTokens is optional
+PROBE_MAX_TOKENS = 1        # health probes: maxOutputTokens >= 1
 
 cdef str _BAD_SHAPE = (
     "Invalid JSON payload received: the body does not have the generateContent shape.")

@@ -48,6 +48,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_tokens is optional
+PROBE_MAX_TOKENS = 1        # health probes: Chat Completions accepts max_tokens >= 1
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4

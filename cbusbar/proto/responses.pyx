@@ -43,6 +43,7 @@ CONTENT_TYPE = b"application/json"
 STREAM_CONTENT_TYPE = b"text/event-stream"
 BODY_MODEL = True           # the model name travels in the body
 NEEDS_MAX_TOKENS = False    # max_output_tokens is optional
+PROBE_MAX_TOKENS = 16       # health probes: the Responses API refuses max_output_tokens below 16
 
 
 cpdef str upstream_path(str model, bint stream):
