@@ -88,10 +88,7 @@ def on_exhausted(value: object, path: str, timeout_secs: float, out: Problems) -
             name = get_str(value, "fallback_pool", path, out)
             return OnExhausted("fallback_pool", fallback_pool=name) if name else DEFAULT_ON_EXHAUSTED
         if "queue" in value:
-            # Waiting on lane permits is not built yet: refused by name rather than silently
-            # rejecting like `reject` (a silently ignored key is worse than a refusal).
-            out.error(join(path, "queue"), "not supported by this busbar version")
-            return DEFAULT_ON_EXHAUSTED
+            return queue(value["queue"], join(path, "queue"), timeout_secs, out)
     out.error(path, "expected reject, least_bad, {fallback_pool: <pool>} or {queue: {max_ms: N}}")
     return DEFAULT_ON_EXHAUSTED
 

@@ -330,6 +330,24 @@ class Reliability:
         (a direct route has no other member). Tripped cells stay out. Permit and budget taken."""
         return _soonest(target, exclude, closed_only=True)
 
+    def enqueue(self, ex, target) -> bool:
+        """on_exhausted: queue (busbar/reliability/queue.py): True when `ex` now waits for a
+        permit (it is attempted when one comes, or answered as reject after max_ms); False when
+        the exhaustion is not saturation or no time is left: answer at once."""
+        qs = self.queues
+        return qs is not None and qs.enqueue(ex, target)
+
+    def queued_by_pool(self) -> dict:
+        """Requests waiting for a permit per queueing pool, every worker's."""
+        snap = self.snapshot
+        out = {}
+        if snap is None:
+            return out
+        for name, pool in snap.config.pools.items():
+            if pool.on_exhausted.kind == "queue" and name in self.pool_slot:
+                out[name] = max(0, self.slots.value(self.pool_slot[name] + P_QUEUED))
+        return out
+
     def least_bad(self, target, exclude):
         """The cooling lane whose cooldown ends soonest and that has a free permit (SPEC §4.3),
         its permit and budget taken; None when there is none."""
