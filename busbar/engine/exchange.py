@@ -873,6 +873,7 @@ class Exchange:
             self.end_attempt(F_INTERNAL, "request finished with an attempt open")
         if self.queued is not None:     # reliability: out of a wait queue (a client that left)
             self.queued.leave()
+            self.queued = None
         site = self.site
         site.inflight -= 1
         self.t_end = _perf_ns()

@@ -75,6 +75,8 @@ class HealthProber:
         self.inflight = {}      # lane name → Probe (this worker's)
         self.clock_ms = clock_ms or site.reliability.now_ms
         self.closed = False
+        self._config = None     # the config `_any` was computed for
+        self._any = False       # whether any of its providers has probing on
 
     def start(self):
         self._schedule()
@@ -103,6 +105,11 @@ class HealthProber:
         site = self.site
         snap = site.snapshot
         config = snap.config
+        if config is not self._config:
+            self._config = config
+            self._any = any(p.health.mode != "none" for p in config.providers.values())
+        if not self._any:
+            return
         rel = site.reliability
         slots = rel.slots
         now = self.clock_ms()
@@ -188,10 +195,10 @@ class Probe:
         prober = self.prober
         try:
             body, path = probe_request(self.codec, self.lane.model.upstream_model)
-        except ir.CodecError as e:
-            log.warning("health probe of %s cannot be written: %s", self.name, e)
+            self.data = self.egress.request(path, body, False)
+        except Exception as e:  # (a codec that cannot write it, a signer that fails)
+            log.warning("health probe of %s cannot be written: %r", self.name, e)
             return
-        self.data = self.egress.request(path, body, False)
         prober.inflight[self.name] = self
         self.timer = prober.loop.call_later(self.timeout, self._timed_out)
         prober.site.pool.acquire(self.egress.key, self._on_conn, self._on_conn_error)

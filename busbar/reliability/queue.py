@@ -83,7 +83,10 @@ class Waiter:
         self.qs.unlink(self)
         ex = self.ex
         if not ex.closed:
-            ex.exhausted(hops_spent=True)
+            try:
+                ex.exhausted(hops_spent=True)
+            except Exception as e:  # a bug answers this request with a 500, not silence
+                ex.crash(e)
 
     def leave(self):
         """The request ended while queued or woken (client gone, drain): out of every queue, and a
@@ -263,14 +266,17 @@ class Queues:
         if ex.closed:
             lane.release()
             return
-        cell = w.target.policy.cell_of.get(lane)
-        if cell is not None and not cell.claim():
-            # The breaker moved while it waited (or the budget ran out): the permit to the next
-            # waiter, and this request selects again.
-            lane.release()
-            ex.attempt()
-            return
-        ex.attempt(lane)
+        try:
+            cell = w.target.policy.cell_of.get(lane)
+            if cell is not None and not cell.claim():
+                # The breaker moved while it waited (or the budget ran out): the permit to the
+                # next waiter, and this request selects again.
+                lane.release()
+                ex.attempt()
+                return
+            ex.attempt(lane)
+        except Exception as e:  # a bug answers this request with a 500, not silence
+            ex.crash(e)
 
     # ------------------------------------------------------------------ cross-worker
     def _poll(self):
