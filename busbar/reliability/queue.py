@@ -24,7 +24,8 @@ the "someone waits" barrier above) and the enqueue time of the oldest one (`L_OL
 ms, one clock for the host). A release hands its permit to a local waiter only when that waiter is
 the oldest of the gateway; otherwise the permit goes back to the shared counter, and the worker
 holding the oldest waiter takes it by polling: while a worker has waiters on shared lanes it polls
-every 1 ms, doubling to 16 ms while nothing comes, back to 1 ms after each grant. A poll re-asserts
+every 1 ms, doubling to 16 ms (`limits.queue_poll_max_ms`) while nothing comes, back to 1 ms after
+each grant. A poll re-asserts
 the worker's head in `L_OLDEST` (compare-and-swap to the minimum: when the oldest waiter leaves,
 its worker writes its next head or 0, and the others' heads are back within one poll), and takes
 free permits for its head while its head is the oldest. Cost: nothing at all while nobody waits;
@@ -35,6 +36,8 @@ just changed may lose one permit to the next-oldest worker. An `L_OLDEST` older 
 configured max_ms is stale (its worker died) and ignored. Wake-ups through the deadline wheel
 would cost the same wheel resolution (5-100 ms) on every crossing; an eventfd per worker would
 make crossings immediate but needs a descriptor per worker pair and a reader in every loop.
+A worker that dies with waiters leaves its count behind (the lane then refuses fresh acquires and
+can only be reached through the queue), as it leaves behind the permits it held.
 """
 from __future__ import annotations
 
@@ -47,10 +50,8 @@ GRANTED = 1     # a permit is the waiter's; its request runs on the next loop tu
 DONE = 2
 
 # Cross-worker polling (see the module docstring): from 1 ms, doubling while nothing was taken,
-# to 16 ms: a permit released in another worker waits at most this long; 16 ms keeps an idle
-# waiting worker at ~60 wake-ups a second.
+# to limits.queue_poll_max_ms (16 by default: its reason is in busbar/config/schema.py).
 POLL_MIN_SECS = 0.001
-POLL_MAX_SECS = 0.016
 # An L_OLDEST older than the longest configured max_ms plus this is a dead worker's: ignored.
 STALE_MARGIN_MS = 1000
 
@@ -293,5 +294,6 @@ class Queues:
                 self.grant(next(iter(q.waiters)), lane)
                 granted = True
         if self.polling:
-            self.delay = POLL_MIN_SECS if granted else min(self.delay * 2, POLL_MAX_SECS)
+            top = max(POLL_MIN_SECS, self.rel.limits.queue_poll_max_ms / 1000.0)
+            self.delay = POLL_MIN_SECS if granted else min(self.delay * 2, top)
             self.poll_handle = self.rel.loop.call_later(self.delay, self._poll)

@@ -104,6 +104,9 @@ def _resolution(config) -> float:
     for m in config.models.values():
         if m.attempt_timeout_ms is not None:
             shortest = min(shortest, m.attempt_timeout_ms / 1000.0)
+    for p in config.pools.values():     # reliability: a queue's max_ms is on the wheel too
+        if p.on_exhausted.queue_max_ms is not None:
+            shortest = min(shortest, p.on_exhausted.queue_max_ms / 1000.0)
     return min(0.1, max(0.005, shortest / 20))
 
 
