@@ -13,7 +13,8 @@ Lanes whose model (and provider) config did not change are carried into the new 
 Lane objects, and providers whose config did not change keep their Egress objects (and with them
 refreshed credentials), so state lives on by identity. Lane permits shared between workers live in
 slots of one shared mapping; the parent assigns slots (a surviving lane keeps its own, a new lane
-takes a free one) and sends the assignment with the config, so every worker agrees.
+takes a free one) and sends the assignment with the config, so every worker agrees; so are the
+breaker cells' and lane budgets' blocks (busbar/reliability/state.py `plan`).
 """
 from __future__ import annotations
 
@@ -54,18 +55,21 @@ def problem_list(lines):
     return out
 
 
-def assign_slots(router, config, shared) -> dict:
+def assign_slots(router, config, shared, limit=None) -> dict:
     """Shared permit slot per model: a surviving lane keeps its slot; a new lane takes a slot no
-    current lane uses and that no request holds (its counter is 0)."""
+    current lane uses and that no request holds (its counter is 0), below `limit` (where the
+    reliability blocks begin: busbar/reliability/state.py)."""
     if shared is None:
         return {}
+    if limit is None:
+        limit = shared.size
     slots = {}
     for name, model in config.models.items():
         lane = router.lanes.get(name)
         if lane is not None and lane.model == model:
             slots[name] = lane._slot
     used = set(slots.values())
-    free = (i for i in range(shared.size) if i not in used and shared.value(i) == 0)
+    free = (i for i in range(limit) if i not in used and shared.value(i) == 0)
     for name in sorted(config.models):
         if name not in slots:
             slot = next(free, None)
@@ -96,13 +100,17 @@ def next_snapshot(old: Snapshot, config, version: int, shared, slots: dict):
     return Snapshot(config, shared, version, router=router, egress=egress), fresh
 
 
-async def swap_in_worker(gw, config, version, slots):
-    """Runs in every worker (the parent included): build, start new credentials, swap."""
+async def swap_in_worker(gw, config, version, slots, layout=None):
+    """Runs in every worker (the parent included): build, start new credentials, attach the
+    breaker cells in the parent's layout, swap."""
     snap, fresh = next_snapshot(gw.snapshot, config, version, gw.shared, slots)
     if any(eg.source is not None for eg in fresh):
         from busbar.upstream.refresh import start_credentials
         r = await start_credentials(gw.loop, fresh)
         gw.live_refreshers = getattr(gw, "live_refreshers", []) + [r]
+    # reliability: the new targets get their cells (blocks the parent assigned, the same in every
+    # worker) before any request can see them.
+    gw.reliability.attach(snap, layout)
     gw.snapshot = snap
 
 
@@ -209,16 +217,25 @@ class LiveConfig:
                                    "when busbar started; restart busbar to turn it on"])
             old = gw.snapshot
             version = max(v.version for v in self.versions) + 1
-            slots = assign_slots(old.router, config, gw.shared)
+            rel = gw.reliability
+            slots = assign_slots(old.router, config, gw.shared,
+                                 rel.offset if rel.slots is gw.shared else None)
+            # reliability: breaker cells, lane and pool blocks, assigned here once so every
+            # worker puts a lane's state in the same slots (busbar/reliability/state.py).
+            from busbar.reliability.state import NoRoom
+            try:
+                layout = rel.plan(config, old.router)
+            except NoRoom as e:
+                raise NoSlot(str(e)) from None
             from busbar.admin.plane import call_worker
             t0 = time.perf_counter()
             acks = await asyncio.gather(*(
                 call_worker(gw.loop, sock, {"op": "swap", "version": version, "config": config,
-                                            "slots": slots}, ACK_TIMEOUT_SECS)
+                                            "slots": slots, "layout": layout}, ACK_TIMEOUT_SECS)
                 for _, sock in self.workers), return_exceptions=True)
             failed = [pid for (pid, _), a in zip(self.workers, acks)
                       if isinstance(a, BaseException) or a.get("version") != version]
-            await swap_in_worker(gw, config, version, slots)
+            await swap_in_worker(gw, config, version, slots, layout)
             ms = (time.perf_counter() - t0) * 1000
             restart = restart_required(old.config.document, config.document)
             self.versions.append(Version(version, kind, config.document, restart))

@@ -134,7 +134,8 @@ class WorkerAgent:
                 continue
             if msg.get("op") == "swap":
                 try:
-                    await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"])
+                    await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"],
+                                         msg.get("layout"))
                     reply = {"version": msg["version"]}
                 except Exception as exc:  # reported to the parent, which fails the admin call
                     log.exception("config swap failed")

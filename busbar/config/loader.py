@@ -67,11 +67,13 @@ TOP_LEVEL_KEYS = (
     "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
     # governance (busbar/governance/config.py)
     "groups", "rate_card", "store",
+    # reliability: process-wide probe defaults (busbar/reliability/config.py)
+    "health",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
     "public_url", "identity-providers", "hooks", "per_request_fee", "secrets",
-    "export", "plugins", "health", "routing",
+    "export", "plugins", "routing",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
 TOP_LEVEL_RETIRED = {
@@ -81,15 +83,15 @@ TOP_LEVEL_RETIRED = {
     "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
 }
 
-CATALOG_KEYS = ("protocol", "base_url", "auth", "region", "azure", "vertex")
-CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "subject", "health")
+CATALOG_KEYS = ("protocol", "base_url", "auth", "region", "azure", "vertex", "health")
+CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "subject")
 
 PROVIDER_KEYS = (
     "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
     "allow_metadata_hosts", "profile", "role_arn", "credentials", "token_url", "vertex", "azure",
-    "error_map", "upstream_credentials",  # reliability
+    "error_map", "upstream_credentials", "health",  # reliability
 )
-PROVIDER_UNSUPPORTED = ("path", "path_base", "scope", "subject", "health")
+PROVIDER_UNSUPPORTED = ("path", "path_base", "scope", "subject")
 AZURE_KEYS = ("deployment", "api_version")
 VERTEX_KEYS = ("project", "location")
 # The catalog's placeholder host for Azure OpenAI: every resource has its own host.
@@ -367,9 +369,10 @@ def _build_config(
     models_doc = get_mapping(doc, "models", "", out) or {}
     pools_doc = get_mapping(doc, "pools", "", out) or {}
 
+    health_defaults = reliability_config.health_defaults(get_mapping(doc, "health", "", out), out)
     providers: dict[str, Provider] = {}
     for name, entry in providers_doc.items():
-        provider = _provider(name, entry, catalog, policy, env, base_dir, out)
+        provider = _provider(name, entry, catalog, policy, env, base_dir, out, health_defaults)
         if provider is not None:
             providers[name] = provider
 
@@ -542,6 +545,7 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
             local.error(join(name, "region"), "expected an AWS region such as us-east-1")
         azure = get_mapping(entry, "azure", name, local)
         vertex = get_mapping(entry, "vertex", name, local)
+        reliability_config.health(entry.get("health"), name, local)
         if len(local.errors) == before:
             catalog[name] = {
                 "protocol": protocol,
@@ -550,6 +554,7 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
                 "region": region,
                 "azure": azure,
                 "vertex": vertex,
+                "health": entry.get("health"),
             }
     out.errors.extend(f"{path}: {problem}" for problem in local.errors)
     return catalog
@@ -563,6 +568,7 @@ def _provider(
     env: Mapping[str, str],
     base_dir: str,
     out: Problems,
+    health_defaults=None,
 ) -> Provider | None:
     if not isinstance(name, str):
         out.error("providers", f"provider names must be strings, got {describe(name)}")
@@ -719,6 +725,12 @@ def _provider(
         region = None
 
     headers = _headers(entry.get("headers"), join(path, "headers"), env, base_dir, out)
+    # reliability: the catalog's health mapping, then the provider's own keys over it.
+    health_doc = entry.get("health")
+    if isinstance(base.get("health"), dict) and (health_doc is None or isinstance(health_doc, dict)):
+        health_doc = {**base["health"], **(health_doc or {})}
+    health = reliability_config.health(
+        health_doc, path, out, health_defaults or reliability_config.DEFAULT_HEALTH, passthrough)
 
     if len(out.errors) > errors_before or url is None or protocol is None or auth is None:
         return None
@@ -745,6 +757,7 @@ def _provider(
         azure_api_version=azure[1] if azure else None,
         error_map=reliability_config.error_map(entry.get("error_map"), path, out),
         upstream_credentials=reliability_config.credentials(entry, path, out),
+        health=health,
     )
 
 

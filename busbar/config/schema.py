@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # reliability: pool/provider settings of SPEC §4 (busbar/reliability/policy.py)
-from busbar.reliability.policy import (DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED,
-                                       BreakerPolicy, FailoverPolicy, OnExhausted)
+from busbar.reliability.policy import (DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_HEALTH,
+                                       DEFAULT_ON_EXHAUSTED, BreakerPolicy, FailoverPolicy,
+                                       HealthPolicy, OnExhausted)
 
 # The wire protocols a lane can speak: the six of SPEC §1.2, and `bedrock-invoke` (Anthropic
 # Messages bodies through Bedrock InvokeModel, what anthropic.AnthropicBedrock speaks).
@@ -95,6 +96,11 @@ class Limits:
     # reliability: an upstream Retry-After is a cooldown floor up to this cap (SPEC §4.2: a day),
     # so a provider sending an absurd value cannot bench a lane for weeks.
     max_honored_retry_after_secs: float = 86400.0
+    # reliability: with several workers, a worker with requests queued for a permit (on_exhausted:
+    # queue) polls the shared permit count from 1 ms, backing off to this: a permit released in
+    # another worker idles at most this long; 16 ms keeps a waiting worker at ~60 wake-ups a
+    # second (busbar/reliability/queue.py). Nothing polls while nobody waits.
+    queue_poll_max_ms: int = 16
 
 
 # limits keys whose value must be an integer >= their floor (0 allowed only where it means "off").
@@ -106,6 +112,7 @@ LIMIT_INT_FLOORS: dict[str, int] = {
     "max_inbound_concurrent": 0,
     "default_max_tokens": 1,
     "error_body_max_bytes": 1,
+    "queue_poll_max_ms": 1,
 }
 # limits keys that are durations in seconds, > 0.
 LIMIT_SECONDS: tuple[str, ...] = (
@@ -158,6 +165,9 @@ class Provider:
     # upstream: `own` (busbar's) or `passthrough` (the caller's, whose 401/403 is the caller's).
     error_map: tuple[tuple[str, str], ...] = ()
     upstream_credentials: str = "own"
+    # reliability: active health probing (busbar/reliability/health.py). Not part of equality: a
+    # reload that changes only probing keeps the provider's lanes, permits and breaker cells.
+    health: HealthPolicy = field(default=DEFAULT_HEALTH, compare=False)
 
     def __repr__(self) -> str:
         # Never the key or header values: reprs end up in logs and tracebacks.

@@ -98,7 +98,7 @@ class Exchange:
                  "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
                  "last_error", "closed", "model_span", "request_id", "last_model", "usage",
                  "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket",
-                 "denied", "spans", "relay")
+                 "denied", "spans", "relay", "queued")
 
     def __init__(self, site, conn, req, route, snap):
         self.site = site
@@ -144,6 +144,7 @@ class Exchange:
         self.denied = None      # governance: the gate that refused the request, if one did
         self.spans = None       # the body's top-level members the codec names (SCAN_KEYS)
         self.relay = None       # a same-protocol stream's relay filter (codec.stream_usage_request)
+        self.queued = None      # reliability: its Waiter once on_exhausted queued it
 
     # ================================================================== entry
     def start(self):
@@ -485,6 +486,11 @@ class Exchange:
                 if lane is not None:
                     self.site.log_debug("pool %s exhausted: degraded to %s", target.name, lane.name)
                     self.attempt(lane)
+                    return
+            elif oe.kind == "queue":
+                # Waits for a permit (attempt(lane) when one comes); after max_ms the queue calls
+                # exhausted(hops_spent=True), answered below as reject.
+                if rel.enqueue(self, target):
                     return
         atts = self.attempts
         last = atts[-1] if atts else None
@@ -901,6 +907,9 @@ class Exchange:
         self.closed = True
         if self.att is not None:    # never expected: every path ends its attempt first
             self.end_attempt(F_INTERNAL, "request finished with an attempt open")
+        if self.queued is not None:     # reliability: out of a wait queue (a client that left)
+            self.queued.leave()
+            self.queued = None
         site = self.site
         site.inflight -= 1
         self.t_end = _perf_ns()

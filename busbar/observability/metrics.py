@@ -375,6 +375,15 @@ def render(m: Metrics) -> bytes:
     w("# TYPE busbar_lane_inflight gauge")
     for i, lane in enumerate(L.lanes):
         w("busbar_lane_inflight%s %d" % (_labels(lane=lane), inflight[i]))
+    # reliability: requests waiting for a lane permit (on_exhausted: queue), from the shared
+    # pool blocks every worker updates (busbar/reliability/queue.py).
+    rel = getattr(m.site, "reliability", None)
+    queued = rel.queued_by_pool() if rel is not None else {}
+    if queued:
+        w("# HELP busbar_pool_queued Requests waiting for a lane permit, over all workers.")
+        w("# TYPE busbar_pool_queued gauge")
+        for pool in sorted(queued):
+            w("busbar_pool_queued%s %d" % (_labels(pool=pool), queued[pool]))
     w("# HELP busbar_workers Live worker processes.")
     w("# TYPE busbar_workers gauge")
     w("busbar_workers %d" % live)

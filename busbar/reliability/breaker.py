@@ -50,6 +50,15 @@ class LocalSlots:
     def __init__(self, size: int):
         self.v = [0] * max(1, size)
 
+    @property
+    def size(self):
+        return len(self.v)
+
+    def grow(self, size: int):
+        """One process's slots have no fixed capacity: a reload that adds cells extends them."""
+        if size > len(self.v):
+            self.v.extend([0] * (size - len(self.v)))
+
     def value(self, i):
         return self.v[i]
 
@@ -206,15 +215,17 @@ class Cell:
     def record_client_fault(self):
         self.slots.add(self.base + S_CLIENT_FAULT, 1)
 
-    def record_failure(self, disposition, retry_after=None, reason=None):
-        """A penalised outcome (transient, attempt timeout, hard down)."""
+    def record_failure(self, disposition, retry_after=None, reason=None, counted=True):
+        """A penalised outcome (transient, attempt timeout, hard down). `counted` False: a health
+        probe's, which moves the state machine but is not an attempt in the err counter."""
         slots = self.slots
         b = self.base
         pol = self.policy
         lim = self.limits
         now_s = self.clock()
         now = int(now_s * 1000)
-        slots.add(b + S_ERR, 1)
+        if counted:
+            slots.add(b + S_ERR, 1)
         streak = slots.add(b + S_STREAK, 1)
         state = slots.value(b + S_STATE)
         if disposition == D_HARD_DOWN:
@@ -287,6 +298,37 @@ class Cell:
             slots.store(b + k, CLOSED if k == S_STATE else 0)
         self.window.clear()
 
+    # ------------------------------------------------------------------ health probes
+    # A health probe (busbar/reliability/health.py) never takes the half-open slot: it only reads
+    # the cell before it is sent, and writes its outcome after. Live traffic is never held back by
+    # a probe in flight, and a probe never waits behind a live one.
+    def tripped(self) -> bool:
+        """Open or half-open (a dead-mode probe's condition)."""
+        return self.slots.value(self.base + S_STATE) != CLOSED
+
+    def probe_ok(self):
+        """The lane answered a health probe: every trace of failure goes (SPEC §4.2: a successful
+        active probe clears every cell of the lane). Not counted as an ok attempt."""
+        slots = self.slots
+        b = self.base
+        was = slots.value(b + S_STATE)
+        if was == CLOSED and not slots.value(b + S_UNTIL) and not slots.value(b + S_STREAK):
+            return
+        self.reset()
+        if was != CLOSED:
+            self._event("recovered (health probe)", 0.0, None)
+
+    def probe_failed(self, disposition, retry_after=None, reason=None):
+        """A health probe failed: a tripped cell's cooldown is re-armed, longer (never shortened),
+        so live traffic does not probe a lane the prober just found down; a closed cell counts it
+        toward tripping, as an attempt's failure would. Not counted as an err attempt."""
+        if disposition == D_HARD_DOWN and self.slots.value(self.base + S_HARD):
+            # Still benched: re-armed without a WARNING per probe (one when it was benched).
+            self.slots.add(self.base + S_STREAK, 1)
+            self._extend(self.now_ms() + int(self.limits.hard_down_cooldown_secs * 1000))
+            return
+        self.record_failure(disposition, retry_after, reason, counted=False)
+
     def record(self, disposition, retry_after=None, reason=None):
         """The outcome of one attempt through this cell; None = ok."""
         if disposition is None:
@@ -311,11 +353,13 @@ class Cell:
 
 
 class LaneState:
-    """What is lane-global across pools and workers (SPEC §3): the lifetime budget used
-    (`max_requests`) and the attempts in flight, two slots. The budget is taken when a selection
-    claims the lane and given back when the attempt does not end in a whole answer, so a body that
-    fails is refunded and concurrent requests never overshoot. Slots start at zero in a fresh
-    mapping, so no worker has to initialise them."""
+    """What is lane-global across pools and workers (SPEC §3), in one block of slots: the lifetime
+    budget used (`max_requests`) and the attempts in flight; the health prober's claim on the
+    lane and its outcome counts (busbar/reliability/health.py); and the lane's wait queue's
+    gateway-wide waiter count and oldest waiter (busbar/reliability/queue.py). The budget is taken
+    when a selection claims the lane and given back when the attempt does not end in a whole
+    answer, so a body that fails is refunded and concurrent requests never overshoot. Slots start
+    at zero in a fresh mapping, so no worker has to initialise them."""
 
     __slots__ = ("slots", "i", "limit")
 
@@ -333,23 +377,31 @@ class LaneState:
     def take(self) -> bool:
         slots = self.slots
         i = self.i
-        slots.add(i + 1, 1)
+        slots.add(i + L_INFLIGHT, 1)
         if self.limit is None:
             return True
         if slots.add(i, 1) <= self.limit:
             return True
         slots.add(i, -1)
-        slots.add(i + 1, -1)
+        slots.add(i + L_INFLIGHT, -1)
         return False
 
     def done(self, refund: bool):
         slots = self.slots
-        slots.add(self.i + 1, -1)
+        slots.add(self.i + L_INFLIGHT, -1)
         if refund and self.limit is not None:
             slots.add(self.i, -1)
 
     def inflight(self) -> int:
-        return self.slots.value(self.i + 1)
+        return self.slots.value(self.i + L_INFLIGHT)
 
 
-LANE_SLOTS = 2
+# Slot layout of a lane's block.
+L_USED = 0          # lifetime budget used
+L_INFLIGHT = 1      # attempts in flight, every worker
+L_PROBE_AT = 2      # monotonic ms of the lane's last health-probe claim (CAS'd: one prober)
+L_PROBE_OK = 3      # health probes answered
+L_PROBE_FAIL = 4    # health probes failed
+L_WAITING = 5       # requests queued for a permit of this lane, every worker
+L_OLDEST = 6        # monotonic ms the oldest of them was queued (0: none)
+LANE_SLOTS = 7

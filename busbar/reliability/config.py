@@ -8,7 +8,8 @@ import math
 from busbar.config.checks import (Problems, check_keys, describe, get_int, get_mapping,
                                   get_seconds, get_str, join)
 from busbar.reliability.policy import (
-    DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_HEALTH, DEFAULT_ON_EXHAUSTED, ERROR_CLASSES,
+    DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_HEALTH, DEFAULT_ON_EXHAUSTED, DEFAULT_QUEUE_MAX_MS,
+    ERROR_CLASSES,
     BreakerPolicy, FailoverPolicy, HealthPolicy, OnExhausted)
 
 BREAKER_KEYS = ("trip", "base_cooldown_secs", "max_cooldown_secs")
@@ -18,6 +19,8 @@ TRIP_RENAMED = {"window_s": "renamed to 'window_secs'", "n": "renamed to 'consec
 FAILOVER_KEYS = ("timeout_secs", "max_hops", "exclusions")
 FAILOVER_RENAMED = {"deadline_secs": "renamed to 'timeout_secs'", "cap": "renamed to 'max_hops'"}
 HEALTH_KEYS = ("mode", "interval_secs", "timeout_secs")
+HEALTH_DEFAULT_KEYS = ("default_probe_interval_secs", "default_probe_timeout_secs")
+QUEUE_KEYS = ("max_ms",)
 HEALTH_MODES = ("none", "dead", "active")
 CREDENTIAL_MODES = ("own", "passthrough")
 # failover.timeout_secs is capped at a day, as the reference caps it.
@@ -85,12 +88,31 @@ def on_exhausted(value: object, path: str, timeout_secs: float, out: Problems) -
             name = get_str(value, "fallback_pool", path, out)
             return OnExhausted("fallback_pool", fallback_pool=name) if name else DEFAULT_ON_EXHAUSTED
         if "queue" in value:
-            # Waiting on lane permits is not built yet: refused by name rather than silently
-            # rejecting like `reject` (a silently ignored key is worse than a refusal).
-            out.error(join(path, "queue"), "not supported by this busbar version")
-            return DEFAULT_ON_EXHAUSTED
+            return queue(value["queue"], join(path, "queue"), timeout_secs, out)
     out.error(path, "expected reject, least_bad, {fallback_pool: <pool>} or {queue: {max_ms: N}}")
     return DEFAULT_ON_EXHAUSTED
+
+
+def queue(section: object, path: str, timeout_secs: float, out: Problems) -> OnExhausted:
+    """`{queue: {max_ms}}`: wait for a lane permit up to max_ms (busbar/reliability/queue.py).
+    max_ms is > 0 and at most the pool's failover budget (SPEC §4.3)."""
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        out.error(path, f"expected a mapping {{max_ms: N}}, got {describe(section)}")
+        return DEFAULT_ON_EXHAUSTED
+    check_keys(section, path, QUEUE_KEYS, out)
+    budget_ms = int(timeout_secs * 1000)
+    if section.get("max_ms") is None:
+        return OnExhausted("queue", queue_max_ms=max(1, min(DEFAULT_QUEUE_MAX_MS, budget_ms)))
+    max_ms = get_int(section, "max_ms", path, out, 1, None)
+    if max_ms is None:
+        return DEFAULT_ON_EXHAUSTED
+    if max_ms > budget_ms:
+        out.error(join(path, "max_ms"), f"must be <= failover.timeout_secs x 1000 ({budget_ms}), "
+                  f"got {max_ms}")
+        return DEFAULT_ON_EXHAUSTED
+    return OnExhausted("queue", queue_max_ms=max_ms)
 
 
 def check_fallbacks(pools: dict, out: Problems) -> None:
@@ -140,16 +162,56 @@ def credentials(entry: dict, path: str, out: Problems) -> str:
     return mode
 
 
-def health(section: dict | None, path: str, out: Problems) -> HealthPolicy:
+def health_defaults(section: dict | None, out: Problems) -> HealthPolicy:
+    """Top-level `health: {default_probe_interval_secs, default_probe_timeout_secs}`: what a
+    provider's `health:` falls back to (SPEC §4.2)."""
     if section is None:
         return DEFAULT_HEALTH
+    check_keys(section, "health", HEALTH_DEFAULT_KEYS, out)
+    d = DEFAULT_HEALTH
+    interval = _floored(section, "default_probe_interval_secs", "health", out, d.interval_secs)
+    given = section.get("default_probe_timeout_secs") is not None
+    timeout = _floored(section, "default_probe_timeout_secs", "health", out, d.timeout_secs)
+    if timeout > interval:
+        if given:
+            out.error(join("health", "default_probe_timeout_secs"),
+                      f"must be <= default_probe_interval_secs ({interval:g})")
+        timeout = interval
+    return HealthPolicy("none", interval, timeout)
+
+
+def health(section: object, path: str, out: Problems, defaults: HealthPolicy = DEFAULT_HEALTH,
+           passthrough: bool = False) -> HealthPolicy:
+    """A provider's (or catalog entry's) `health: {mode, interval_secs, timeout_secs}`."""
+    if section is None:
+        return defaults
     path = join(path, "health")
+    if not isinstance(section, dict):
+        out.error(path, f"expected a mapping {{mode, interval_secs, timeout_secs}}, got {describe(section)}")
+        return defaults
     check_keys(section, path, HEALTH_KEYS, out)
     mode = get_str(section, "mode", path, out, "none")
     if mode not in HEALTH_MODES:
         out.error(join(path, "mode"), "expected none, dead or active")
         mode = "none"
-    # Both floored at 1 s (SPEC §4.2): a probe storm is worse than a slow recovery.
-    interval = max(1.0, get_seconds(section, "interval_secs", path, out, DEFAULT_HEALTH.interval_secs))
-    timeout = max(1.0, get_seconds(section, "timeout_secs", path, out, DEFAULT_HEALTH.timeout_secs))
+    if mode != "none" and passthrough:
+        out.error(join(path, "mode"), "a probe needs busbar's own key, and a provider with "
+                  "upstream_credentials: passthrough holds none; use mode: none")
+        mode = "none"
+    interval = _floored(section, "interval_secs", path, out, defaults.interval_secs)
+    timeout = _floored(section, "timeout_secs", path, out, defaults.timeout_secs)
+    if timeout > interval:
+        if section.get("timeout_secs") is not None:
+            # Two probes of one lane in flight at once would both be one interval's probe.
+            out.error(join(path, "timeout_secs"), f"must be <= interval_secs ({interval:g})")
+        timeout = interval
     return HealthPolicy(mode, interval, timeout)
+
+
+def _floored(section, key, path, out, default) -> float:
+    # Floored at 1 s (SPEC §4.2): a probe storm is worse than a slow recovery. Said, not silent.
+    v = get_seconds(section, key, path, out, default)
+    if v < 1.0:
+        out.warn(join(path, key), f"raised to the 1 s floor (got {v:g})")
+        v = 1.0
+    return v

@@ -42,6 +42,12 @@ class FailoverPolicy:
     exclusions: tuple[str, ...] = ()
 
 
+# `on_exhausted: {queue: {}}` without max_ms: a burst shorter than a few typical chat completions
+# (2-30 s each) is absorbed, and a wait stays far inside the failover budget (120 s) and the SDKs'
+# own timeouts (60-600 s); a longer wait is overload, which reject's Retry-After says better.
+DEFAULT_QUEUE_MAX_MS = 10_000
+
+
 @dataclass(frozen=True, slots=True)
 class OnExhausted:
     """`on_exhausted:` of a pool: reject | least_bad | {fallback_pool: X} | {queue: {max_ms}}."""
@@ -53,10 +59,20 @@ class OnExhausted:
 
 @dataclass(frozen=True, slots=True)
 class HealthPolicy:
-    """`health:` of a provider: none | dead (probe only tripped lanes) | active (probe all)."""
+    """`health:` of a provider: none | dead (probe only tripped lanes) | active (probe every lane;
+    billable). Probes are one-token requests (busbar/reliability/health.py)."""
 
+    # Off unless asked for: `active` sends billable requests, and `dead` is only useful where a
+    # breaker trips, which a gateway with one lane per model rarely has a second lane for.
     mode: str = "none"
-    interval_secs: float = 30.0
+    # 10 s, not the reference's 30 s: shorter than the shortest cooldown a default breaker trip
+    # sets (15 s * 2^1 = 30 s), so a recovered lane is found by a probe, not by a live request sent
+    # as the half-open probe, and each failed probe re-arms the cooldown before it runs out. A
+    # probe costs one token; `active` at 10 s is 8640 of them a day per lane.
+    interval_secs: float = 10.0
+    # A healthy API answers a one-token request in < 2 s (time to first token plus a cold TLS
+    # connection); 5 s tolerates a slow edge without holding a probe past half its interval, so a
+    # probe always ends before the next one is due. Never more than interval_secs.
     timeout_secs: float = 5.0
 
 

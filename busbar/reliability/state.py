@@ -1,19 +1,34 @@
-"""The reliability state of one gateway: breaker cells, lane budgets, and what the lifecycle asks of
-them (SPEC §3, §4).
+"""The reliability state of one gateway: breaker cells, lane budgets, health-probe claims and wait
+queues, and what the lifecycle asks of them (SPEC §3, §4).
 
-`Reliability(config, shared)` is made per worker process. Its cells live in slots after the lane
-permits in the gateway's shared counters (`slots_needed(config)` more of them, allocated before the
-workers fork), or in a local array with one process. `attach(snapshot)` gives each target of a
-snapshot's router its cells and policies; a reloaded snapshot is attached again and keeps the
-cells of the (pool, lane) pairs it still has, keyed by name. `on_attempt` is the site's attempt
-hook: every attempt's disposition reaches its cell there, and nowhere else.
+`Reliability(config, shared)` is made per worker process. Its state lives in blocks of `BLOCK`
+slots in the tail of the gateway's shared counters (`capacity(config)` slots, allocated before the
+workers fork, after the lane permits), or in a local array with one process:
+
+- a lane block per model (budget used, attempts in flight, the prober's claim, queue counts),
+- a cell block per (pool, lane) and per direct route (the breaker cell),
+- a pool block per pool (requests queued for it).
+
+Every worker must agree on which block is whose, or a lane one worker trips would be another
+lane's cell in the next worker. At boot every worker computes the same layout from the same
+config (`plan`, deterministic). After that only the parent plans: a reload
+(busbar/admin/live.py) calls `plan(config, old_router)` there, which keeps the blocks of what
+survives (a lane block by model name; a cell block while its (pool, lane) pair exists and the
+lane's model did not change, the rule the router keeps Lane objects by; a pool block by name),
+takes fresh blocks for the rest, and sends the layout with the config, and every worker
+`attach(snapshot, layout)`es it. A block a reload dropped may still be written by requests of
+the old snapshot in flight, so it is reused only after a quarantine longer than any request.
+
+`on_attempt` is the site's attempt hook: every attempt's disposition reaches its cell there, and
+nowhere else.
 """
 from __future__ import annotations
 
+import collections
 import time
 
 from busbar.reliability.breaker import (CELL_SLOTS, HALF_OPEN, LANE_SLOTS, OPEN, S_STATE, S_UNTIL,
-                                        Cell, LaneState, LocalSlots)
+                                        Cell, LaneState, LocalSlots, Window)
 from busbar.reliability.classify import FAULT_DISPOSITION
 from busbar.reliability.policy import DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED
 
@@ -21,88 +36,223 @@ from busbar.reliability.policy import DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT
 # never 1 (SPEC §4.3), so clients that retry at once do not hammer a saturated gateway.
 RETRY_FLOOR_SECS = 2
 
+# Every block is this many slots, whatever it holds, so one free list serves all three kinds.
+BLOCK = 8
+POOL_SLOTS = 1
+P_QUEUED = 0        # pool block: requests of this pool waiting in a queue, every worker
+assert CELL_SLOTS <= BLOCK and LANE_SLOTS <= BLOCK and POOL_SLOTS <= BLOCK
+# Room for reloads that add models and pools: four times the boot config's blocks, and at least
+# 1024 blocks (64 KiB of mapping; the kernel backs a page of it only once a block on it is used).
+MIN_BLOCKS = 1024
+# A dropped block waits this long past the longest a request of the old config can live (its
+# failover budget, or a stream's upstream_request_timeout_secs) before it is reused.
+QUARANTINE_MARGIN_SECS = 60.0
 
-def slots_needed(config) -> int:
-    cells = len(config.models) + sum(len(p.members) for p in config.pools.values())
-    return cells * CELL_SLOTS + len(config.models) * LANE_SLOTS
+
+def blocks_needed(config) -> int:
+    """Lane blocks, direct-route cells, pool-member cells, pool blocks."""
+    return 2 * len(config.models) + sum(len(p.members) + 1 for p in config.pools.values())
+
+
+def capacity(config) -> int:
+    """Slots of the shared mapping reliability takes (its tail), for this boot config."""
+    return BLOCK * max(MIN_BLOCKS, 4 * blocks_needed(config))
+
+
+class NoRoom(Exception):
+    """A reload needs more blocks than the mapping has free (restart to grow it)."""
+
+
+def _longest_request_secs(config) -> float:
+    t = config.limits.upstream_request_timeout_secs
+    for p in config.pools.values():
+        t = max(t, p.failover.timeout_secs)
+    return t
 
 
 class TargetPolicy:
     """What a target needs from reliability per request: its cells by lane and its policies."""
 
-    __slots__ = ("cell_of", "failover", "on_exhausted", "max_attempts", "pool")
+    __slots__ = ("cell_of", "failover", "on_exhausted", "max_attempts", "pool", "queued")
 
-    def __init__(self, pool, cells_by_lane, failover, on_exhausted):
+    def __init__(self, pool, cells_by_lane, failover, on_exhausted, queued=None):
         self.pool = pool
         self.cell_of = cells_by_lane
         self.failover = failover
         self.on_exhausted = on_exhausted
         self.max_attempts = failover.max_hops + 1
+        self.queued = queued    # the pool block's queued slot (on_exhausted: queue), else None
 
 
 class Reliability:
     def __init__(self, config, shared=None, clock=time.monotonic, rand=None):
         self.clock = clock
         self.rand = rand
-        need = slots_needed(config)
-        if shared is not None and shared.size >= len(config.models) + need:
+        cap = capacity(config)
+        if shared is not None and shared.size >= len(config.models) + cap:
             # The tail of the mapping: the lane permits (and the control plane's room for models
             # added by reloads) come first.
             self.slots = shared
-            self.offset = shared.size - need
+            self.offset = shared.size - cap
+            self.end = shared.size
         else:
-            self.slots = LocalSlots(slots_needed(config))
+            self.slots = LocalSlots(BLOCK * blocks_needed(config))
             self.offset = 0
+            self.end = None         # grows
         self.limits = config.limits
+        self._next = self.offset    # the next never-used block
+        self._free = collections.deque()    # (reusable from, block) in the order dropped
+        self.layout = {"lanes": {}, "cells": {}, "pools": {}}
         self.cells = {}         # (pool, lane name) → Cell; pool "" = the lane-default cell
         self.lanes = {}         # lane name → LaneState
-        self._layout(config)
+        self.cells_by_lane = {}     # lane name → [Cell] (every pool's, and the direct route's)
+        self.pool_slot = {}     # pool name → its pool block
         self.snapshot = None
+        self.queues = None      # busbar/reliability/queue.py Queues, made when a pool queues
+        self.loop = None        # the worker's event loop (set by the gateway; queue wake-ups)
+        self.deadlines = None   # the worker's deadline wheel (queue max_ms)
 
-    def _layout(self, config):
-        i = self.offset
-        for name in sorted(config.models):
-            self.lanes[name] = LaneState(self.slots, i, config.models[name].max_requests)
-            i += LANE_SLOTS
-        self._next = i
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
 
-    def _cell(self, pool, lane, policy, member=None):
-        key = (pool, lane.name)
-        c = self.cells.get(key)
-        if c is None:
-            c = Cell(pool, lane, policy, self.slots, self._next, self.limits, self.clock, self.rand,
-                     self.lanes[lane.name])
-            self._next += CELL_SLOTS
-            self.cells[key] = c
-        c.lane = lane
-        if member is not None:
-            c.context_max = member.context_max
-            c.attempt_timeout_ms = member.attempt_timeout_ms
-        return c
+    # ------------------------------------------------------------------ layout
+    def _alloc(self, now: float) -> int:
+        free = self._free
+        if free and free[0][0] <= now:
+            base = free.popleft()[1]
+            for k in range(BLOCK):
+                self.slots.store(base + k, 0)
+            return base
+        base = self._next
+        if self.end is None:
+            self.slots.grow(base + BLOCK)
+        elif base + BLOCK > self.end:
+            raise NoRoom("no free shared slots for the breaker cells of this config (restart "
+                         "busbar to grow the table)")
+        self._next = base + BLOCK
+        return base
 
-    def attach(self, snapshot):
-        """Gives every target of the snapshot's router its cells and policies."""
+    def plan(self, config, old_router=None) -> dict:
+        """The block of every lane, cell and pool of `config`: {"lanes": {name: base},
+        "cells": {(pool, name): base}, "pools": {name: base}}. Deterministic for a given history,
+        so every worker's boot plan is the same; after boot only the parent plans (a reload) and
+        the workers apply its layout. Blocks that survive are kept (see the module docstring)."""
+        now = self.clock()
+        cur = self.layout
+        models = config.models
+
+        def survives(name):
+            lane = old_router.lanes.get(name) if old_router is not None else None
+            return lane is not None and lane.model == models[name]
+
+        lanes = {}
+        for name in sorted(models):
+            base = cur["lanes"].get(name)
+            lanes[name] = base if base is not None else self._alloc(now)
+        keys = [("", name) for name in sorted(models)]
+        for pname in sorted(config.pools):
+            keys.extend((pname, m.model.name) for m in config.pools[pname].members)
+        cells = {}
+        for key in keys:
+            base = cur["cells"].get(key)
+            cells[key] = base if base is not None and survives(key[1]) else self._alloc(now)
+        pools = {}
+        for pname in sorted(config.pools):
+            base = cur["pools"].get(pname)
+            pools[pname] = base if base is not None else self._alloc(now)
+        used = set(lanes.values()) | set(cells.values()) | set(pools.values())
+        old_config = self.snapshot.config if self.snapshot is not None else None
+        wait = max(_longest_request_secs(config),
+                   _longest_request_secs(old_config) if old_config is not None else 0.0)
+        for kind in ("lanes", "cells", "pools"):
+            for base in cur[kind].values():
+                if base not in used:
+                    self._free.append((now + wait + QUARANTINE_MARGIN_SECS, base))
+                    used.add(base)
+        self.layout = {"lanes": lanes, "cells": cells, "pools": pools}
+        return self.layout
+
+    def attach(self, snapshot, layout=None):
+        """Gives every target of the snapshot's router its cells and policies, in the blocks of
+        `layout` (the parent's plan; None: plan here, at boot or in a single process)."""
+        if layout is None:
+            layout = self.plan(snapshot.config,
+                               self.snapshot.router if self.snapshot is not None else None)
+        else:
+            self.layout = layout
         config = snapshot.config
         router = snapshot.router
+        slots = self.slots
+        if self.end is None:
+            top = max([0] + [b + BLOCK for kind in layout.values() for b in kind.values()])
+            slots.grow(top)
+        lanes = {}
+        for name, base in layout["lanes"].items():
+            ls = self.lanes.get(name)
+            if ls is None or ls.i != base:
+                ls = LaneState(slots, base, None)
+            ls.limit = config.models[name].max_requests
+            lanes[name] = ls
+        self.lanes = lanes
+        old = self.cells
+        cells = {}
+        by_lane = {}
+
+        def cell(pool, lane, policy, member=None):
+            key = (pool, lane.name)
+            base = layout["cells"][key]
+            c = old.get(key)
+            if c is None or c.base != base:
+                c = Cell(pool, lane, policy, slots, base, self.limits, self.clock, self.rand,
+                         lanes[lane.name])
+            else:
+                if c.policy.window_secs != policy.window_secs:
+                    c.window = Window(policy.window_secs)
+                c.policy = policy
+                c.budget = lanes[lane.name]
+            c.lane = lane
+            c.limits = config.limits
+            c.context_max = member.context_max if member is not None else None
+            c.attempt_timeout_ms = member.attempt_timeout_ms if member is not None else None
+            cells[key] = c
+            by_lane.setdefault(lane.name, []).append(c)
+            return c
+
         for name, lane in router.lanes.items():
             t = router.resolve(name)
             if t is not None and not t.is_pool:
-                cell = self._cell("", lane, DEFAULT_BREAKER)
-                t.cells = (cell,)
-                t.policy = TargetPolicy("", {lane: cell}, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED)
+                c = cell("", lane, DEFAULT_BREAKER)
+                t.cells = (c,)
+                t.policy = TargetPolicy("", {lane: c}, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED)
+        queued_lanes = set()
         for name, pool in config.pools.items():
             t = router.resolve(name)
-            cells = []
+            cs = []
             by = {}
             excluded = set(pool.failover.exclusions)
             for lane, member in zip(t.lanes, pool.members):
-                cell = self._cell(name, lane, pool.breaker, member)
-                cells.append(cell)
-                by[lane] = cell
-            t.cells = tuple(cells)
-            t.policy = TargetPolicy(name, by, pool.failover, pool.on_exhausted)
+                c = cell(name, lane, pool.breaker, member)
+                cs.append(c)
+                by[lane] = c
+            t.cells = tuple(cs)
+            queued = None
+            if pool.on_exhausted.kind == "queue":
+                queued = layout["pools"][name] + P_QUEUED
+                queued_lanes.update(lane for lane in t.lanes
+                                    if lane.limit is not None and lane not in t.excluded
+                                    and lane.name not in excluded)
+            t.policy = TargetPolicy(name, by, pool.failover, pool.on_exhausted, queued)
             t.excluded = frozenset(lane for lane in t.lanes if lane.name in excluded)
+        self.cells = cells
+        self.cells_by_lane = by_lane
+        self.pool_slot = dict(layout["pools"])
+        self.limits = config.limits
         self.snapshot = snapshot
+        if queued_lanes or self.queues is not None:
+            from busbar.reliability.queue import Queues
+            if self.queues is None:
+                self.queues = Queues(self)
+            self.queues.attach(snapshot, queued_lanes)
 
     # ------------------------------------------------------------------ the attempt hook
     def on_attempt(self, ex, a):
@@ -179,6 +329,24 @@ class Reliability:
         with no other member left it must not turn one transient error into a 503 for every caller
         (a direct route has no other member). Tripped cells stay out. Permit and budget taken."""
         return _soonest(target, exclude, closed_only=True)
+
+    def enqueue(self, ex, target) -> bool:
+        """on_exhausted: queue (busbar/reliability/queue.py): True when `ex` now waits for a
+        permit (it is attempted when one comes, or answered as reject after max_ms); False when
+        the exhaustion is not saturation or no time is left: answer at once."""
+        qs = self.queues
+        return qs is not None and qs.enqueue(ex, target)
+
+    def queued_by_pool(self) -> dict:
+        """Requests waiting for a permit per queueing pool, every worker's."""
+        snap = self.snapshot
+        out = {}
+        if snap is None:
+            return out
+        for name, pool in snap.config.pools.items():
+            if pool.on_exhausted.kind == "queue" and name in self.pool_slot:
+                out[name] = max(0, self.slots.value(self.pool_slot[name] + P_QUEUED))
+        return out
 
     def least_bad(self, target, exclude):
         """The cooling lane whose cooldown ends soonest and that has a free permit (SPEC §4.3),

@@ -13,11 +13,12 @@ Shape:
                 "availability": available|breaker_open|at_capacity|budget_exhausted|probe_in_flight,
                 "recovery_hint_ms", "breaker_state": closed|half_open|open, "ok", "err",
                 "client_fault", "usable": bool, "dead": bool, "dead_reason": str|null,
-                "cooldown_remaining_s", "streak", "trips", "budget": n|"unbounded"}, ...]}
+                "cooldown_remaining_s", "streak", "trips", "budget": n|"unbounded",
+                "probes_ok", "probes_failed", "queued"}, ...]}
 """
 from __future__ import annotations
 
-from busbar.reliability.breaker import HALF_OPEN, OPEN
+from busbar.reliability.breaker import HALF_OPEN, L_PROBE_FAIL, L_PROBE_OK, L_WAITING, OPEN
 
 
 def lane_stats(pool: str, lane, cell) -> dict:
@@ -53,6 +54,11 @@ def lane_stats(pool: str, lane, cell) -> dict:
         if snap["hard_down"] and cooling > 0 else None,
         "cooldown_remaining_s": cooling, "streak": snap["streak"], "trips": snap["trips"],
         "budget": "unbounded" if bud.limit is None else left,
+        # health probes of the lane (every worker's; never in ok/err), and requests queued for
+        # one of its permits (on_exhausted: queue), gateway-wide
+        "probes_ok": bud.slots.value(bud.i + L_PROBE_OK),
+        "probes_failed": bud.slots.value(bud.i + L_PROBE_FAIL),
+        "queued": max(0, bud.slots.value(bud.i + L_WAITING)),
     }
 
 

@@ -18,9 +18,13 @@ class Lane:
 
     With several worker processes the permit count lives in `shared` (cbusbar.shared, a mapping
     every worker inherits from the parent and updates atomically), so the limit holds for the whole
-    gateway, not once per process. `inflight` always counts this process's own requests."""
+    gateway, not once per process. `inflight` always counts this process's own requests.
 
-    __slots__ = ("model", "name", "inflight", "limit", "_shared", "_slot")
+    `queue`: where requests wait for a permit of this lane when a pool using it queues (busbar/
+    reliability/queue.py), else None. While anyone waits, a fresh acquire fails (the lane counts as
+    at capacity) and a released permit goes to the head waiter instead of back to the count."""
+
+    __slots__ = ("model", "name", "inflight", "limit", "_shared", "_slot", "queue")
 
     def __init__(self, model: Model, shared=None, slot: int = -1) -> None:
         self.model = model
@@ -29,11 +33,15 @@ class Lane:
         self.limit = model.max_concurrent  # None = unbounded
         self._shared = shared if (shared is not None and self.limit is not None) else None
         self._slot = slot
+        self.queue = None
 
     def has_permit(self) -> bool:
         limit = self.limit
         if limit is None:
             return True
+        q = self.queue
+        if q is not None and q.blocked():
+            return False
         if self._shared is not None:
             return self._shared.value(self._slot) < limit
         return self.inflight < limit
@@ -42,6 +50,9 @@ class Lane:
         """Takes a permit if one is free. A lane at capacity is skipped, never waited on."""
         limit = self.limit
         if limit is not None:
+            q = self.queue
+            if q is not None and q.blocked():
+                return False
             if self._shared is not None:
                 if not self._shared.try_acquire(self._slot, limit):
                     return False
@@ -50,10 +61,23 @@ class Lane:
         self.inflight += 1
         return True
 
+    def take_queued(self) -> bool:
+        """A queued request's acquire: the waiters' own barrier does not apply to them."""
+        if self._shared is not None:
+            if not self._shared.try_acquire(self._slot, self.limit):
+                return False
+        elif self.inflight >= self.limit:
+            return False
+        self.inflight += 1
+        return True
+
     def release(self) -> None:
         if self.inflight <= 0:
             # A double release would silently raise the lane's real concurrency above its limit.
             raise RuntimeError(f"lane {self.name!r}: release() without a matching acquire")
+        q = self.queue
+        if q is not None and q.waiters and q.handoff():
+            return      # the permit went to the head waiter: still taken, now by it
         self.inflight -= 1
         if self._shared is not None:
             self._shared.release(self._slot)

@@ -104,6 +104,9 @@ def _resolution(config) -> float:
     for m in config.models.values():
         if m.attempt_timeout_ms is not None:
             shortest = min(shortest, m.attempt_timeout_ms / 1000.0)
+    for p in config.pools.values():     # reliability: a queue's max_ms is on the wheel too
+        if p.on_exhausted.queue_max_ms is not None:
+            shortest = min(shortest, p.on_exhausted.queue_max_ms / 1000.0)
     return min(0.1, max(0.005, shortest / 20))
 
 
@@ -137,6 +140,8 @@ class Gateway:
         # (busbar/reliability/state.py); a reloaded snapshot is attached again.
         from busbar.reliability.state import Reliability
         self.reliability = Reliability(config, shared)
+        self.reliability.loop = loop
+        self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.on_attempt)
         self._debug = log.isEnabledFor(logging.DEBUG)
@@ -187,11 +192,18 @@ class Gateway:
         server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
                                                backlog=4096, **tls)
         self.servers.append(server)
+        # reliability: active health probes (providers' `health:`); one per lane per interval
+        # over all workers (busbar/reliability/health.py).
+        from busbar.reliability.health import HealthProber
+        self.prober = HealthProber(self)
+        self.prober.start()
         return server
 
     async def drain(self):
         """Stop accepting; finish in-flight requests; close idle keep-alive connections."""
         self.draining = True
+        if getattr(self, "prober", None) is not None:
+            self.prober.close()
         for s in self.servers:
             s.close()
         for c in list(self.connections):
@@ -343,8 +355,8 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     # reliability: breaker cells and lane budgets in the same mapping, after the permits (the
     # control plane's table, with room for models added by reloads), so a lane one worker found
     # dead is open for every worker (busbar/reliability/breaker.py).
-    from busbar.reliability.state import slots_needed
-    shared = SharedCounters(control.slot_capacity(config) + slots_needed(config))
+    from busbar.reliability.state import capacity
+    shared = SharedCounters(control.slot_capacity(config) + capacity(config))
     children = []
     for i in range(n - 1):
         channel = control.channel()

@@ -36,6 +36,7 @@ NEEDS_MAX_TOKENS = True     # the Messages API refuses a request without max_tok
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
+PROBE_MAX_TOKENS = 1        # health probes: the Messages API accepts max_tokens >= 1
 
 # Anthropic rejects a request without max_tokens; the engine injects the configured default on a
 # cross-protocol hop (SPEC 1.6), this is the last resort when nobody did.

@@ -60,6 +60,7 @@ NEEDS_MAX_TOKENS = False    # inferenceConfig.maxTokens is optional
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"inferenceConfig")
 MAX_TOKENS_PATH = ((b"inferenceConfig", b"maxTokens"),)
+PROBE_MAX_TOKENS = 1        # health probes: Converse accepts maxTokens >= 1
 
 # The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
 # "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.

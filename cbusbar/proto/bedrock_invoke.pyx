@@ -35,6 +35,7 @@ NEEDS_MAX_TOKENS = True
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
+PROBE_MAX_TOKENS = 1        # health probes: Anthropic Messages through InvokeModel, max_tokens >= 1
 
 cdef bytes _CHUNK_HEADERS = encode_headers({
     ":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"})

@@ -61,6 +61,7 @@ NEEDS_MAX_TOKENS = False    # max_tokens is optional
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
+PROBE_MAX_TOKENS = 1        # health probes: v2 chat accepts max_tokens >= 1
 
 # Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
 cdef int MAX_STOP_SEQUENCES = 5

@@ -50,6 +50,7 @@ NEEDS_MAX_TOKENS = False    # maxOutputTokens is optional
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"generationConfig")
 MAX_TOKENS_PATH = ((b"generationConfig", b"maxOutputTokens"),)
+PROBE_MAX_TOKENS = 1        # health probes: maxOutputTokens >= 1
 
 cdef str _BAD_SHAPE = (
     "Invalid JSON payload received: the body does not have the generateContent shape.")

@@ -59,6 +59,7 @@ MAX_TOKENS_PATH = ((b"max_completion_tokens",), (b"max_tokens",))
 
 # What a streamed request's stream_options gets so the upstream sends the usage chunk.
 _INCLUDE_USAGE = b'{"include_usage":true}'
+PROBE_MAX_TOKENS = 1        # health probes: Chat Completions accepts max_tokens >= 1
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4

@@ -48,6 +48,7 @@ NEEDS_MAX_TOKENS = False    # max_output_tokens is optional
 # deep at most (governance reserves a budget for it before the call).
 SCAN_KEYS = (b"model", b"stream", b"max_output_tokens")
 MAX_TOKENS_PATH = ((b"max_output_tokens",),)
+PROBE_MAX_TOKENS = 16       # health probes: the Responses API refuses max_output_tokens below 16
 
 
 cpdef str upstream_path(str model, bint stream):
