@@ -910,6 +910,12 @@ class Exchange:
         if self.queued is not None:     # reliability: out of a wait queue (a client that left)
             self.queued.leave()
             self.queued = None
+        if self.usage is None:
+            # A stream that ended early (the client left after the last event, before the
+            # upstream's end arrived; or a mid-stream failure) is billed what it reported so far.
+            src = self.tap if self.tap is not None else self.tx
+            if src is not None:
+                self.usage = src.usage
         site = self.site
         site.inflight -= 1
         self.t_end = _perf_ns()
