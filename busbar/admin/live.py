@@ -13,7 +13,10 @@ Lanes whose model (and provider) config did not change are carried into the new 
 Lane objects, and providers whose config did not change keep their Egress objects (and with them
 refreshed credentials), so state lives on by identity. Lane permits shared between workers live in
 slots of one shared mapping; the parent assigns slots (a surviving lane keeps its own, a new lane
-takes a free one) and sends the assignment with the config, so every worker agrees.
+takes a free one) and sends the assignment with the config, so every worker agrees. The same goes
+for the breaker cells (busbar/reliability/state.py `plan`) and the metric series
+(busbar/observability/metrics.py `Layout.plan`) of pools and models a reload adds: spare slots
+reserved at boot, assigned once by the parent, sent with the swap.
 """
 from __future__ import annotations
 
@@ -24,11 +27,13 @@ import time
 
 import orjson
 
+from busbar import observability
 from busbar.config import ConfigError
 from busbar.config.control import Control, restart_required, write_overlay
 from busbar.config.loader import build
 from busbar.engine.egress import Egress
 from busbar.engine.snapshot import Snapshot
+from busbar.observability.events import event
 from busbar.routing import Lane, Router
 
 log = logging.getLogger("busbar.admin")
@@ -54,9 +59,10 @@ def problem_list(lines):
     return out
 
 
-def assign_slots(router, config, shared) -> dict:
+def assign_slots(router, config, shared, end=None) -> dict:
     """Shared permit slot per model: a surviving lane keeps its slot; a new lane takes a slot no
-    current lane uses and that no request holds (its counter is 0)."""
+    current lane uses and that no request holds (its counter is 0), below `end` (where the
+    reliability table starts; default the whole mapping)."""
     if shared is None:
         return {}
     slots = {}
@@ -65,7 +71,8 @@ def assign_slots(router, config, shared) -> dict:
         if lane is not None and lane.model == model:
             slots[name] = lane._slot
     used = set(slots.values())
-    free = (i for i in range(shared.size) if i not in used and shared.value(i) == 0)
+    free = (i for i in range(shared.size if end is None else end)
+            if i not in used and shared.value(i) == 0)
     for name in sorted(config.models):
         if name not in slots:
             slot = next(free, None)
@@ -96,13 +103,20 @@ def next_snapshot(old: Snapshot, config, version: int, shared, slots: dict):
     return Snapshot(config, shared, version, router=router, egress=egress), fresh
 
 
-async def swap_in_worker(gw, config, version, slots):
-    """Runs in every worker (the parent included): build, start new credentials, swap."""
+async def swap_in_worker(gw, config, version, slots, plans=None):
+    """Runs in every worker (the parent included): build, start new credentials, give the new
+    targets their breaker cells and the new names their metric slots (where the parent's `plans`
+    put them), swap."""
+    plans = plans or {}
     snap, fresh = next_snapshot(gw.snapshot, config, version, gw.shared, slots)
     if any(eg.source is not None for eg in fresh):
         from busbar.upstream.refresh import start_credentials
         r = await start_credentials(gw.loop, fresh)
         gw.live_refreshers = getattr(gw, "live_refreshers", []) + [r]
+    rel = getattr(gw, "reliability", None)
+    if rel is not None:
+        rel.attach(snap, plans.get("reliability"))
+    observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
 
 
@@ -209,23 +223,35 @@ class LiveConfig:
                                    "when busbar started; restart busbar to turn it on"])
             old = gw.snapshot
             version = max(v.version for v in self.versions) + 1
-            slots = assign_slots(old.router, config, gw.shared)
+            rel = getattr(gw, "reliability", None)
+            end = rel.offset if rel is not None and rel.slots is gw.shared else None
+            slots = assign_slots(old.router, config, gw.shared, end)
+            # Where new breaker cells and metric series go, decided here once for every worker.
+            plans = {"metrics": observability.plan(gw, config)}
+            if rel is not None:
+                from busbar.reliability.state import NoRoom
+                try:
+                    plans["reliability"] = rel.plan(config)
+                except NoRoom as e:
+                    raise NoSlot(str(e)) from None
             from busbar.admin.plane import call_worker
             t0 = time.perf_counter()
             acks = await asyncio.gather(*(
                 call_worker(gw.loop, sock, {"op": "swap", "version": version, "config": config,
-                                            "slots": slots}, ACK_TIMEOUT_SECS)
+                                            "slots": slots, "plans": plans}, ACK_TIMEOUT_SECS)
                 for _, sock in self.workers), return_exceptions=True)
             failed = [pid for (pid, _), a in zip(self.workers, acks)
                       if isinstance(a, BaseException) or a.get("version") != version]
-            await swap_in_worker(gw, config, version, slots)
+            await swap_in_worker(gw, config, version, slots, plans)
             ms = (time.perf_counter() - t0) * 1000
             restart = restart_required(old.config.document, config.document)
             self.versions.append(Version(version, kind, config.document, restart))
             del self.versions[:-MAX_VERSIONS]
-            log.info("config version %d (%s) live in %d worker(s) in %.1f ms%s", version, kind,
-                     1 + len(self.workers) - len(failed), ms,
-                     (", restart required for: " + ", ".join(restart)) if restart else "")
+            what, _, to = kind.partition(" to ")
+            event(logging.WARNING if failed else logging.INFO, "reload", version=version,
+                  kind=what, **({"rollback_to": to} if to else {}),
+                  workers=1 + len(self.workers) - len(failed), workers_failed=len(failed),
+                  swap_ms="%.1f" % ms, restart_required=",".join(restart) or "none")
             if failed:
                 raise WorkersFailed(version, failed)
             return {"ok": True, "version": version, "workers": 1 + len(self.workers),

@@ -134,7 +134,8 @@ class WorkerAgent:
                 continue
             if msg.get("op") == "swap":
                 try:
-                    await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"])
+                    await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"],
+                                         msg.get("plans"))
                     reply = {"version": msg["version"]}
                 except Exception as exc:  # reported to the parent, which fails the admin call
                     log.exception("config swap failed")
@@ -180,8 +181,7 @@ class ParentAgent:
     async def _sighup(self):
         from busbar.config import ConfigError
         try:
-            r = await self.live.reload()
-            log.info("SIGHUP: config version %d live", r["version"])
+            await self.live.reload()     # logs the `reload` event itself
         except ConfigError as e:
             for line in e.problems:
                 log.error("SIGHUP: reload refused, the old config keeps serving: %s", line)

@@ -40,6 +40,29 @@ def prepare(config, workers: int):
     _prepared = (config, layout, SharedCounters(layout.size))
 
 
+def plan(gw, config):
+    """In the parent, before a reload's swap: the metrics' name tables with `config`'s new pools,
+    pairs and lanes given spare slots, sent to every worker with the config (`adopt`), so all of
+    them count a new pool into the same slots. None when metrics are off."""
+    st = getattr(gw, "observability", None)
+    m = st.metrics if st is not None else None
+    if m is None:
+        return None
+    p = m.L.plan(config)
+    if p["left_out"]:
+        from busbar.observability.events import event
+        event(logging.WARNING, "metrics_table_full", left_out=",".join(p["left_out"]),
+              effect="counted under pool=unresolved until a restart")
+    return p
+
+
+def adopt(gw, plan):
+    """In every worker, with a reload's swap: the parent's name tables (see `plan`)."""
+    st = getattr(gw, "observability", None)
+    if plan is not None and st is not None and st.metrics is not None:
+        st.metrics.L.adopt(plan)
+
+
 def _sink_names(obs):
     return ["request_log_%d_%s" % (i, s.kind) for i, s in enumerate(obs.request_logs)]
 

@@ -327,9 +327,10 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     from cbusbar.shared import SharedCounters
     # reliability: breaker cells and lane budgets in the same mapping, after the permits (the
     # control plane's table, with room for models added by reloads), so a lane one worker found
-    # dead is open for every worker (busbar/reliability/breaker.py).
-    from busbar.reliability.state import slots_needed
-    shared = SharedCounters(control.slot_capacity(config) + slots_needed(config))
+    # dead is open for every worker (busbar/reliability/breaker.py); with spare room for the cells
+    # reloads add.
+    from busbar.reliability.state import capacity
+    shared = SharedCounters(control.slot_capacity(config) + capacity(config))
     children = []
     for i in range(n - 1):
         channel = control.channel()
