@@ -106,7 +106,7 @@ def next_snapshot(old: Snapshot, config, version: int, shared, slots: dict):
 async def swap_in_worker(gw, config, version, slots, plans=None):
     """Runs in every worker (the parent included): build, start new credentials, give the new
     targets their breaker cells and the new names their metric slots (where the parent's `plans`
-    put them), swap."""
+    put them), swap, then stop refreshing credentials no provider of the config uses."""
     plans = plans or {}
     snap, fresh = next_snapshot(gw.snapshot, config, version, gw.shared, slots)
     if any(eg.source is not None for eg in fresh):
@@ -118,6 +118,22 @@ async def swap_in_worker(gw, config, version, slots, plans=None):
         rel.attach(snap, plans.get("reliability"))
     observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
+    stop_unused_refreshers(gw)
+
+
+def stop_unused_refreshers(gw) -> int:
+    """Cancels the credential refresh of every Egress the current snapshot no longer has (its
+    provider was removed or changed by a reload); returns how many stopped. Requests still in
+    flight on the old snapshot keep the credentials already applied."""
+    live = set(map(id, gw.snapshot.egress.values()))
+    stopped = 0
+    refreshers = [r for r in (getattr(gw, "credentials", None),) if r is not None]
+    refreshers += getattr(gw, "live_refreshers", [])
+    for r in refreshers:
+        stopped += r.retain(live)
+    if getattr(gw, "live_refreshers", None):
+        gw.live_refreshers = [r for r in gw.live_refreshers if r.tasks]
+    return stopped
 
 
 class Version:

@@ -207,6 +207,8 @@ class Gateway:
         self.deadlines.close()
         if getattr(self, "credentials", None) is not None:  # reach hook
             self.credentials.close()
+        for r in getattr(self, "live_refreshers", ()):      # providers added by reloads
+            r.close()
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
