@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import subprocess
 import time
 
@@ -184,6 +185,20 @@ def test_lane_state_and_trips_over_two_workers(hostile, tmp_path):
         assert "sk-test-key" not in gw.err.read_text()
     finally:
         stop(gw.proc)
+
+
+def test_the_grafana_dashboard_reads_only_series_busbar_serves(hostile, tmp_path):
+    gw = launch(tmp_path, CONFIG.replace("{h}", str(hostile.port)), workers=1)
+    try:
+        text = call(gw.admin, "GET", "/metrics")[1].decode()
+    finally:
+        stop(gw.proc)
+    served = set(re.findall(r"^# HELP (busbar_\w+)", text, re.M))
+    board = json.loads((ROOT / "packaging" / "grafana" / "busbar.json").read_text())
+    used = {re.sub(r"_(bucket|sum|count)$", "", n) for p in board["panels"] for t in p["targets"]
+            for n in re.findall(r"busbar_\w+", t["expr"])}
+    assert {"busbar_lane_state", "busbar_breaker_trips_total"} <= used
+    assert used <= served, used - served
 
 
 def test_a_pool_added_by_apply_is_counted_by_both_workers(hostile, tmp_path):
