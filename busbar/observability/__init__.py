@@ -87,8 +87,9 @@ def install(gw):
             from busbar.observability.mount import mount_public
             from busbar.observability.routes import PUBLIC_ROUTES
             mount_public(gw, PUBLIC_ROUTES)
-    from busbar.observability.events import LaneEvents
+    from busbar.observability.events import LaneEvents, Shedding
     gw.attempt_hooks.append(LaneEvents().on_attempt)
+    gw.finish_hooks.append(Shedding(gw.loop, gw).on_finish)
     if obs.access_log != "off":
         from busbar.observability.access_log import AccessLog
         drop = (lambda: state.metrics.dropped("access_log")) if state.metrics else None
@@ -170,11 +171,16 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def boot(config, workers: int):
-    """The boot event: listeners, workers, config version."""
+def boot(config, workers: int, admin=None):
+    """The boot event: listeners (`admin`: the admin listener's bound (host, port)), workers,
+    config version."""
     from busbar.observability.events import config_version, event
     obs = settings(config)
     logging.getLogger("busbar").setLevel(_level(obs))
+    ctl = config.control
+    admin = admin or ((ctl.admin_host, ctl.admin_port) if ctl is not None else None)
     event(logging.INFO, "boot", listen="%s:%d" % (config.listen_host, config.listen_port),
+          admin_listen="%s:%d" % admin[:2] if admin else "none",
+          tls="on" if ctl is not None and ctl.tls is not None else "off",
           workers=workers, config_version=config_version(config), access_log=obs.access_log,
           metrics=obs.metrics, otlp=obs.otlp is not None, request_logs=len(obs.request_logs))

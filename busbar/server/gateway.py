@@ -311,7 +311,7 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     from busbar.admin.plane import ControlPlane
     control = ControlPlane(config, n)
     observability.prepare(config, n)    # observe: metrics counters shared by every worker
-    observability.boot(config, n)
+    observability.boot(config, n, control.admin_sock.getsockname())
     gov = None
     if config.governance is None or not config.governance.keys:
         log.warning("auth.chain is empty: the data plane is an open relay; anyone who reaches "
