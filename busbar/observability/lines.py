@@ -1,7 +1,14 @@
-"""A line writer that never blocks the event loop: the loop appends bytes to a list, a daemon
-thread swaps the list out and writes it (the write(2) releases the GIL), every FLUSH_SECS or sooner
-when a batch grows large. A writer that cannot keep up (a full stderr pipe, a stalled disk) makes
-the buffer grow to MAX_BUFFERED bytes; past that, new lines are dropped and counted.
+"""A line writer that never blocks the event loop: the loop appends each line to one bytearray, a
+daemon thread takes what has accumulated and writes it (the write(2) releases the GIL), every
+FLUSH_SECS or sooner when asked. A writer that cannot keep up (a full stderr pipe, a stalled disk)
+makes the buffer grow to MAX_BUFFERED bytes; past that, new lines are dropped and counted.
+
+One bytearray, not a list of lines: each line is freed as soon as it is copied in, so the next
+line reuses the same memory. Keeping 0.1 s of lines alive as separate objects (orjson's output
+starts in a 1 KiB malloc'd buffer) made every line fresh heap memory, and cost ~3.5 µs per line in
+page faults and allocator work (bench/hooks.py: the access log's hook went from 2.8 to ~1.6 µs).
+The thread never replaces the bytearray, it copies the first n bytes out and deletes them (two C
+calls, each atomic under the GIL), so a line the loop appends meanwhile is neither lost nor doubled.
 
 Used by the access log and the file request-log sink; rotation by size for files (`rotate_mb`):
 `path` → `path.1` (one generation kept, as logrotate's `rotate 1`)."""
@@ -23,10 +30,9 @@ class LineWriter:
         self.target = target
         self.rotate_bytes = rotate_bytes
         self.on_drop = on_drop
-        self.buf = []
-        self.size = 0
+        self.buf = bytearray()
         self.dropped = 0
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()        # flush() from the thread and from close()
         self.wake = threading.Event()
         self.stopping = False
         self.fd = 2 if target == "stderr" else self._open()
@@ -43,14 +49,14 @@ class LineWriter:
         return os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
     def write(self, line: bytes):
-        """Called on the loop: an append (the GIL makes list.append atomic)."""
-        if self.size > MAX_BUFFERED:
+        """Called on the loop: one in-place append."""
+        buf = self.buf
+        if len(buf) > MAX_BUFFERED:
             self.dropped += 1
             if self.on_drop is not None:
                 self.on_drop()
             return
-        self.buf.append(line)
-        self.size += len(line)
+        buf += line
 
     def _run(self):
         while not self.stopping:
@@ -61,13 +67,14 @@ class LineWriter:
 
     def flush(self):
         with self.lock:
-            if not self.buf:
+            buf = self.buf
+            n = len(buf)
+            if not n:
                 return
-            buf, self.buf = self.buf, []
-            self.size = 0
-            data = b"".join(buf)
+            data = buf[:n]      # a copy: the loop may append while this is written
+            del buf[:n]
             try:
-                if self.rotate_bytes and self.fd != 2 and self.written + len(data) > self.rotate_bytes \
+                if self.rotate_bytes and self.fd != 2 and self.written + n > self.rotate_bytes \
                         and self.written > 0:
                     os.close(self.fd)
                     os.replace(self.target, self.target + ".1")
@@ -75,11 +82,11 @@ class LineWriter:
                     self.written = 0
                 view = memoryview(data)
                 while view:
-                    n = os.write(self.fd, view)
-                    view = view[n:]
-                self.written += len(data)
+                    k = os.write(self.fd, view)
+                    view = view[k:]
+                self.written += n
             except OSError:
-                self.dropped += len(buf)
+                self.dropped += data.count(b"\n")
 
     def close(self, timeout: float = 2.0):
         """Flushes what is buffered (bounded: a stuck writer is abandoned after `timeout`)."""

@@ -47,6 +47,9 @@ REQUEST_BUCKETS_S = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.
 UPSTREAM_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # How often each worker publishes its per-process gauges (lane in-flight, pid) to shared memory.
 PUBLISH_SECS = 1.0
+# Cached slot bases per (ingress, target, lane): every key is made of configured names, so the
+# cache is bounded by the config; the cap only guards against a config with thousands of lanes.
+CACHE_MAX = 4096
 
 
 def disposition(a) -> str:
@@ -84,6 +87,16 @@ def _names(config):
     return sorted(set(config.pools) | set(models)), sorted(pairs), models
 
 
+_bisect = bisect.bisect_left
+_OUT_I = {o: i for i, o in enumerate(OUTCOMES)}
+_DISP_I = {d: i for i, d in enumerate(DISPOSITIONS)}
+_ING_I = {p: i for i, p in enumerate(INGRESS)}
+_REQ_BOUNDS_NS = [int(b * 1e9) for b in REQUEST_BUCKETS_S]
+_UP_BOUNDS_NS = [int(b * 1e9) for b in UPSTREAM_BUCKETS_S]
+_RB_SUM = len(REQUEST_BUCKETS_S) + 1    # a histogram row: the buckets, +Inf, then the sum (ns)
+_UB_SUM = len(UPSTREAM_BUCKETS_S) + 1
+
+
 class Layout:
     """Slot numbers for every series. Built from the boot config before the workers fork, with
     spare room (SPARE_*); every name gets an index once and keeps it for the process's life, so
@@ -96,6 +109,7 @@ class Layout:
         self.pools = pools + [UNRESOLVED]       # index = position; names are only ever appended
         self.pairs = pairs
         self.lanes = lanes
+        self.cache_epoch = 0
         self.P = len(self.pools) + max(SPARE_POOLS_MIN, len(self.pools))
         self.PL = len(pairs) + max(SPARE_PAIRS_MIN, len(pairs))
         self.M = len(lanes) + max(SPARE_LANES_MIN, len(lanes))
@@ -166,6 +180,7 @@ class Layout:
                 len(plan["lanes"]) >= len(self.lanes):
             self.pools, self.pairs, self.lanes = list(plan["pools"]), list(plan["pairs"]), list(plan["lanes"])
             self._index()
+            self.cache_epoch += 1       # cached slot bases may map a new name to "unresolved"
 
 
 class Metrics:
@@ -177,6 +192,8 @@ class Metrics:
         self.add = counters.add
         self.worker = -1
         self.site = None
+        self.cache = {}         # (ingress, target, lane) -> slot bases (on_finish)
+        self.epoch = layout.cache_epoch
 
     def attach(self, site):
         """Claims this worker's region and starts publishing its gauges."""
@@ -211,51 +228,69 @@ class Metrics:
         if a.fault is not None:
             add(L.failures + k * len(DISPOSITIONS) + L.disp_i.get(disposition(a), 0), 1)
 
-    def on_finish(self, rec):
+    def _bases(self, key):
+        """Slot bases of one (ingress, target, lane): the requests row, the two histograms, the
+        failovers row, the tokens (-1: no pair), and the ingress index. Cached per key, cleared
+        when a reload adds names (`Layout.adopt`)."""
         L = self.L
-        add = self.add
-        pool = rec.target or UNRESOLVED
-        p = L.pool_i.get(pool)
+        ingress, target, lane = key
+        p = L.pool_i.get(target or UNRESOLVED)
         if p is None:
             p = L.pool_i[UNRESOLVED]
-        i = L.ing_i.get(rec.ingress or "none", L.ing_i["none"])
-        P = L.P
-        add(L.requests + (i * P + p) * len(OUTCOMES) + L.out_i.get(rec.outcome, 0), 1)
+        i = L.ing_i.get(ingress or "none", L.ing_i["none"])
+        ip = i * L.P + p
+        k = L.pair_i.get((target, lane)) if lane is not None else None
+        b = (L.requests + ip * len(OUTCOMES), L.req_hist + ip * L.rb, L.up_hist + p * L.ub,
+             L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i)
+        if L.cache_epoch != self.epoch:
+            self.cache.clear()
+            self.epoch = L.cache_epoch
+        if len(self.cache) < CACHE_MAX:
+            self.cache[key] = b
+        return b
+
+    def on_finish(self, rec):
+        key = (rec.ingress, rec.target, rec.lane)
+        b = self.cache.get(key)
+        if b is None or self.epoch != self.L.cache_epoch:
+            b = self._bases(key)
+        req, hist, uph, fo, tok, i = b
+        add = self.add
+        outcome = rec.outcome
+        add(req + _OUT_I.get(outcome, 0), 1)
         ns = rec.busbar_ns
-        base = L.req_hist + (i * P + p) * L.rb
-        add(base + bisect.bisect_left(L.req_bounds_ns, ns), 1)
-        add(base + L.rb - 1, ns)
+        add(hist + _bisect(_REQ_BOUNDS_NS, ns), 1)
+        add(hist + _RB_SUM, ns)
         up = rec.upstream_ns
         if up:
-            base = L.up_hist + p * L.ub
-            add(base + bisect.bisect_left(L.up_bounds_ns, up), 1)
-            add(base + L.ub - 1, up)
+            add(uph + _bisect(_UP_BOUNDS_NS, up), 1)
+            add(uph + _UB_SUM, up)
         atts = rec.attempts
         if len(atts) > 1:
             # Every failed attempt that another attempt followed is one failover.
             for a in atts[:-1]:
                 if a.fault is not None:
-                    add(L.failovers + p * len(DISPOSITIONS) + L.disp_i.get(disposition(a), 0), 1)
+                    add(fo + _DISP_I.get(disposition(a), 0), 1)
         eg = rec.egress
         if eg is not None and eg != rec.ingress:
-            j = L.ing_i.get(eg)
+            j = _ING_I.get(eg)
             if j is not None:
-                add(L.translations + i * len(INGRESS) + j, 1)
+                add(self.L.translations + i * len(INGRESS) + j, 1)
         u = rec.usage
-        if u is not None and rec.lane is not None:
-            k = L.pair_i.get((rec.target, rec.lane))
-            if k is not None:
-                base = L.tokens + k * 3
-                if u.input_tokens:
-                    add(base, u.input_tokens)
-                if u.output_tokens:
-                    add(base + 1, u.output_tokens)
-                if u.cache_read_tokens:
-                    add(base + 2, u.cache_read_tokens)
-        if rec.outcome == R.O_SHED:
-            add(L.admission, 1)
+        if u is not None and tok >= 0:
+            x = u.input_tokens
+            if x:
+                add(tok, x)
+            x = u.output_tokens
+            if x:
+                add(tok + 1, x)
+            x = u.cache_read_tokens
+            if x:
+                add(tok + 2, x)
+        if outcome == "shed":       # R.O_SHED
+            add(self.L.admission, 1)
         elif rec.denied is not None:
-            add(L.admission + L.gate_i.get(rec.denied, 0), 1)
+            add(self.L.admission + self.L.gate_i.get(rec.denied, 0), 1)
 
     def dropped(self, sink: str, n: int = 1):
         try:
