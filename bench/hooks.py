@@ -10,7 +10,6 @@ Prints the best of `repeat` runs of `n` calls, in µs per call (best-of: the mac
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import time
@@ -91,14 +90,12 @@ def main(argv=None):
     site = Site(config)
     from cbusbar.shared import SharedCounters
     from busbar.observability.access_log import AccessLog
-    from busbar.observability.events import LaneEvents, Shedding
+    from busbar.observability.events import LaneEvents
     from busbar.observability.metrics import Layout, Metrics
     layout = Layout(config, 1)
     m = Metrics(layout, SharedCounters(layout.size))
     m.site = site
     log = AccessLog("/dev/null")
-    loop = asyncio.new_event_loop()
-    shed = Shedding(loop, site)
     lane_ev = LaneEvents()
     n = args.n
     recs = [record(site.snapshot, i) for i in range(n)]
@@ -109,7 +106,6 @@ def main(argv=None):
         ("metrics: Metrics.on_finish", m.on_finish, [r for r, _ in recs]),
         ("metrics: Metrics.on_attempt", lambda a: m.on_attempt(ex, a), [a for _, a in recs]),
         ("events: LaneEvents.on_attempt", lambda a: lane_ev.on_attempt(ex, a), [a for _, a in recs]),
-        ("events: Shedding.on_finish", shed.on_finish, [r for r, _ in recs]),
     ]
     print("observability hooks, µs per call (best of %d × %d calls), %s" % (
         args.repeat, n, time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())))
@@ -122,7 +118,6 @@ def main(argv=None):
             log.writer.flush()
     print("  %-34s %6.3f" % ("all of the above", total))
     log.close()
-    loop.close()
 
 
 if __name__ == "__main__":

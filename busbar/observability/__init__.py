@@ -89,7 +89,7 @@ def install(gw):
             mount_public(gw, PUBLIC_ROUTES)
     from busbar.observability.events import LaneEvents, Shedding
     gw.attempt_hooks.append(LaneEvents().on_attempt)
-    gw.finish_hooks.append(Shedding(gw.loop, gw).on_finish)
+    gw.on_shed = Shedding(gw.loop, gw).shed
     if obs.access_log != "off":
         from busbar.observability.access_log import AccessLog
         drop = (lambda: state.metrics.dropped("access_log")) if state.metrics else None

@@ -67,7 +67,9 @@ class LaneEvents:
 
 
 class Shedding:
-    """The shedding event of one worker (a finish hook: shed requests never reach an attempt)."""
+    """The shedding event of one worker: `shed()` is the site's `on_shed`, called by the inbound
+    cap for each request it refuses (busbar/engine/exchange.py), so nothing runs per request that
+    is not refused."""
 
     def __init__(self, loop, site, clock=time.monotonic):
         self.loop = loop
@@ -77,9 +79,7 @@ class Shedding:
         self.started = 0.0
         self.last = 0.0
 
-    def on_finish(self, rec):
-        if rec.outcome != "shed":       # records.O_SHED
-            return
+    def shed(self):
         now = self.clock()
         self.last = now
         if not self.count:

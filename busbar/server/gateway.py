@@ -133,6 +133,10 @@ class Gateway:
         # observe: exchange -> header bytes added to every upstream request (W3C traceparent), or
         # None (OTLP off: nothing is called).
         self.trace_header = None
+        # observe: called when the inbound concurrency cap refuses a request (the shedding event,
+        # busbar/observability/events.py), or None. Not a finish hook: with every observer off,
+        # no finish hook means no RequestRecord is built at all.
+        self.on_shed = None
         # reliability: breaker cells and lane budgets, fed by every attempt's end
         # (busbar/reliability/state.py); a reloaded snapshot is attached again.
         from busbar.reliability.state import Reliability
