@@ -18,7 +18,7 @@ import socket
 import struct
 
 from busbar.config.control import Control
-from busbar.server.listen import ListenError, probe, tls_options
+from busbar.server.listen import ListenError, probe, protocol_factory, tls_options
 
 log = logging.getLogger("busbar.admin")
 
@@ -170,7 +170,8 @@ class ParentAgent:
         mount(site, live, self.plane)
         gw.admin = site     # where other parts of busbar add admin routes (site.routes.add)
         _mount_observability(site, gw)
-        self.server = await loop.create_server(lambda: HttpConnection(site),
+        self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
+                                                                ctl.admin_tls),
                                                sock=self.plane.admin_sock, backlog=128,
                                                **tls_options(ctl.admin_tls, gw.snapshot.limits))
         if ctl.admin_open and not ctl.admin_tokens:

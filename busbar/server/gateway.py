@@ -186,10 +186,11 @@ class Gateway:
         from busbar.upstream.refresh import start_credentials
         self.credentials = await start_credentials(self.loop, self.snapshot.egress.values())
         # control hook: TLS on the data listener (config `tls:`, busbar/server/listen.py)
-        from busbar.server.listen import tls_options
-        tls = tls_options(getattr(self.config.control, "tls", None), self.snapshot.limits)
-        server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
-                                               backlog=4096, **tls)
+        from busbar.server.listen import protocol_factory, tls_options
+        cfg_tls = getattr(self.config.control, "tls", None)
+        tls = tls_options(cfg_tls, self.snapshot.limits)
+        server = await self.loop.create_server(
+            protocol_factory(lambda: HttpConnection(self), cfg_tls), sock=sock, backlog=4096, **tls)
         self.servers.append(server)
         return server
 
