@@ -8,7 +8,6 @@ real bind; a second instance starting in that microsecond window is the only gap
 """
 from __future__ import annotations
 
-import asyncio
 import errno
 import socket
 
@@ -54,56 +53,10 @@ def tls_options(tls, limits) -> dict:
     return {"ssl": ssl_context(tls), "ssl_handshake_timeout": limits.tls_handshake_timeout_secs}
 
 
-# One read buffer for every TLS connection of the process: uvloop's SSL transport decrypts into it
-# and hands it to the protocol in the same callback (get_buffer, read, buffer_updated), so no two
-# connections ever use it at once. 256 KiB: what uvloop reads at most per call.
-TLS_READ_BUFFER = 256 * 1024
-_tls_buf = None
-
-
-class TlsReader(asyncio.BufferedProtocol):
-    """A TLS listener's connection protocol: the HTTP connection behind a buffered reader.
-
-    With a plain Protocol, uvloop's SSL transport reads each decrypted chunk with
-    `SSLObject.read(256 KiB)`, which allocates 256 KiB per call, twice per request; busbar's fixed
-    128 KiB mmap threshold (gateway.MMAP_THRESHOLD) turns each into an mmap, a page fault and a
-    munmap: measured, 2.0 page faults and ~73 µs of CPU per small request over TLS against ~33
-    plain (the floor, without that threshold, paid ~2 µs for TLS). Read into one shared buffer,
-    each chunk is copied out at its own size."""
-
-    __slots__ = ("inner", "view")
-
-    def __init__(self, inner):
-        global _tls_buf
-        if _tls_buf is None:
-            _tls_buf = memoryview(bytearray(TLS_READ_BUFFER))
-        self.inner = inner
-        self.view = _tls_buf
-
-    def get_buffer(self, sizehint):
-        return self.view
-
-    def buffer_updated(self, nbytes):
-        self.inner.data_received(self.view[:nbytes].tobytes())
-
-    def connection_made(self, transport):
-        self.inner.connection_made(transport)
-
-    def connection_lost(self, exc):
-        self.inner.connection_lost(exc)
-
-    def eof_received(self):
-        return self.inner.eof_received()
-
-    def pause_writing(self):
-        self.inner.pause_writing()
-
-    def resume_writing(self):
-        self.inner.resume_writing()
-
-
 def protocol_factory(factory, tls):
-    """`factory` as create_server takes it, behind a TlsReader when the listener has TLS."""
+    """`factory` as create_server takes it, behind a TlsReader when the listener has TLS
+    (busbar/upstream/tlsread.py says why)."""
     if tls is None:
         return factory
+    from busbar.upstream.tlsread import TlsReader
     return lambda: TlsReader(factory())
