@@ -80,7 +80,6 @@ def install(gw):
             prepared = _prepared
         m = state.metrics = Metrics(prepared[1], prepared[2])
         m.attach(gw)
-        gw.attempt_hooks.append(m.on_attempt)
         gw.finish_hooks.append(m.on_finish)
         _every(gw.loop, _publish_period(), m.publish)
         if obs.metrics_public:

@@ -3,7 +3,7 @@
 Every series and label combination busbar can produce is known from the config (ingress protocols,
 configured pool/model names, outcomes, dispositions), so `Layout` gives each one a fixed slot in a
 `cbusbar.shared.SharedCounters` mapping created before the workers fork. The hot path is a few
-atomic adds at the lifecycle's two exits (`on_attempt`, `on_finish`); whichever worker answers a
+atomic adds at the request's end (`on_finish`, attempts included); whichever worker answers a
 scrape reads the whole mapping and renders text format 0.0.4, so any worker's answer covers all.
 
 Measured (2 workers vs one process' dicts): an atomic add through the cpdef call costs ~50 ns, a
@@ -217,16 +217,23 @@ class Metrics:
             self.c.store(base + 1 + i, lane.inflight if lane is not None else 0)
 
     # ------------------------------------------------------------------ hot path
-    def on_attempt(self, ex, a):
+    def _attempts(self, target, atts, fo):
+        """Attempts, failures and failovers of a request that failed over or failed (the rare
+        path: a lookup per attempt)."""
         L = self.L
-        t = ex.target
-        k = L.pair_i.get((t.name if t is not None else None, a.lane.name if a.lane else None))
-        if k is None:
-            return
         add = self.add
-        add(L.attempts + k, 1)
-        if a.fault is not None:
-            add(L.failures + k * len(DISPOSITIONS) + L.disp_i.get(disposition(a), 0), 1)
+        last = len(atts) - 1
+        for n, a in enumerate(atts):
+            k = L.pair_i.get((target, a.lane.name if a.lane is not None else None))
+            if k is not None:
+                add(L.attempts + k, 1)
+            if a.fault is not None:
+                d = _DISP_I.get(disposition(a), 0)
+                if k is not None:
+                    add(L.failures + k * len(DISPOSITIONS) + d, 1)
+                if n < last:
+                    # Every failed attempt that another attempt followed is one failover.
+                    add(fo + d, 1)
 
     def _bases(self, key):
         """Slot bases of one (ingress, target, lane): the requests row, the two histograms, the
@@ -241,7 +248,8 @@ class Metrics:
         ip = i * L.P + p
         k = L.pair_i.get((target, lane)) if lane is not None else None
         b = (L.requests + ip * len(OUTCOMES), L.req_hist + ip * L.rb, L.up_hist + p * L.ub,
-             L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i)
+             L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i,
+             -1 if k is None else L.attempts + k)
         if L.cache_epoch != self.epoch:
             self.cache.clear()
             self.epoch = L.cache_epoch
@@ -254,7 +262,7 @@ class Metrics:
         b = self.cache.get(key)
         if b is None or self.epoch != self.L.cache_epoch:
             b = self._bases(key)
-        req, hist, uph, fo, tok, i = b
+        req, hist, uph, fo, tok, i, att = b
         add = self.add
         outcome = rec.outcome
         add(req + _OUT_I.get(outcome, 0), 1)
@@ -265,12 +273,14 @@ class Metrics:
         if up:
             add(uph + _bisect(_UP_BOUNDS_NS, up), 1)
             add(uph + _UB_SUM, up)
+        # Attempts are counted here, at the request's end, not by an attempt hook: one hook call
+        # less per attempt (~0.5 µs in the server under load).
         atts = rec.attempts
-        if len(atts) > 1:
-            # Every failed attempt that another attempt followed is one failover.
-            for a in atts[:-1]:
-                if a.fault is not None:
-                    add(fo + _DISP_I.get(disposition(a), 0), 1)
+        if len(atts) == 1 and atts[0].fault is None:
+            if att >= 0:
+                add(att, 1)
+        elif atts:
+            self._attempts(rec.target, atts, fo)
         eg = rec.egress
         if eg is not None and eg != rec.ingress:
             j = _ING_I.get(eg)
