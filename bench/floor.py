@@ -2,7 +2,7 @@
 same keep-alive upstream pool), with no routing, no parsing of bodies, no translation. What busbar
 costs above this is what routing, splicing and translating cost (BENCHMARK.md rule 7).
 
-    python bench/floor.py --listen 127.0.0.1:9100 --upstream 127.0.0.1:8089
+    python bench/floor.py --listen 127.0.0.1:9100 --upstream 127.0.0.1:8089 [--tls-cert C --tls-key K]
 """
 from __future__ import annotations
 
@@ -145,7 +145,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--listen", default="127.0.0.1:9100")
     ap.add_argument("--upstream", default="127.0.0.1:8089")
+    ap.add_argument("--tls-cert", help="serve TLS with this PEM certificate (and --tls-key), with "
+                    "busbar's own server context (busbar.config.control.ssl_context)")
+    ap.add_argument("--tls-key")
     a = ap.parse_args()
+    tls = {}
+    if a.tls_cert:
+        from busbar.config.control import Tls, ssl_context
+        with open(a.tls_cert) as c, open(a.tls_key) as k:
+            tls = {"ssl": ssl_context(Tls("floor", c.read(), k.read())), "ssl_handshake_timeout": 10}
     lh, lp = a.listen.rsplit(":", 1)
     uh, up = a.upstream.rsplit(":", 1)
     loop = uvloop.new_event_loop()
@@ -154,7 +162,7 @@ def main():
     key = ("http", uh, int(up))
     host = a.upstream.encode()
     server = loop.run_until_complete(loop.create_server(lambda: Floor(pool, key, host), lh, int(lp),
-                                                        backlog=4096))
+                                                        backlog=4096, **tls))
     stop = asyncio.Event()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     loop.add_signal_handler(signal.SIGINT, stop.set)

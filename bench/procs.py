@@ -93,14 +93,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_http(port: int, proc: subprocess.Popen, path: str, timeout: float) -> str | None:
+def insecure_tls():
+    """A client context for the bench's own self-signed certificate (--tls): no verification."""
+    import ssl
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+def wait_http(port: int, proc: subprocess.Popen, path: str, timeout: float,
+              tls: bool = False) -> str | None:
     """None once GET <path> on 127.0.0.1:<port> answers 200, else why not."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return "exited with code %s during startup" % proc.returncode
         try:
-            with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            with socket.create_connection(("127.0.0.1", port), timeout=2) as raw:
+                s = insecure_tls().wrap_socket(raw) if tls else raw
                 s.sendall(b"GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
                           % path.encode())
                 if s.recv(64).startswith(b"HTTP/1.1 200"):

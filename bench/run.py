@@ -203,12 +203,38 @@ def ensure_litellm(log_dir, timeout):
 
 # --------------------------------------------------------------------------------------- the bench
 
+def make_cert(folder):
+    """A self-signed ECDSA P-256 certificate for 127.0.0.1 (--tls): (cert path, key path)."""
+    import datetime as _dt
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "busbar-bench")])
+    now = _dt.datetime.now(_dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - _dt.timedelta(minutes=5)).not_valid_after(now + _dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    cpath, kpath = pathlib.Path(folder) / "tls.crt", pathlib.Path(folder) / "tls.key"
+    cpath.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    kpath.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()))
+    os.chmod(kpath, 0o600)
+    return cpath, kpath
+
+
 class Target:
     """One gateway (or the mock itself, "direct") as the load driver sees it."""
 
-    def __init__(self, name, port, started, headers_extra=None):
+    def __init__(self, name, port, started, headers_extra=None, tls=False):
         self.name = name
         self.port = port
+        self.tls = tls                  # served over TLS (--tls: busbar and the floor)
         self.started = started          # procs.Started whose CPU/RSS is measured
         self.headers_extra = headers_extra or {}
         self.failed = None              # why it is not measured at all
@@ -257,27 +283,38 @@ class Bench:
         self.mock = self.procs.start("mock", [PY, "-m", "busbar.cli", "mock", "--port", str(mock_port),
                                               "--require-auth"], self.load_core, env, str(ROOT))
         cfg = self.log_dir / "busbar.yaml"
-        # --observe: the access log and metrics off (the floor-comparable row) or both on.
-        observe = ("observability: {access_log: off}\n" if self.args.observe == "off" else
-                   "observability: {access_log: \"%s\", metrics: true}\n" % (self.log_dir / "access.jsonl"))
+        # --observe: the access log and metrics off (the floor-comparable row), both on, or one.
+        o = self.args.observe
+        observe = "observability: {access_log: %s, metrics: %s}\n" % (
+            '"%s"' % (self.log_dir / "access.jsonl") if o in ("on", "access") else "off",
+            "true" if o in ("on", "metrics") else "false")
         keys = self.keys_config(env)
-        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe + keys)
+        tls = self.args.tls
+        tls_cfg, floor_tls = "", []
+        if tls:
+            # --tls: busbar and the floor serve the same self-signed certificate on the same TLS
+            # stack (busbar.config.control.ssl_context); wrk speaks HTTPS over keep-alive.
+            cert, key = make_cert(self.log_dir)
+            tls_cfg = "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % (cert, key)
+            floor_tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
+        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe + keys + tls_cfg)
         bb = self.procs.start("busbar", [PY, "-m", "busbar.cli", "serve", "--config", str(cfg),
                                          "--workers", "1"], self.gw_core, env, str(ROOT))
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
                                         "127.0.0.1:%d" % floor_port, "--upstream",
-                                        "127.0.0.1:%d" % mock_port], self.gw_core, env, str(ROOT))
+                                        "127.0.0.1:%d" % mock_port] + floor_tls, self.gw_core, env,
+                              str(ROOT))
         for name, port, s in (("mock", mock_port, self.mock), ("busbar", bb_port, bb),
                               ("floor", floor_port, fl)):
-            why = procs.wait_http(port, s.proc, "/healthz", 30)
+            why = procs.wait_http(port, s.proc, "/healthz", 30, tls=tls and name != "mock")
             if why:
                 raise SystemExit("bench: %s %s; log: %s" % (name, why, s.log_tail()))
-        self.targets["busbar"] = Target("busbar", bb_port, bb)
+        self.targets["busbar"] = Target("busbar", bb_port, bb, tls=tls)
         if self.args.keys != "off":
             # the bench caller's virtual key, minted through the admin API like a user would
             token = self.mint_key(self.admin_port)
             self.targets["busbar"].headers_extra = {"Authorization": "Bearer " + token}
-        self.targets["floor"] = Target("floor", floor_port, fl)
+        self.targets["floor"] = Target("floor", floor_port, fl, tls=tls)
         self.targets["direct"] = Target("direct", mock_port, self.mock)
         lt = Target("LiteLLM", 0, None)
         self.targets["LiteLLM"] = lt
@@ -380,7 +417,11 @@ class Bench:
         """None if one request answers 2xx, else why not (status and the start of the body)."""
         body = template.replace(b"@SEQ@", b"preflight")
         try:
-            c = http.client.HTTPConnection("127.0.0.1", target.port, timeout=60)
+            if target.tls:
+                c = http.client.HTTPSConnection("127.0.0.1", target.port, timeout=60,
+                                                context=procs.insecure_tls())
+            else:
+                c = http.client.HTTPConnection("127.0.0.1", target.port, timeout=60)
             c.request("POST", path, body=body, headers=headers)
             r = c.getresponse()
             data = r.read()
@@ -415,7 +456,7 @@ class Bench:
         t0 = time.monotonic()
         cmd = ["taskset", "-c", str(self.load_core), "wrk", "-t1", "-c", str(self.conns),
                "-d", "%ds" % duration, "--timeout", "10s", "-s", str(LOAD_LUA),
-               "http://127.0.0.1:%d" % target.port]
+               "%s://127.0.0.1:%d" % ("https" if target.tls else "http", target.port)]
         try:
             p = subprocess.run(cmd, env=env, capture_output=True, timeout=duration + 60)
         except subprocess.TimeoutExpired:
@@ -479,11 +520,12 @@ class Bench:
                      2 if t.name == "LiteLLM" else 1)
 
     def run_case(self, case):
-        log("case %s" % case.label)
+        log("case %s%s" % (case.label, " over TLS" if self.args.tls else ""))
         model = LANES[case.egress]
         template = payloads.body(case.ingress, model, case.size)
         path = payloads.path(case.ingress, model)
-        entry = {"key": case.key, "label": case.label, "ingress": case.ingress,
+        label = case.label + (", TLS (busbar and floor)" if self.args.tls else "")
+        entry = {"key": case.key, "label": label, "ingress": case.ingress,
                  "egress": case.egress, "body_bytes": len(template) - len(payloads.MARK),
                  "path": path, "rows": {}, "runs": []}
         names = ["busbar", "floor"] + (["LiteLLM"] if case.litellm else []) + ["direct"]
@@ -568,6 +610,10 @@ class Bench:
 
     def run_streams(self):
         n = 100 if self.quick else 200
+        if self.args.tls:
+            self.results["notes"].append("--tls: the streaming TTFB rows are not measured (their "
+                                         "client speaks plain HTTP)")
+            return
         for ingress, egress in STREAM_CASES:
             if time.monotonic() > self.deadline:
                 self.results["notes"].append("time bound reached: streaming TTFB skipped")
@@ -640,8 +686,9 @@ class Bench:
         log("results: %s" % self.out_dir.relative_to(ROOT))
         ensure_taskset()
         ensure_wrk()
-        lite_why = "skipped (--no-litellm)" if self.args.no_litellm else ensure_litellm(
-            str(self.log_dir), self.args.install_timeout)
+        lite_why = "skipped (--no-litellm)" if self.args.no_litellm else \
+            "skipped (--tls: LiteLLM is not given TLS)" if self.args.tls else ensure_litellm(
+                str(self.log_dir), self.args.install_timeout)
         if lite_why:
             log("LiteLLM not measured: " + lite_why)
         self.setup_s = time.monotonic() - self.started_at
@@ -804,8 +851,13 @@ def main(argv=None):
     ap.add_argument("--duration", type=int, help="whole seconds per wrk run (default 5, quick 1)")
     ap.add_argument("--connections", type=int, default=32, help="wrk keep-alive connections")
     ap.add_argument("--no-litellm", action="store_true", help="do not install or run LiteLLM")
-    ap.add_argument("--observe", choices=("off", "on"), default="off",
-                    help="busbar's access log and metrics: off (default) or both on")
+    ap.add_argument("--observe", choices=("off", "on", "access", "metrics"), default="off",
+                    help="busbar's access log (to a file) and metrics: off (default), both on, or "
+                    "only one of them")
+    ap.add_argument("--tls", action="store_true",
+                    help="busbar and the floor serve TLS (one self-signed ECDSA P-256 certificate, "
+                    "TLS 1.3), wrk speaks HTTPS over its keep-alive connections; the direct row "
+                    "stays plain HTTP; no stream rows, no LiteLLM")
     ap.add_argument("--keys", choices=("off", "sqlite", "redis"), default="off",
                     help="busbar's virtual keys: off (default), or on with a governed group on a "
                     "SQLite store or a loopback redis-server")

@@ -13,8 +13,10 @@ Lanes whose model (and provider) config did not change are carried into the new 
 Lane objects, and providers whose config did not change keep their Egress objects (and with them
 refreshed credentials), so state lives on by identity. Lane permits shared between workers live in
 slots of one shared mapping; the parent assigns slots (a surviving lane keeps its own, a new lane
-takes a free one) and sends the assignment with the config, so every worker agrees; so are the
-breaker cells' and lane budgets' blocks (busbar/reliability/state.py `plan`).
+takes a free one) and sends the assignment with the config, so every worker agrees. The same goes
+for the breaker cells' and lane budgets' blocks (busbar/reliability/state.py `plan`) and the metric
+series (busbar/observability/metrics.py `Layout.plan`) of pools and models a reload adds: assigned
+once by the parent, sent with the swap.
 """
 from __future__ import annotations
 
@@ -25,11 +27,13 @@ import time
 
 import orjson
 
+from busbar import observability
 from busbar.config import ConfigError
 from busbar.config.control import Control, restart_required, write_overlay
 from busbar.config.loader import build
 from busbar.engine.egress import Egress
 from busbar.engine.snapshot import Snapshot
+from busbar.observability.events import event
 from busbar.routing import Lane, Router
 
 log = logging.getLogger("busbar.admin")
@@ -69,7 +73,8 @@ def assign_slots(router, config, shared, limit=None) -> dict:
         if lane is not None and lane.model == model:
             slots[name] = lane._slot
     used = set(slots.values())
-    free = (i for i in range(limit) if i not in used and shared.value(i) == 0)
+    free = (i for i in range(shared.size if limit is None else limit)
+            if i not in used and shared.value(i) == 0)
     for name in sorted(config.models):
         if name not in slots:
             slot = next(free, None)
@@ -100,9 +105,11 @@ def next_snapshot(old: Snapshot, config, version: int, shared, slots: dict):
     return Snapshot(config, shared, version, router=router, egress=egress), fresh
 
 
-async def swap_in_worker(gw, config, version, slots, layout=None):
-    """Runs in every worker (the parent included): build, start new credentials, attach the
-    breaker cells in the parent's layout, swap."""
+async def swap_in_worker(gw, config, version, slots, plans=None):
+    """Runs in every worker (the parent included): build, start new credentials, give the new
+    targets their breaker cells and the new names their metric slots (where the parent's `plans`
+    put them), swap, then stop refreshing credentials no provider of the config uses."""
+    plans = plans or {}
     snap, fresh = next_snapshot(gw.snapshot, config, version, gw.shared, slots)
     if any(eg.source is not None for eg in fresh):
         from busbar.upstream.refresh import start_credentials
@@ -110,8 +117,25 @@ async def swap_in_worker(gw, config, version, slots, layout=None):
         gw.live_refreshers = getattr(gw, "live_refreshers", []) + [r]
     # reliability: the new targets get their cells (blocks the parent assigned, the same in every
     # worker) before any request can see them.
-    gw.reliability.attach(snap, layout)
+    gw.reliability.attach(snap, plans.get("reliability"))
+    observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
+    stop_unused_refreshers(gw)
+
+
+def stop_unused_refreshers(gw) -> int:
+    """Cancels the credential refresh of every Egress the current snapshot no longer has (its
+    provider was removed or changed by a reload); returns how many stopped. Requests still in
+    flight on the old snapshot keep the credentials already applied."""
+    live = set(map(id, gw.snapshot.egress.values()))
+    stopped = 0
+    refreshers = [r for r in (getattr(gw, "credentials", None),) if r is not None]
+    refreshers += getattr(gw, "live_refreshers", [])
+    for r in refreshers:
+        stopped += r.retain(live)
+    if getattr(gw, "live_refreshers", None):
+        gw.live_refreshers = [r for r in gw.live_refreshers if r.tasks]
+    return stopped
 
 
 class Version:
@@ -220,29 +244,32 @@ class LiveConfig:
             rel = gw.reliability
             slots = assign_slots(old.router, config, gw.shared,
                                  rel.offset if rel.slots is gw.shared else None)
-            # reliability: breaker cells, lane and pool blocks, assigned here once so every
-            # worker puts a lane's state in the same slots (busbar/reliability/state.py).
+            # Where breaker cells, lane and pool blocks and new metric series go, decided here
+            # once so every worker puts them in the same slots.
+            plans = {"metrics": observability.plan(gw, config)}
             from busbar.reliability.state import NoRoom
             try:
-                layout = rel.plan(config, old.router)
+                plans["reliability"] = rel.plan(config, old.router)
             except NoRoom as e:
                 raise NoSlot(str(e)) from None
             from busbar.admin.plane import call_worker
             t0 = time.perf_counter()
             acks = await asyncio.gather(*(
                 call_worker(gw.loop, sock, {"op": "swap", "version": version, "config": config,
-                                            "slots": slots, "layout": layout}, ACK_TIMEOUT_SECS)
+                                            "slots": slots, "plans": plans}, ACK_TIMEOUT_SECS)
                 for _, sock in self.workers), return_exceptions=True)
             failed = [pid for (pid, _), a in zip(self.workers, acks)
                       if isinstance(a, BaseException) or a.get("version") != version]
-            await swap_in_worker(gw, config, version, slots, layout)
+            await swap_in_worker(gw, config, version, slots, plans)
             ms = (time.perf_counter() - t0) * 1000
             restart = restart_required(old.config.document, config.document)
             self.versions.append(Version(version, kind, config.document, restart))
             del self.versions[:-MAX_VERSIONS]
-            log.info("config version %d (%s) live in %d worker(s) in %.1f ms%s", version, kind,
-                     1 + len(self.workers) - len(failed), ms,
-                     (", restart required for: " + ", ".join(restart)) if restart else "")
+            what, _, to = kind.partition(" to ")
+            event(logging.WARNING if failed else logging.INFO, "reload", version=version,
+                  kind=what, **({"rollback_to": to} if to else {}),
+                  workers=1 + len(self.workers) - len(failed), workers_failed=len(failed),
+                  swap_ms="%.1f" % ms, restart_required=",".join(restart) or "none")
             if failed:
                 raise WorkersFailed(version, failed)
             return {"ok": True, "version": version, "workers": 1 + len(self.workers),

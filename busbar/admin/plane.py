@@ -18,7 +18,7 @@ import socket
 import struct
 
 from busbar.config.control import Control
-from busbar.server.listen import ListenError, probe, tls_options
+from busbar.server.listen import ListenError, probe, protocol_factory, tls_options
 
 log = logging.getLogger("busbar.admin")
 
@@ -135,7 +135,7 @@ class WorkerAgent:
             if msg.get("op") == "swap":
                 try:
                     await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"],
-                                         msg.get("layout"))
+                                         msg.get("plans"))
                     reply = {"version": msg["version"]}
                 except Exception as exc:  # reported to the parent, which fails the admin call
                     log.exception("config swap failed")
@@ -170,7 +170,8 @@ class ParentAgent:
         mount(site, live, self.plane)
         gw.admin = site     # where other parts of busbar add admin routes (site.routes.add)
         _mount_observability(site, gw)
-        self.server = await loop.create_server(lambda: HttpConnection(site),
+        self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
+                                                                ctl.admin_tls),
                                                sock=self.plane.admin_sock, backlog=128,
                                                **tls_options(ctl.admin_tls, gw.snapshot.limits))
         if ctl.admin_open and not ctl.admin_tokens:
@@ -181,8 +182,7 @@ class ParentAgent:
     async def _sighup(self):
         from busbar.config import ConfigError
         try:
-            r = await self.live.reload()
-            log.info("SIGHUP: config version %d live", r["version"])
+            await self.live.reload()     # logs the `reload` event itself
         except ConfigError as e:
             for line in e.problems:
                 log.error("SIGHUP: reload refused, the old config keeps serving: %s", line)

@@ -155,6 +155,8 @@ class Exchange:
         if kind == R.CHAT or kind == R.EMBED or kind == R.COUNT_TOKENS:
             mi = self.snap.max_inbound
             if mi and site.inflight > mi:
+                if site.on_shed is not None:    # observe: the shedding event, once per burst
+                    site.on_shed()
                 self.error(503, "overloaded", "The gateway is at capacity. Please retry shortly.",
                            retry_after=1, outcome=O_SHED)
                 return

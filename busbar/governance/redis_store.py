@@ -612,9 +612,11 @@ class RedisLedger:
         if not self.up:
             return
         self.up = False
-        log.warning("store unreachable: redis at %s (%s); fail_mode %s: %s", _safe_url(self.url),
-                    err.__class__.__name__ if not str(err) else err, self.fail_mode,
-                    "refusing with 503" if self.fail_mode == "closed" else
+        # Operational event, fields as busbar/observability/events.py writes them.
+        log.warning('store_unreachable store=redis url=%s error="%s" fail_mode=%s effect="%s"',
+                    _safe_url(self.url),
+                    str(err.__class__.__name__ if not str(err) else err).replace('"', "'"),
+                    self.fail_mode, "refusing with 503" if self.fail_mode == "closed" else
                     "admitting against local counts, to be reconciled")
         if self._prober is None or self._prober.done():
             self._prober = asyncio.get_running_loop().create_task(self._probe())
@@ -641,8 +643,8 @@ class RedisLedger:
             if isinstance(await self._write_pending(), self._down):
                 continue        # gone again; an error reply instead leaves it pending, Redis up
             self.up = True
-            log.info("store reachable again: redis at %s%s", _safe_url(self.url),
-                     "; local counts reconciled" if pending else "")
+            log.info("store_reachable store=redis url=%s reconciled=%s", _safe_url(self.url),
+                     "true" if pending else "false")
             if self._pend or self._pend_u:
                 self._kick()
             return

@@ -40,6 +40,29 @@ def prepare(config, workers: int):
     _prepared = (config, layout, SharedCounters(layout.size))
 
 
+def plan(gw, config):
+    """In the parent, before a reload's swap: the metrics' name tables with `config`'s new pools,
+    pairs and lanes given spare slots, sent to every worker with the config (`adopt`), so all of
+    them count a new pool into the same slots. None when metrics are off."""
+    st = getattr(gw, "observability", None)
+    m = st.metrics if st is not None else None
+    if m is None:
+        return None
+    p = m.L.plan(config)
+    if p["left_out"]:
+        from busbar.observability.events import event
+        event(logging.WARNING, "metrics_table_full", left_out=",".join(p["left_out"]),
+              effect="counted under pool=unresolved until a restart")
+    return p
+
+
+def adopt(gw, plan):
+    """In every worker, with a reload's swap: the parent's name tables (see `plan`)."""
+    st = getattr(gw, "observability", None)
+    if plan is not None and st is not None and st.metrics is not None:
+        st.metrics.L.adopt(plan)
+
+
 def _sink_names(obs):
     return ["request_log_%d_%s" % (i, s.kind) for i, s in enumerate(obs.request_logs)]
 
@@ -57,15 +80,15 @@ def install(gw):
             prepared = _prepared
         m = state.metrics = Metrics(prepared[1], prepared[2])
         m.attach(gw)
-        gw.attempt_hooks.append(m.on_attempt)
         gw.finish_hooks.append(m.on_finish)
         _every(gw.loop, _publish_period(), m.publish)
         if obs.metrics_public:
             from busbar.observability.mount import mount_public
             from busbar.observability.routes import PUBLIC_ROUTES
             mount_public(gw, PUBLIC_ROUTES)
-    from busbar.observability.events import LaneEvents
+    from busbar.observability.events import LaneEvents, Shedding
     gw.attempt_hooks.append(LaneEvents().on_attempt)
+    gw.on_shed = Shedding(gw.loop, gw).shed
     if obs.access_log != "off":
         from busbar.observability.access_log import AccessLog
         drop = (lambda: state.metrics.dropped("access_log")) if state.metrics else None
@@ -147,11 +170,16 @@ def __getattr__(name):
     raise AttributeError(name)
 
 
-def boot(config, workers: int):
-    """The boot event: listeners, workers, config version."""
+def boot(config, workers: int, admin=None):
+    """The boot event: listeners (`admin`: the admin listener's bound (host, port)), workers,
+    config version."""
     from busbar.observability.events import config_version, event
     obs = settings(config)
     logging.getLogger("busbar").setLevel(_level(obs))
+    ctl = config.control
+    admin = admin or ((ctl.admin_host, ctl.admin_port) if ctl is not None else None)
     event(logging.INFO, "boot", listen="%s:%d" % (config.listen_host, config.listen_port),
+          admin_listen="%s:%d" % admin[:2] if admin else "none",
+          tls="on" if ctl is not None and ctl.tls is not None else "off",
           workers=workers, config_version=config_version(config), access_log=obs.access_log,
           metrics=obs.metrics, otlp=obs.otlp is not None, request_logs=len(obs.request_logs))

@@ -1,7 +1,13 @@
-"""A line writer that never blocks the event loop: the loop appends bytes to a list, a daemon
-thread swaps the list out and writes it (the write(2) releases the GIL), every FLUSH_SECS or sooner
-when a batch grows large. A writer that cannot keep up (a full stderr pipe, a stalled disk) makes
-the buffer grow to MAX_BUFFERED bytes; past that, new lines are dropped and counted.
+"""A line writer that never blocks the event loop: the loop appends each line to a buffer, a daemon
+thread takes what accumulated and writes it (the write(2) releases the GIL), every FLUSH_SECS.
+A writer that cannot keep up (a full stderr pipe, a stalled disk) lets the pending bytes grow to
+MAX_BUFFERED; past that, new lines are dropped and counted.
+
+The buffer is cbusbar.accesslog.LineBuffer: two byte buffers that keep their memory, the loop
+appending to one while the thread writes the other. Kept as separate objects, 0.1 s of orjson
+lines cost ~3.5 µs a line in page faults and allocator work; a bytearray that the thread copied
+and trimmed still took 0.18 fresh pages a request (minflt, in the server under load); this takes
+none in the steady state.
 
 Used by the access log and the file request-log sink; rotation by size for files (`rotate_mb`):
 `path` → `path.1` (one generation kept, as logrotate's `rotate 1`)."""
@@ -9,6 +15,8 @@ from __future__ import annotations
 
 import os
 import threading
+
+from cbusbar.accesslog import LineBuffer
 
 # A tenth of a second: lines reach the file promptly for `tail -f`, and at 10k req/s a batch is
 # ~1k lines, one write.
@@ -23,10 +31,9 @@ class LineWriter:
         self.target = target
         self.rotate_bytes = rotate_bytes
         self.on_drop = on_drop
-        self.buf = []
-        self.size = 0
+        self.buf = LineBuffer(MAX_BUFFERED)
         self.dropped = 0
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()        # flush() from the thread and from close()
         self.wake = threading.Event()
         self.stopping = False
         self.fd = 2 if target == "stderr" else self._open()
@@ -43,14 +50,15 @@ class LineWriter:
         return os.open(self.target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o640)
 
     def write(self, line: bytes):
-        """Called on the loop: an append (the GIL makes list.append atomic)."""
-        if self.size > MAX_BUFFERED:
-            self.dropped += 1
-            if self.on_drop is not None:
-                self.on_drop()
-            return
-        self.buf.append(line)
-        self.size += len(line)
+        """Called on the loop: one append (a drop when MAX_BUFFERED bytes are pending)."""
+        if not self.buf.append(line):
+            self.drop()
+
+    def drop(self):
+        """A line not written: the buffer is full (a writer that does not keep up)."""
+        self.dropped += 1
+        if self.on_drop is not None:
+            self.on_drop()
 
     def _run(self):
         while not self.stopping:
@@ -61,25 +69,28 @@ class LineWriter:
 
     def flush(self):
         with self.lock:
-            if not self.buf:
+            buf = self.buf
+            view = buf.take()       # the loop appends to the other buffer meanwhile
+            if view is None:
                 return
-            buf, self.buf = self.buf, []
-            self.size = 0
-            data = b"".join(buf)
+            n = len(view)
             try:
-                if self.rotate_bytes and self.fd != 2 and self.written + len(data) > self.rotate_bytes \
+                if self.rotate_bytes and self.fd != 2 and self.written + n > self.rotate_bytes \
                         and self.written > 0:
                     os.close(self.fd)
                     os.replace(self.target, self.target + ".1")
                     self.fd = self._open()
                     self.written = 0
-                view = memoryview(data)
-                while view:
-                    n = os.write(self.fd, view)
-                    view = view[n:]
-                self.written += len(data)
+                rest = view
+                while rest:
+                    k = os.write(self.fd, rest)
+                    rest = rest[k:]
+                self.written += n
             except OSError:
-                self.dropped += len(buf)
+                self.dropped += bytes(view).count(b"\n")
+            finally:
+                view.release()
+                buf.done()
 
     def close(self, timeout: float = 2.0):
         """Flushes what is buffered (bounded: a stuck writer is abandoned after `timeout`)."""

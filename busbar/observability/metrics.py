@@ -3,7 +3,7 @@
 Every series and label combination busbar can produce is known from the config (ingress protocols,
 configured pool/model names, outcomes, dispositions), so `Layout` gives each one a fixed slot in a
 `cbusbar.shared.SharedCounters` mapping created before the workers fork. The hot path is a few
-atomic adds at the lifecycle's two exits (`on_attempt`, `on_finish`); whichever worker answers a
+atomic adds at the request's end (`on_finish`, attempts included); whichever worker answers a
 scrape reads the whole mapping and renders text format 0.0.4, so any worker's answer covers all.
 
 Measured (2 workers vs one process' dicts): an atomic add through the cpdef call costs ~50 ns, a
@@ -47,6 +47,9 @@ REQUEST_BUCKETS_S = (0.00005, 0.0001, 0.0002, 0.0003, 0.0005, 0.00075, 0.001, 0.
 UPSTREAM_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 # How often each worker publishes its per-process gauges (lane in-flight, pid) to shared memory.
 PUBLISH_SECS = 1.0
+# Cached slot bases per (ingress, target, lane): every key is made of configured names, so the
+# cache is bounded by the config; the cap only guards against a config with thousands of lanes.
+CACHE_MAX = 4096
 
 
 def disposition(a) -> str:
@@ -63,14 +66,54 @@ def disposition(a) -> str:
     return f
 
 
+# Names a config reload may add over the process's life, beyond the boot config's (the slots are
+# laid out before the workers fork, so room for later names is reserved then): pools and models
+# (a model is also the direct route's `pool` label), (pool, lane) pairs, and lanes. A pool's series
+# take ~270 slots (2.2 KiB), a pair's 18, so the defaults cost ~180 KiB of shared memory, whose
+# pages are only backed once written. Past them a new pool counts under pool="unresolved" (a new
+# pair's lane series are not counted) and the reload logs a WARNING: restart to grow the table.
+SPARE_POOLS_MIN = 64
+SPARE_PAIRS_MIN = 256
+SPARE_LANES_MIN = 64
+
+
+def _names(config):
+    """(pool labels, (pool, lane) pairs, lanes) of one config, sorted."""
+    models = sorted(config.models)
+    pairs = set((m, m) for m in models)
+    for name, pool in config.pools.items():
+        for m in pool.members:
+            pairs.add((name, m.model.name))
+    return sorted(set(config.pools) | set(models)), sorted(pairs), models
+
+
+_bisect = bisect.bisect_left
+_OUT_I = {o: i for i, o in enumerate(OUTCOMES)}
+_DISP_I = {d: i for i, d in enumerate(DISPOSITIONS)}
+_ING_I = {p: i for i, p in enumerate(INGRESS)}
+_REQ_BOUNDS_NS = [int(b * 1e9) for b in REQUEST_BUCKETS_S]
+_UP_BOUNDS_NS = [int(b * 1e9) for b in UPSTREAM_BUCKETS_S]
+_RB_SUM = len(REQUEST_BUCKETS_S) + 1    # a histogram row: the buckets, +Inf, then the sum (ns)
+_UB_SUM = len(UPSTREAM_BUCKETS_S) + 1
+
+
 class Layout:
-    """Slot numbers for every series of one config. Built identically in every worker (it depends
-    on the config only), so the same slot means the same series everywhere."""
+    """Slot numbers for every series. Built from the boot config before the workers fork, with
+    spare room (SPARE_*); every name gets an index once and keeps it for the process's life, so
+    the same slot means the same series in every worker. A reload adds names through the parent:
+    `plan(config)` there, `adopt(plan)` in every worker (busbar/admin/live.py sends it with the
+    config), so a pool added by a reload is counted into the same slots by all of them."""
 
     def __init__(self, config, workers: int, sinks=()):
-        models = sorted(config.models)
-        self.lanes = models
-        self.pools = sorted(set(config.pools) | set(models)) + [UNRESOLVED]
+        pools, pairs, lanes = _names(config)
+        self.pools = pools + [UNRESOLVED]       # index = position; names are only ever appended
+        self.pairs = pairs
+        self.lanes = lanes
+        self.cache_epoch = 0
+        self.P = len(self.pools) + max(SPARE_POOLS_MIN, len(self.pools))
+        self.PL = len(pairs) + max(SPARE_PAIRS_MIN, len(pairs))
+        self.M = len(lanes) + max(SPARE_LANES_MIN, len(lanes))
+        self._index()
         self.sinks = ["access_log"] + list(sinks) + ["otlp"]
         self.workers = workers
         n = 0
@@ -81,22 +124,11 @@ class Layout:
             n += k
             return start
 
-        P, I, O, D = len(self.pools), len(INGRESS), len(OUTCOMES), len(DISPOSITIONS)
-        self.pool_i = {p: i for i, p in enumerate(self.pools)}
+        P, I, O, D, L = self.P, len(INGRESS), len(OUTCOMES), len(DISPOSITIONS), self.PL
         self.ing_i = {p: i for i, p in enumerate(INGRESS)}
         self.out_i = {o: i for i, o in enumerate(OUTCOMES)}
         self.disp_i = {d: i for i, d in enumerate(DISPOSITIONS)}
         self.gate_i = {g: i for i, g in enumerate(GATES)}
-        # (pool, lane) pairs that exist: a pool's members, and a model's direct route.
-        pairs = []
-        for name, pool in sorted(config.pools.items()):
-            for m in pool.members:
-                pairs.append((name, m.model.name))
-        for m in models:
-            pairs.append((m, m))
-        self.pairs = sorted(set(pairs))
-        self.pair_i = {p: i for i, p in enumerate(self.pairs)}
-        L = len(self.pairs)
         self.requests = take(I * P * O)
         self.rb = len(REQUEST_BUCKETS_S) + 2     # buckets, +Inf, sum (ns)
         self.req_hist = take(I * P * self.rb)
@@ -112,11 +144,43 @@ class Layout:
         self.worker_claim = take(1)
         self.boot_time = take(1)
         # Per worker: pid, then each lane's in-flight count.
-        self.per_worker = len(models) + 1
+        self.per_worker = self.M + 1
         self.workers_base = take(workers * self.per_worker)
         self.size = n
         self.req_bounds_ns = [int(b * 1e9) for b in REQUEST_BUCKETS_S]
         self.up_bounds_ns = [int(b * 1e9) for b in UPSTREAM_BUCKETS_S]
+
+    def _index(self):
+        self.pool_i = {p: i for i, p in enumerate(self.pools)}
+        self.pair_i = {p: i for i, p in enumerate(self.pairs)}
+        self.lane_i = {m: i for i, m in enumerate(self.lanes)}
+
+    def plan(self, config) -> dict:
+        """The name tables with `config`'s new names appended (what fits in the spares), and the
+        names left without series. Pure: the parent computes it, every worker adopts it."""
+        pools, pairs, lanes = _names(config)
+        out = {"pools": list(self.pools), "pairs": list(self.pairs), "lanes": list(self.lanes),
+               "left_out": []}
+        for key, names, cap in (("pools", pools, self.P), ("pairs", pairs, self.PL),
+                                ("lanes", lanes, self.M)):
+            have = set(out[key])
+            for name in names:
+                if name in have:
+                    continue
+                if len(out[key]) < cap:
+                    out[key].append(name)
+                    have.add(name)
+                else:
+                    out["left_out"].append(name if isinstance(name, str) else "%s/%s" % name)
+        return out
+
+    def adopt(self, plan: dict):
+        # Only ever appends (a worker that missed a swap catches up with the next one).
+        if len(plan["pools"]) >= len(self.pools) and len(plan["pairs"]) >= len(self.pairs) and \
+                len(plan["lanes"]) >= len(self.lanes):
+            self.pools, self.pairs, self.lanes = list(plan["pools"]), list(plan["pairs"]), list(plan["lanes"])
+            self._index()
+            self.cache_epoch += 1       # cached slot bases may map a new name to "unresolved"
 
 
 class Metrics:
@@ -128,6 +192,8 @@ class Metrics:
         self.add = counters.add
         self.worker = -1
         self.site = None
+        self.cache = {}         # (ingress, target, lane) -> slot bases (on_finish)
+        self.epoch = layout.cache_epoch
 
     def attach(self, site):
         """Claims this worker's region and starts publishing its gauges."""
@@ -151,62 +217,90 @@ class Metrics:
             self.c.store(base + 1 + i, lane.inflight if lane is not None else 0)
 
     # ------------------------------------------------------------------ hot path
-    def on_attempt(self, ex, a):
+    def _attempts(self, target, atts, fo):
+        """Attempts, failures and failovers of a request that failed over or failed (the rare
+        path: a lookup per attempt)."""
         L = self.L
-        t = ex.target
-        k = L.pair_i.get((t.name if t is not None else None, a.lane.name if a.lane else None))
-        if k is None:
-            return
         add = self.add
-        add(L.attempts + k, 1)
-        if a.fault is not None:
-            add(L.failures + k * len(DISPOSITIONS) + L.disp_i.get(disposition(a), 0), 1)
+        last = len(atts) - 1
+        for n, a in enumerate(atts):
+            k = L.pair_i.get((target, a.lane.name if a.lane is not None else None))
+            if k is not None:
+                add(L.attempts + k, 1)
+            if a.fault is not None:
+                d = _DISP_I.get(disposition(a), 0)
+                if k is not None:
+                    add(L.failures + k * len(DISPOSITIONS) + d, 1)
+                if n < last:
+                    # Every failed attempt that another attempt followed is one failover.
+                    add(fo + d, 1)
 
-    def on_finish(self, rec):
+    def _bases(self, key):
+        """Slot bases of one (ingress, target, lane): the requests row, the two histograms, the
+        failovers row, the tokens (-1: no pair), and the ingress index. Cached per key, cleared
+        when a reload adds names (`Layout.adopt`)."""
         L = self.L
-        add = self.add
-        pool = rec.target or UNRESOLVED
-        p = L.pool_i.get(pool)
+        ingress, target, lane = key
+        p = L.pool_i.get(target or UNRESOLVED)
         if p is None:
             p = L.pool_i[UNRESOLVED]
-        i = L.ing_i.get(rec.ingress or "none", L.ing_i["none"])
-        P = len(L.pools)
-        add(L.requests + (i * P + p) * len(OUTCOMES) + L.out_i.get(rec.outcome, 0), 1)
+        i = L.ing_i.get(ingress or "none", L.ing_i["none"])
+        ip = i * L.P + p
+        k = L.pair_i.get((target, lane)) if lane is not None else None
+        b = (L.requests + ip * len(OUTCOMES), L.req_hist + ip * L.rb, L.up_hist + p * L.ub,
+             L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i,
+             -1 if k is None else L.attempts + k)
+        if L.cache_epoch != self.epoch:
+            self.cache.clear()
+            self.epoch = L.cache_epoch
+        if len(self.cache) < CACHE_MAX:
+            self.cache[key] = b
+        return b
+
+    def on_finish(self, rec):
+        key = (rec.ingress, rec.target, rec.lane)
+        b = self.cache.get(key)
+        if b is None or self.epoch != self.L.cache_epoch:
+            b = self._bases(key)
+        req, hist, uph, fo, tok, i, att = b
+        add = self.add
+        outcome = rec.outcome
+        add(req + _OUT_I.get(outcome, 0), 1)
         ns = rec.busbar_ns
-        base = L.req_hist + (i * P + p) * L.rb
-        add(base + bisect.bisect_left(L.req_bounds_ns, ns), 1)
-        add(base + L.rb - 1, ns)
+        add(hist + _bisect(_REQ_BOUNDS_NS, ns), 1)
+        add(hist + _RB_SUM, ns)
         up = rec.upstream_ns
         if up:
-            base = L.up_hist + p * L.ub
-            add(base + bisect.bisect_left(L.up_bounds_ns, up), 1)
-            add(base + L.ub - 1, up)
+            add(uph + _bisect(_UP_BOUNDS_NS, up), 1)
+            add(uph + _UB_SUM, up)
+        # Attempts are counted here, at the request's end, not by an attempt hook: one hook call
+        # less per attempt (~0.5 µs in the server under load).
         atts = rec.attempts
-        if len(atts) > 1:
-            # Every failed attempt that another attempt followed is one failover.
-            for a in atts[:-1]:
-                if a.fault is not None:
-                    add(L.failovers + p * len(DISPOSITIONS) + L.disp_i.get(disposition(a), 0), 1)
+        if len(atts) == 1 and atts[0].fault is None:
+            if att >= 0:
+                add(att, 1)
+        elif atts:
+            self._attempts(rec.target, atts, fo)
         eg = rec.egress
         if eg is not None and eg != rec.ingress:
-            j = L.ing_i.get(eg)
+            j = _ING_I.get(eg)
             if j is not None:
-                add(L.translations + i * len(INGRESS) + j, 1)
+                add(self.L.translations + i * len(INGRESS) + j, 1)
         u = rec.usage
-        if u is not None and rec.lane is not None:
-            k = L.pair_i.get((rec.target, rec.lane))
-            if k is not None:
-                base = L.tokens + k * 3
-                if u.input_tokens:
-                    add(base, u.input_tokens)
-                if u.output_tokens:
-                    add(base + 1, u.output_tokens)
-                if u.cache_read_tokens:
-                    add(base + 2, u.cache_read_tokens)
-        if rec.outcome == R.O_SHED:
-            add(L.admission, 1)
+        if u is not None and tok >= 0:
+            x = u.input_tokens
+            if x:
+                add(tok, x)
+            x = u.output_tokens
+            if x:
+                add(tok + 1, x)
+            x = u.cache_read_tokens
+            if x:
+                add(tok + 2, x)
+        if outcome == "shed":       # R.O_SHED
+            add(self.L.admission, 1)
         elif rec.denied is not None:
-            add(L.admission + L.gate_i.get(rec.denied, 0), 1)
+            add(self.L.admission + self.L.gate_i.get(rec.denied, 0), 1)
 
     def dropped(self, sink: str, n: int = 1):
         try:
@@ -225,13 +319,15 @@ class Metrics:
         L = self.L
         v = v if v is not None else self.values()
         # Protocol requests only: health checks (ingress "none", the last) would swamp req/s.
-        I, P, O = len(INGRESS) - 1, len(L.pools), len(OUTCOMES)
+        I, P, O, n = len(INGRESS) - 1, L.P, len(OUTCOMES), len(L.pools)
         requests = sum(v[L.requests:L.requests + I * P * O])
         buckets = [0] * (L.rb - 1)
-        for ip in range(I * P):
-            base = L.req_hist + ip * L.rb
-            for b in range(L.rb - 1):
-                buckets[b] += v[base + b]
+        nb = L.rb - 1
+        for i in range(I):
+            for p in range(n):      # the names assigned so far, not the spares
+                base = L.req_hist + (i * P + p) * L.rb
+                for b, x in enumerate(v[base:base + nb]):
+                    buckets[b] += x
         failovers = sum(v[L.failovers:L.failovers + P * len(DISPOSITIONS)])
         return {"requests": requests, "failovers": failovers, "busbar_buckets": buckets}
 
@@ -255,6 +351,31 @@ def _proc_stats(pid: int):
         return None
 
 
+# busbar_lane_state's values: the breaker's own state numbers (busbar/reliability/breaker.py),
+# and BENCHED for an open cell whose lane refused busbar's credentials.
+BENCHED = 3
+
+
+def _cells(site):
+    """(pool label, lane, state, trips) of every breaker cell of the current config, read from the
+    shared slots (gateway-wide). A direct route's cell is labelled with its model's name as pool,
+    as in every other series."""
+    rel = getattr(site, "reliability", None) if site is not None else None
+    if rel is None:
+        return []
+    from busbar.reliability.breaker import OPEN, S_HARD, S_STATE, S_TRIPS
+    out = []
+    for c in rel.cells.values():
+        slots, b = c.slots, c.base
+        state = slots.value(b + S_STATE)
+        if state == OPEN and slots.value(b + S_HARD):
+            state = BENCHED
+        name = c.lane.name
+        out.append((c.pool or name, name, state, slots.value(b + S_TRIPS)))
+    out.sort()
+    return out
+
+
 def render(m: Metrics) -> bytes:
     """Text format 0.0.4 of every series, read from shared memory at this moment."""
     m.publish()
@@ -262,7 +383,7 @@ def render(m: Metrics) -> bytes:
     v = m.values()
     out = []
     w = out.append
-    I, P, O, D = len(INGRESS), len(L.pools), len(OUTCOMES), len(DISPOSITIONS)
+    I, P, O, D = len(INGRESS), L.P, len(OUTCOMES), len(DISPOSITIONS)
 
     w("# HELP busbar_requests_total Requests answered, by ingress protocol, pool and outcome.")
     w("# TYPE busbar_requests_total counter")
@@ -319,6 +440,17 @@ def render(m: Metrics) -> bytes:
             x = v[L.failovers + p * D + d]
             if x:
                 w("busbar_failovers_total%s %d" % (_labels(pool=pool, reason=disp), x))
+    cells = _cells(m.site)
+    w("# HELP busbar_lane_state Breaker state of each (pool, lane) cell: 0 closed, 1 open, "
+      "2 half_open (one probe in flight), 3 benched (hard_down: the provider refused busbar's key).")
+    w("# TYPE busbar_lane_state gauge")
+    for pool, lane, state, _ in cells:
+        w("busbar_lane_state%s %d" % (_labels(pool=pool, lane=lane), state))
+    w("# HELP busbar_breaker_trips_total Times a (pool, lane) cell went from closed to open "
+      "(error threshold reached, or benched).")
+    w("# TYPE busbar_breaker_trips_total counter")
+    for pool, lane, _, trips in cells:
+        w("busbar_breaker_trips_total%s %d" % (_labels(pool=pool, lane=lane), trips))
     w("# HELP busbar_translations_total Requests answered through a translation, by protocols.")
     w("# TYPE busbar_translations_total counter")
     for i, a in enumerate(INGRESS):
@@ -373,8 +505,10 @@ def render(m: Metrics) -> bytes:
             inflight[i] += v[base + 1 + i]
     w("# HELP busbar_lane_inflight Upstream requests in flight on a lane, over all workers.")
     w("# TYPE busbar_lane_inflight gauge")
+    current = m.site.snapshot.router.lanes if m.site is not None else None
     for i, lane in enumerate(L.lanes):
-        w("busbar_lane_inflight%s %d" % (_labels(lane=lane), inflight[i]))
+        if current is None or lane in current:      # a model a reload removed has no gauge
+            w("busbar_lane_inflight%s %d" % (_labels(lane=lane), inflight[i]))
     # reliability: requests waiting for a lane permit (on_exhausted: queue), from the shared
     # pool blocks every worker updates (busbar/reliability/queue.py).
     rel = getattr(m.site, "reliability", None)

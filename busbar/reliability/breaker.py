@@ -24,6 +24,13 @@ import time
 from busbar.reliability.classify import D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN
 
 log = logging.getLogger("busbar")
+# The breaker's state changes go where busbar/observability/events.py writes operational events.
+events = logging.getLogger("busbar.events")
+
+
+def _v(v) -> str:
+    s = str(v)
+    return '"%s"' % s.replace('"', "'") if (" " in s or not s) else s
 
 CLOSED = 0
 OPEN = 1
@@ -230,9 +237,13 @@ class Cell:
         state = slots.value(b + S_STATE)
         if disposition == D_HARD_DOWN:
             secs = lim.hard_down_cooldown_secs
+            was_benched = state == OPEN and slots.value(b + S_HARD)
             slots.store(b + S_HARD, 1)
             self._open(now, secs, state)
-            self._event("benched (hard_down)", secs, reason)
+            if state == CLOSED:
+                slots.add(b + S_TRIPS, 1)   # benched from closed is a trip too (busbar_breaker_trips_total)
+            if not was_benched:             # a late 401 of an attempt admitted before: no new line
+                self._event("benched", secs, reason, disposition)
             return
         secs = self.cooldown(streak)
         if retry_after is not None:
@@ -240,7 +251,7 @@ class Cell:
             secs = max(secs, min(retry_after, lim.max_honored_retry_after_secs))
         if state == HALF_OPEN:
             self._open(now, secs, state)        # the probe failed: open again, longer
-            self._event("probe failed", secs, reason)
+            self._event("probe_failed", secs, reason, disposition)
             return
         if state == OPEN:
             # A late failure of an attempt admitted before the trip: extends, never shortens.
@@ -257,7 +268,7 @@ class Cell:
         if trip:
             self._open(now, secs, state)
             slots.add(b + S_TRIPS, 1)
-            self._event("tripped", secs, reason)
+            self._event("tripped", secs, reason, disposition)
         else:
             # A failure that does not trip still cools this cell down (SPEC §4.2).
             self._extend(now + int(secs * 1000))
@@ -283,10 +294,23 @@ class Cell:
             if cur >= until or slots.cas(i, cur, until):
                 return
 
-    def _event(self, what, secs, reason):
-        log.warning("lane %s in pool %s %s%s%s", self.lane.name, self.pool or "(direct)", what,
-                    "; cooldown %.1f s" % secs if secs else "",
-                    "; reason: %s" % reason if reason else "")
+    def _event(self, what, secs, reason, disposition=None):
+        """One operational line per state change, in busbar/observability/events.py's shape:
+        `lane_<what> pool=.. lane=.. [disposition=..] [cooldown_s=..] [reason=".."]`, WARNING
+        except `lane_recovered` (INFO). `pool` is the direct route's model name for its cell, as in
+        the metrics' labels. The reason is busbar's own words or the provider's error message,
+        which never holds a prompt or a secret (keys are masked before it is kept)."""
+        level = logging.INFO if what == "recovered" else logging.WARNING
+        if events.isEnabledFor(level):
+            parts = ["lane_" + what, "pool=" + _v(self.pool or self.lane.name),
+                     "lane=" + _v(self.lane.name)]
+            if disposition:
+                parts.append("disposition=" + disposition)
+            if secs:
+                parts.append("cooldown_s=%.1f" % secs)
+            if reason:
+                parts.append("reason=" + _v(reason))
+            events.log(level, "%s", " ".join(parts))
         if self.on_change is not None:
             self.on_change(self, what)
 

@@ -136,6 +136,10 @@ class Gateway:
         # observe: exchange -> header bytes added to every upstream request (W3C traceparent), or
         # None (OTLP off: nothing is called).
         self.trace_header = None
+        # observe: called when the inbound concurrency cap refuses a request (the shedding event,
+        # busbar/observability/events.py), or None. Not a finish hook: with every observer off,
+        # no finish hook means no RequestRecord is built at all.
+        self.on_shed = None
         # reliability: breaker cells and lane budgets, fed by every attempt's end
         # (busbar/reliability/state.py); a reloaded snapshot is attached again.
         from busbar.reliability.state import Reliability
@@ -187,10 +191,11 @@ class Gateway:
         from busbar.upstream.refresh import start_credentials
         self.credentials = await start_credentials(self.loop, self.snapshot.egress.values())
         # control hook: TLS on the data listener (config `tls:`, busbar/server/listen.py)
-        from busbar.server.listen import tls_options
-        tls = tls_options(getattr(self.config.control, "tls", None), self.snapshot.limits)
-        server = await self.loop.create_server(lambda: HttpConnection(self), sock=sock,
-                                               backlog=4096, **tls)
+        from busbar.server.listen import protocol_factory, tls_options
+        cfg_tls = getattr(self.config.control, "tls", None)
+        tls = tls_options(cfg_tls, self.snapshot.limits)
+        server = await self.loop.create_server(
+            protocol_factory(lambda: HttpConnection(self), cfg_tls), sock=sock, backlog=4096, **tls)
         self.servers.append(server)
         # reliability: active health probes (providers' `health:`); one per lane per interval
         # over all workers (busbar/reliability/health.py).
@@ -219,6 +224,8 @@ class Gateway:
         self.deadlines.close()
         if getattr(self, "credentials", None) is not None:  # reach hook
             self.credentials.close()
+        for r in getattr(self, "live_refreshers", ()):      # providers added by reloads
+            r.close()
 
 
 def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
@@ -330,7 +337,7 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     from busbar.admin.plane import ControlPlane
     control = ControlPlane(config, n)
     observability.prepare(config, n)    # observe: metrics counters shared by every worker
-    observability.boot(config, n)
+    observability.boot(config, n, control.admin_sock.getsockname())
     gov = None
     if config.governance is None or not config.governance.keys:
         log.warning("auth.chain is empty: the data plane is an open relay; anyone who reaches "

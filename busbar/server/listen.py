@@ -51,3 +51,12 @@ def tls_options(tls, limits) -> dict:
         return {}
     from busbar.config.control import ssl_context
     return {"ssl": ssl_context(tls), "ssl_handshake_timeout": limits.tls_handshake_timeout_secs}
+
+
+def protocol_factory(factory, tls):
+    """`factory` as create_server takes it, behind a TlsReader when the listener has TLS
+    (busbar/upstream/tlsread.py says why)."""
+    if tls is None:
+        return factory
+    from busbar.upstream.tlsread import TlsReader
+    return lambda: TlsReader(factory())

@@ -27,6 +27,7 @@ import time
 import httptools
 
 from cbusbar.http import parse_response as _fast_parse
+from busbar.upstream.tlsread import TlsReader
 
 __all__ = ["UpstreamPool", "UpstreamConnection"]
 
@@ -275,13 +276,17 @@ class UpstreamPool:
 
     async def _connect(self, key, on_ready, on_error):
         scheme, host, port = key
+        tls = scheme == "https"
         try:
-            _, conn = await asyncio.wait_for(
+            # Over TLS, behind a TlsReader: no 256 KiB allocation per read (tlsread.py).
+            _, proto = await asyncio.wait_for(
                 self.loop.create_connection(
-                    lambda: UpstreamConnection(self, key), host, port,
-                    ssl=self._ssl() if scheme == "https" else None,
-                    server_hostname=host if scheme == "https" else None),
+                    (lambda: TlsReader(UpstreamConnection(self, key))) if tls else
+                    (lambda: UpstreamConnection(self, key)), host, port,
+                    ssl=self._ssl() if tls else None,
+                    server_hostname=host if tls else None),
                 self.connect_timeout)
+            conn = proto.inner if tls else proto
         except asyncio.TimeoutError:
             on_error("connect timeout")
             return

@@ -47,11 +47,34 @@ class Refresher:
     def __init__(self, loop):
         self.loop = loop
         self.entries = []       # (source, apply)
-        self.tasks = []
+        self.owners = []        # id() of what each entry's `apply` updates (an Egress), or None
+        self.tasks = []         # each entry's refresh loop, once started
         self.fetches = 0        # successful fetches, for tests and logs
 
-    def add(self, source, apply):
+    def add(self, source, apply, owner=None):
         self.entries.append((source, apply))
+        self.owners.append(None if owner is None else id(owner))
+
+    def retain(self, owners) -> int:
+        """Stops the refresh loops of entries whose owner is not in `owners` (a set of id()s):
+        a reload removed or replaced their provider. Returns how many stopped."""
+        keep_e, keep_o, keep_t, stopped = [], [], [], 0
+        for i, entry in enumerate(self.entries):
+            owner = self.owners[i]
+            task = self.tasks[i] if i < len(self.tasks) else None
+            if owner is not None and owner not in owners:
+                if task is not None:
+                    task.cancel()
+                stopped += 1
+                continue
+            keep_e.append(entry)
+            keep_o.append(owner)
+            if task is not None:
+                keep_t.append(task)
+        self.entries, self.owners, self.tasks = keep_e, keep_o, keep_t
+        if stopped:
+            log.info("credentials: %d refresher(s) stopped (their provider left the config)", stopped)
+        return stopped
 
     async def start(self, timeout=INITIAL_TIMEOUT):
         """First fetch of every source (concurrently, bounded by `timeout`), then the background
@@ -104,6 +127,6 @@ async def start_credentials(loop, egresses, timeout=INITIAL_TIMEOUT):
     r = Refresher(loop)
     for eg in egresses:
         if eg.source is not None:
-            r.add(eg.source, eg.apply)
+            r.add(eg.source, eg.apply, eg)
     await r.start(timeout)
     return r

@@ -90,3 +90,30 @@ def test_ca_bundle_from_ssl_cert_file_is_trusted(tls_upstream, tmp_path):
         assert status == 200 and body == OPENAI_REPLY
     finally:
         stop(proc)
+
+
+def test_responses_from_a_tls_upstream_take_no_page_fault(tls_upstream, tmp_path):
+    """uvloop's TLS transport would allocate 256 KiB per read of the upstream's answer: an mmap,
+    a page fault and a munmap each under busbar's fixed mmap threshold. The pool's connections
+    read through busbar/upstream/tlsread.py instead."""
+    cap, cert = tls_upstream
+    port, proc = _gateway(tmp_path, cap, {"SSL_CERT_FILE": str(cert)})
+
+    def minflt():
+        return int(open("/proc/%d/stat" % proc.pid).read().rsplit(")", 1)[1].split()[7])
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        body = json.dumps({"model": "up-model", "messages": [{"role": "user", "content": "tls"}]})
+
+        def send(n):
+            for _ in range(n):
+                c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+                r = c.getresponse()
+                assert r.status == 200 and r.read() == OPENAI_REPLY
+        send(50)
+        before = minflt()
+        send(300)
+        assert minflt() - before < 100, minflt() - before
+        c.close()
+    finally:
+        stop(proc)

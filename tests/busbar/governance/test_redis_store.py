@@ -441,8 +441,8 @@ def test_fail_closed_refuses_then_recovers(own_redis, caplog):
             await st.close()
     run(go())
     msgs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "busbar.governance"]
-    assert [m for lvl, m in msgs if lvl == logging.WARNING and "store unreachable" in m].__len__() == 1
-    assert any(lvl == logging.INFO and "store reachable again" in m for lvl, m in msgs)
+    assert [m for lvl, m in msgs if lvl == logging.WARNING and "store_unreachable store=redis" in m].__len__() == 1
+    assert sum(1 for lvl, m in msgs if lvl == logging.INFO and "store_reachable store=redis" in m) == 1
 
 
 async def _admitted(led, checks, now):
@@ -501,8 +501,8 @@ def test_fail_open_counts_locally_and_reconciles(tmp_path, caplog):
     finally:
         srv.close()
     msgs = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "busbar.governance"]
-    assert sum(1 for lvl, m in msgs if lvl == logging.WARNING and "store unreachable" in m) == 1
-    assert any(lvl == logging.INFO and "store reachable again" in m for lvl, m in msgs)
+    assert sum(1 for lvl, m in msgs if lvl == logging.WARNING and "store_unreachable store=redis" in m) == 1
+    assert sum(1 for lvl, m in msgs if lvl == logging.INFO and "store_reachable store=redis" in m) == 1
 
 
 async def _up(led):

@@ -1,0 +1,125 @@
+"""The access log's line as cbusbar.accesslog writes it is the record `fields()` describes (same
+keys, order and values) on awkward records; its buffer keeps lines whole and in order across the
+writer thread, refuses lines past its limit, and the LineWriter writes, rotates and counts drops."""
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+from cbusbar.accesslog import LineBuffer, append_line
+from cbusbar.ir import Usage
+
+from busbar.engine.records import Attempt, RequestRecord
+from busbar.observability import lines
+from busbar.observability.access_log import AccessLog, fields
+
+
+def _rec(**kw):
+    r = RequestRecord()
+    for k, v in kw.items():
+        setattr(r, k, v)
+    return r
+
+
+AWKWARD = [
+    _rec(),                                                         # every field unset
+    _rec(request_id="req_" + "ab" * 12, ingress="anthropic", target="chat", lane="claude",
+         model="claude-haiku-4-5", status=200, outcome="ok", attempts=(Attempt(None, 0),) * 3,
+         busbar_ns=13999, upstream_ns=158432123, usage=Usage(12, 8, 3, 0, 0), client="127.0.0.1",
+         key_id="vk_1", group="team-a"),
+    _rec(target='p"o\\ol\n\t\r\x01\x1fé✓', lane="l\u2028", model="", status=503,
+         outcome="exhausted", busbar_ns=0, upstream_ns=999, usage=Usage(0, 0, 0, 0, 0),
+         client="::1"),
+    _rec(target=None, status=404, outcome="client_error", upstream_ns=2_000_000_000_000,
+         busbar_ns=4999, client="203.0.113.9"),
+]
+
+
+def test_the_line_is_fields_exactly():
+    now = 1764764467.0429
+    for rec in AWKWARD:
+        buf = LineBuffer(1 << 20)
+        n = append_line(buf, rec, now)
+        line = bytes(buf.take())
+        assert n == len(line) and line.endswith(b"\n") and line.count(b"\n") == 1
+        got = json.loads(line)
+        want = json.loads(json.dumps(fields(rec, now)))
+        assert list(got) == list(want)
+        assert got == want, [(k, got[k], want[k]) for k in got if got[k] != want[k]]
+    assert got["time"] == "2025-12-03T12:21:07.042Z"
+    # Across a second boundary the cached second's text follows.
+    buf = LineBuffer(1 << 20)
+    append_line(buf, AWKWARD[1], now + 1.5)
+    assert json.loads(bytes(buf.take()))["time"] == "2025-12-03T12:21:08.542Z"
+
+
+def test_buffer_take_done_and_limit():
+    buf = LineBuffer(1000)
+    assert buf.take() is None
+    assert buf.append(b"a\n") and buf.append(b"b\n") and len(buf) == 4
+    view = buf.take()
+    assert bytes(view) == b"a\nb\n" and len(buf) == 0
+    assert buf.append(b"c\n")                   # the loop goes on in the other buffer
+    assert bytes(view) == b"a\nb\n"             # untouched until done()
+    view.release()
+    buf.done()
+    assert bytes(buf.take()) == b"c\n"
+    buf.done()
+    big = b"x" * 600 + b"\n"
+    assert buf.append(big) and buf.append(big)  # past the limit only once more than it is pending
+    assert not buf.append(b"y\n") and append_line(buf, AWKWARD[1], time.time()) == 0
+    assert bytes(buf.take()) == big * 2
+    buf.done()
+    many = b"z" * 100_000 + b"\n"               # grows by doubling, shrinks back once idle
+    big_buf = LineBuffer(10 << 20)
+    for _ in range(20):
+        big_buf.append(many)
+    assert len(bytes(big_buf.take())) == 20 * len(many)
+    big_buf.done()
+    assert bytes(big_buf.take() or b"") == b""
+
+
+def test_lines_stay_whole_and_ordered_with_the_writer_thread(tmp_path, monkeypatch):
+    monkeypatch.setattr(lines, "FLUSH_SECS", 0.001)
+    path = tmp_path / "access.jsonl"
+    log = AccessLog(str(path))
+    n = 20000
+    for i in range(n):
+        log.on_finish(_rec(request_id="req_%08d" % i, target="p", status=200, outcome="ok"))
+        if i % 1000 == 0:
+            time.sleep(0.002)                   # let the thread take a batch mid-stream
+    log.close()
+    ids = [json.loads(x)["request_id"] for x in path.read_text().splitlines()]
+    assert ids == ["req_%08d" % i for i in range(n)] and log.writer.dropped == 0
+
+
+def test_a_writer_that_cannot_keep_up_drops_and_counts(tmp_path, monkeypatch):
+    monkeypatch.setattr(lines, "MAX_BUFFERED", 4096)
+    r, w = os.pipe()                            # nobody reads: the thread blocks in write(2)
+    try:
+        dropped = []
+        log = AccessLog("stderr", on_drop=lambda: dropped.append(1))
+        log.writer.fd = w
+        os.set_blocking(w, True)
+        ev = threading.Event()
+        for i in range(2000):
+            log.on_finish(AWKWARD[1])
+        ev.wait(0.3)
+        for i in range(2000):
+            log.on_finish(AWKWARD[1])
+        assert dropped and log.writer.dropped == len(dropped)
+    finally:
+        os.close(r)
+        log.writer.stopping = True
+
+
+def test_file_sink_rotation_still_works(tmp_path):
+    path = tmp_path / "r.jsonl"
+    w = lines.LineWriter(str(path), rotate_bytes=1000)
+    for i in range(30):
+        w.write(b'{"n":%d,"pad":"%s"}\n' % (i, b"x" * 80))
+        w.flush()
+    w.close()
+    assert (tmp_path / "r.jsonl.1").exists() and path.stat().st_size <= 1000
