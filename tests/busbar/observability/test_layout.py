@@ -51,33 +51,4 @@ def test_metric_names_keep_their_slots_and_new_ones_take_spares(monkeypatch):
     assert len(plan["pools"]) == small.P and len(plan["left_out"]) == 10 - (small.P - 4)
 
 
-def test_breaker_cells_of_a_new_pool_go_where_the_plan_puts_them():
-    from cbusbar.shared import SharedCounters
-    c1 = load()
-    c2 = load("  c: {provider: m, upstream_model: c}\n", "  q: {members: [{model: c}, {model: a}]}\n")
-    shared = SharedCounters(256 + S.capacity(c1))
-    workers = [S.Reliability(c1, shared) for _ in range(2)]
-    for r in workers:
-        r.attach(Snapshot(c1, shared))
-    plan = workers[0].plan(c2)
-    assert ("q", "c") in plan and ("lane", "c") in plan and ("p", "a") not in plan
-    for r in workers:
-        r.attach(Snapshot(c2, shared), plan)
-    a, b = (r.cells[("q", "c")] for r in workers)
-    assert a.base == b.base == plan[("q", "c")]
-    assert workers[0].cells[("p", "a")].base == workers[1].cells[("p", "a")].base
-    # One worker trips the new cell; the other sees it open.
-    a.slots.store(a.base + 0, 1)
-    assert b.state() == 1
-    assert {c for c in workers[0].live} >= {workers[0].cells[("q", "c")]}
-    assert ("p", "b") in {(c.pool, c.lane.name) for c in workers[0].live}
-
-
-def test_a_plan_past_the_spare_slots_is_refused(monkeypatch):
-    monkeypatch.setattr(S, "SPARE_SLOTS_MIN", 0)
-    c1 = load()
-    rel = S.Reliability(c1)
-    rel.attach(Snapshot(c1))
-    more = "".join("  x%d: {provider: m, upstream_model: x}\n" % i for i in range(40))
-    with pytest.raises(S.NoRoom):
-        rel.plan(load(more))
+# Breaker cells' blocks across a reload: tests/busbar/reliability/test_layout.py.
