@@ -3,12 +3,9 @@ spares (past them a name is left out and said so); breaker cells of a new pool g
 puts them in every worker, and a plan past the spare slots is refused."""
 from __future__ import annotations
 
-import pytest
 
 from busbar import config as cfgmod
-from busbar.engine.snapshot import Snapshot
 from busbar.observability import metrics as M
-from busbar.reliability import state as S
 
 BASE = """
 listen: "127.0.0.1:1"
