@@ -108,7 +108,8 @@ def _callgrind_ir(name: str, iters: int) -> int:
         subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
                         sys.executable, os.path.abspath(__file__), "--case", name,
                         "--iters", str(iters)],
-                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       env=dict(os.environ, PYTHONHASHSEED="0"))   # the same dict layouts each run
         with open(out) as f:
             text = f.read()
     m = re.search(r"^(?:summary|totals): (\d+)", text, re.M)

@@ -22,7 +22,7 @@ import orjson
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
     ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
-    ev_message_stop, ev_error, text_block,
+    ev_message_stop, ev_error, text_block, text_is_empty,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
     SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
     TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
@@ -38,6 +38,7 @@ from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
@@ -664,7 +665,7 @@ cdef dict _document_part(Block b):
 
 cdef dict _content_part(Block b):
     if b.kind == B_TEXT:
-        return {"type": "text", "text": b.text or ""}
+        return {"type": "text", "text": text_value(b)}
     if b.kind == B_IMAGE:
         return _image_part(b)
     if b.kind == B_DOCUMENT:
@@ -677,22 +678,26 @@ cdef void _write_user(Message m, list out) except *:
     cdef list texts
     cdef Block b, inner
     cdef dict part
+    if len(m.content) == 1 and (<Block>m.content[0]).kind == B_TEXT:
+        # The common turn, one text: the same message the general path below writes.
+        out.append({"role": "user", "content": text_value(<Block>m.content[0])})
+        return
     for b in m.content:
         if b.kind == B_TOOL_RESULT:
             # A tool message carries text only; images a tool returned ride in the user turn that
             # follows the tool messages (OpenAI wants tool messages right after the tool calls).
-            texts = []
+            texts = []      # blocks whose text joins (jsonspan.join_text: literals stay literals)
             if b.content is not None:
                 for inner in b.content:
                     if inner.kind == B_TEXT:
-                        texts.append(inner.text or "")
+                        texts.append(inner)
                     else:
                         part = _content_part(inner)
                         if part is not None:
                             parts.append(part)
-            elif b.text is not None:
-                texts.append(b.text)
-            out.append({"role": "tool", "tool_call_id": b.id or "", "content": "\n".join(texts)})
+            elif b.text_json is not None or b.text is not None:
+                texts.append(b)
+            out.append({"role": "tool", "tool_call_id": b.id or "", "content": join_text(texts, "\n")})
         else:
             part = _content_part(b)
             if part is not None:
@@ -706,13 +711,13 @@ cdef void _write_user(Message m, list out) except *:
 
 
 cdef void _write_assistant(Message m, list out, set custom_names) except *:
-    cdef list texts = []
+    cdef list texts = []    # text blocks (jsonspan.join_text)
     cdef list calls = []
     cdef dict msg
     cdef Block b
     for b in m.content:
         if b.kind == B_TEXT:
-            texts.append(b.text or "")
+            texts.append(b)
         elif b.kind == B_TOOL_USE:
             if b.name in custom_names and isinstance(b.input, str):
                 calls.append({"id": b.id or "", "type": "custom",
@@ -721,7 +726,7 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
                 calls.append({"id": b.id or "", "type": "function",
                               "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
     # Text blocks split by citations are one text: join without a separator.
-    msg = {"role": "assistant", "content": "".join(texts) if texts else None}
+    msg = {"role": "assistant", "content": join_text(texts, "") if texts else None}
     if calls:
         msg["tool_calls"] = calls
     elif msg["content"] is None:
@@ -750,10 +755,10 @@ cpdef bytes write_request(Request req):
                     and isinstance(v["custom"].get("name"), str):
                 custom_names.add(v["custom"]["name"])
     for b in req.system:
-        if b.kind == B_TEXT and b.text:
-            system.append(b.text)
+        if b.kind == B_TEXT and not text_is_empty(b):
+            system.append(b)
     if system:
-        messages.append({"role": "system", "content": "\n\n".join(system)})
+        messages.append({"role": "system", "content": join_text(system, "\n\n")})
     for m in req.messages:
         if m.role == ROLE_ASSISTANT:
             _write_assistant(m, messages, custom_names)
