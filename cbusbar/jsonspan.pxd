@@ -35,6 +35,26 @@ cdef enum:
     F_NON_ASCII = 2
 cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* flags) noexcept nogil
 
+# The end of the JSON value at p[i] when it is one orjson surely accepts (strings as string_end,
+# containers recursively to 64 levels, literals, numbers without an exponent of at most 18 digits
+# a side), else -1: a caller then hands the bytes to orjson, whose verdict stands.
+cdef Py_ssize_t skip_value(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int depth) noexcept nogil
+
+# The str of the valid string literal p[s:e] (quotes included; flags as string_end set them).
+cdef object decode_str(const unsigned char* p, Py_ssize_t s, Py_ssize_t e, int flags)
+
+
+cdef inline Py_ssize_t ws(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+    """The index of the first non-whitespace byte (JSON's four) from i."""
+    cdef unsigned char c
+    while i < n:
+        c = p[i]
+        if c == 32 or c == 10 or c == 13 or c == 9:
+            i += 1
+        else:
+            break
+    return i
+
 # Writers: the value to put where block.text went (an orjson.Fragment of the literal, or the str),
 # and sep.join(b.text or "" for b in blocks) in the same form, without decoding a literal.
 cdef object text_value(Block b)

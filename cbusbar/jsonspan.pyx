@@ -194,15 +194,82 @@ cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, i
                 return -1
 
 
-cdef inline Py_ssize_t _ws(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) noexcept nogil:
+cdef Py_ssize_t skip_value(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int depth) noexcept nogil:
     cdef unsigned char c
-    while i < n:
-        c = p[i]
-        if c == 32 or c == 10 or c == 13 or c == 9:
+    cdef int flags = 0, digits
+    if i >= n:
+        return -1
+    c = p[i]
+    if c == 34:
+        return string_end(p, i, n, &flags)
+    if c == 123 or c == 91:
+        if depth >= 64:
+            return -1
+        i = ws(p, i + 1, n)
+        if i < n and p[i] == c + 2:     # } or ]: empty
+            return i + 1
+        while True:
+            if c == 123:
+                if i >= n or p[i] != 34:
+                    return -1
+                i = string_end(p, i, n, &flags)
+                if i < 0:
+                    return -1
+                i = ws(p, i, n)
+                if i >= n or p[i] != 58:
+                    return -1
+                i = ws(p, i + 1, n)
+            i = skip_value(p, i, n, depth + 1)
+            if i < 0:
+                return -1
+            i = ws(p, i, n)
+            if i < n and p[i] == 44:
+                i = ws(p, i + 1, n)
+                continue
+            if i < n and p[i] == c + 2:
+                return i + 1
+            return -1
+    if c == 116:
+        return i + 4 if i + 4 <= n and memcmp(p + i, b"true", 4) == 0 else -1
+    if c == 102:
+        return i + 5 if i + 5 <= n and memcmp(p + i, b"false", 5) == 0 else -1
+    if c == 110:
+        return i + 4 if i + 4 <= n and memcmp(p + i, b"null", 4) == 0 else -1
+    # -? (0 | [1-9][0-9]*) (. [0-9]+)?, at most 18 digits each side: surely finite for orjson.
+    # An exponent (1e400 is refused by orjson) or a longer number: -1, orjson decides.
+    if c == 45:
+        i += 1
+        if i >= n:
+            return -1
+    if i < n and p[i] == 48:
+        i += 1
+    elif i < n and 49 <= p[i] <= 57:
+        digits = 0
+        while i < n and 48 <= p[i] <= 57:
             i += 1
-        else:
-            break
+            digits += 1
+        if digits > 18:
+            return -1
+    else:
+        return -1
+    if i < n and p[i] == 46:
+        i += 1
+        digits = 0
+        while i < n and 48 <= p[i] <= 57:
+            i += 1
+            digits += 1
+        if digits == 0 or digits > 18:
+            return -1
+    if i < n and (p[i] == 101 or p[i] == 69 or 48 <= p[i] <= 57):
+        return -1
     return i
+
+
+cdef object decode_str(const unsigned char* p, Py_ssize_t s, Py_ssize_t e, int flags):
+    """The str of the valid string literal p[s:e] (quotes included; flags from string_end)."""
+    if flags == 0:
+        return PyUnicode_DecodeASCII(<char*>p + s + 1, e - s - 2, NULL)
+    return orjson.loads(PyBytes_FromStringAndSize(<const char*>p + s, e - s))
 
 
 cdef Py_ssize_t _container_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* maxdepth) noexcept nogil:
@@ -345,7 +412,7 @@ cdef object _object(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize
                     int state, int depth):
     cdef dict d = {}
     cdef list keys = m.keys[state]
-    cdef Py_ssize_t i = _ws(p, pi[0] + 1, n), e, klen
+    cdef Py_ssize_t i = ws(p, pi[0] + 1, n), e, klen
     cdef int flags, child
     cdef object key, v
     cdef tuple cand
@@ -374,17 +441,17 @@ cdef object _object(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize
             key = _str(body, p, i, e, flags)
             if key is FAIL:
                 return FAIL
-        i = _ws(p, e, n)
+        i = ws(p, e, n)
         if i >= n or p[i] != 58:   # :
             return FAIL
-        pi[0] = _ws(p, i + 1, n)
+        pi[0] = ws(p, i + 1, n)
         v = _value(body, p, pi, n, m, child, depth)
         if v is FAIL:
             return FAIL
         d[key] = v
-        i = _ws(p, pi[0], n)
+        i = ws(p, pi[0], n)
         if i < n and p[i] == 44:   # ,
-            i = _ws(p, i + 1, n)
+            i = ws(p, i + 1, n)
             continue
         if i < n and p[i] == 125:  # }
             pi[0] = i + 1
@@ -395,7 +462,7 @@ cdef object _object(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize
 cdef object _array(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, Marks m,
                    int elem, int depth):
     cdef list out = []
-    cdef Py_ssize_t i = _ws(p, pi[0] + 1, n)
+    cdef Py_ssize_t i = ws(p, pi[0] + 1, n)
     cdef object v
     if i < n and p[i] == 93:
         pi[0] = i + 1
@@ -406,9 +473,9 @@ cdef object _array(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_
         if v is FAIL:
             return FAIL
         out.append(v)
-        i = _ws(p, pi[0], n)
+        i = ws(p, pi[0], n)
         if i < n and p[i] == 44:
-            i = _ws(p, i + 1, n)
+            i = ws(p, i + 1, n)
             continue
         if i < n and p[i] == 93:
             pi[0] = i + 1
@@ -421,12 +488,12 @@ cpdef object parse(bytes body, Marks marks):
     parse with orjson: not an object, not JSON, or nothing this reader is sure of)."""
     cdef const unsigned char* p = body
     cdef Py_ssize_t n = len(body)
-    cdef Py_ssize_t i = _ws(p, 0, n)
+    cdef Py_ssize_t i = ws(p, 0, n)
     cdef object d
     if i >= n or p[i] != 123 or marks.nstates < 2:
         return None
     d = _object(body, p, &i, n, marks, 1, 1)
-    if d is FAIL or _ws(p, i, n) != n:
+    if d is FAIL or ws(p, i, n) != n:
         return None
     return d
 

@@ -38,7 +38,8 @@ from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
 from cbusbar cimport jsonget
-from cbusbar.jsonspan cimport join_text, text_value
+from cbusbar.jsonspan cimport decode_str, join_text, skip_value, string_end, text_value, ws
+from libc.string cimport memcmp
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
@@ -1310,6 +1311,8 @@ cdef class StreamDecoder:
             self.done = True
             self.finished = True
             return
+        if self._text_frame(data, out):
+            return
         d = jsonget.frame_object(data)
         v = d.get("error")
         if v is not None:
@@ -1328,6 +1331,85 @@ cdef class StreamDecoder:
         v = d.get("usage")
         if isinstance(v, dict):
             self.usage = _usage_of(v)
+
+    cdef bint _text_frame(self, bytes data, list out) except -1:
+        """The common chunk read in place, no dicts: a frame without error and usage whose first
+        choice (index 0) has at most content text and a finish_reason. Emits exactly what _frame
+        emits for it and returns True; returns False (nothing emitted, nothing changed) for any
+        other frame, or one it is not sure is JSON orjson accepts: _frame then reads it whole."""
+        cdef const unsigned char* p = data
+        cdef Py_ssize_t n = len(data), i, ks, ke, vs, ve
+        cdef Py_ssize_t id_s = -1, id_e = -1, model_s = -1, model_e = -1, ch_s = -1, ch_e = -1
+        cdef int flags, id_flags = 0, model_flags = 0
+        cdef object text = None, finish = None, choice
+        i = ws(p, 0, n)
+        if i >= n or p[i] != 123:
+            return False
+        i = ws(p, i + 1, n)
+        if i < n and p[i] == 125:
+            return False
+        while True:     # the top-level members
+            flags = 0
+            if i >= n or p[i] != 34:
+                return False
+            ks = i
+            ke = string_end(p, i, n, &flags)
+            if ke < 0 or flags:
+                return False
+            i = ws(p, ke, n)
+            if i >= n or p[i] != 58:
+                return False
+            vs = ws(p, i + 1, n)
+            flags = 0
+            ve = skip_value(p, vs, n, 1)
+            if ve < 0:
+                return False
+            if _key(p, ks, ke, b"choices", 7):
+                if ch_s >= 0:
+                    return False        # a repeated member: orjson keeps the last, leave it to _frame
+                ch_s, ch_e = vs, ve
+            elif _key(p, ks, ke, b"id", 2):
+                if id_s >= 0:
+                    return False
+                id_s, id_e = vs, ve
+                if p[vs] == 34:
+                    string_end(p, vs, n, &id_flags)
+            elif _key(p, ks, ke, b"model", 5):
+                if model_s >= 0:
+                    return False
+                model_s, model_e = vs, ve
+                if p[vs] == 34:
+                    string_end(p, vs, n, &model_flags)
+            elif _key(p, ks, ke, b"usage", 5) or _key(p, ks, ke, b"error", 5):
+                if not _null(p, vs, ve):
+                    return False
+            i = ws(p, ve, n)
+            if i < n and p[i] == 44:
+                i = ws(p, i + 1, n)
+                continue
+            if i < n and p[i] == 125:
+                break
+            return False
+        if ws(p, i + 1, n) != n:
+            return False
+        if ch_s >= 0 and p[ch_s] == 91:
+            choice = _first_choice_text(p, ch_s, ch_e)
+            if choice is None:
+                return False
+            text, finish = <tuple>choice
+        # From here on _frame's own steps, for this frame's values.
+        if not self.started:
+            self.started = True
+            out.append(ev_message_start(
+                decode_str(p, id_s, id_e, id_flags) if id_s >= 0 and p[id_s] == 34 else None,
+                decode_str(p, model_s, model_e, model_flags) if model_s >= 0 and p[model_s] == 34 else None,
+                _unknown_usage()))
+        if text is not None:
+            self.seq.text(out, text)
+        if finish is not None:
+            self.have_finish = True
+            self.stop_reason = _stop_of_finish(finish, False, False)
+        return True
 
     cdef void _choice(self, dict choice, list out) except *:
         cdef object delta = choice.get("delta")
@@ -1402,6 +1484,108 @@ cdef class StreamDecoder:
         out.append(ev_message_stop())
         self.done = True
         self.finished = True
+
+
+cdef inline bint _key(const unsigned char* p, Py_ssize_t ks, Py_ssize_t ke, const char* name,
+                      Py_ssize_t size) noexcept nogil:
+    """The plain key literal p[ks:ke] is `name`."""
+    return ke - ks - 2 == size and memcmp(p + ks + 1, name, size) == 0
+
+
+cdef inline bint _null(const unsigned char* p, Py_ssize_t vs, Py_ssize_t ve) noexcept nogil:
+    return ve - vs == 4 and p[vs] == 110
+
+
+cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t e):
+    """StreamDecoder._text_frame: the choices array p[s:e] (valid JSON) when its first element is
+    the choice _first_choice picks (an object with index 0 or none) and that choice carries at most
+    delta.content text (delta.role and null refusal/reasoning/tool calls aside), null logprobs and
+    a finish_reason: (its text, None for none or "", its finish_reason str or None). None: any
+    other shape."""
+    cdef Py_ssize_t i = ws(p, s + 1, e), ks, ke, vs, ve
+    cdef Py_ssize_t delta_s = -1, delta_e = -1
+    cdef int flags
+    cdef bint seen_index = False, seen_logprobs = False, seen_finish = False
+    cdef object text = None, finish = None
+    if p[i] == 93:
+        return (None, None)     # no choice
+    if p[i] != 123:
+        return None
+    i = ws(p, i + 1, e)
+    if p[i] != 125:
+        while True:     # the choice's members
+            flags = 0
+            ks = i
+            ke = string_end(p, i, e, &flags)
+            if flags:
+                return None
+            vs = ws(p, ws(p, ke, e) + 1, e)
+            ve = skip_value(p, vs, e, 3)
+            if _key(p, ks, ke, b"index", 5):
+                if seen_index or not ((ve - vs == 1 and p[vs] == 48) or _null(p, vs, ve)):
+                    return None
+                seen_index = True
+            elif _key(p, ks, ke, b"delta", 5):
+                if delta_s >= 0:
+                    return None
+                delta_s, delta_e = vs, ve
+            elif _key(p, ks, ke, b"logprobs", 8):
+                if seen_logprobs or not _null(p, vs, ve):
+                    return None
+                seen_logprobs = True
+            elif _key(p, ks, ke, b"finish_reason", 13):
+                if seen_finish:
+                    return None
+                seen_finish = True
+                if p[vs] == 34:
+                    flags = 0
+                    string_end(p, vs, e, &flags)
+                    finish = decode_str(p, vs, ve, flags)
+                elif not _null(p, vs, ve):
+                    return None
+            i = ws(p, ve, e)
+            if p[i] == 44:
+                i = ws(p, i + 1, e)
+                continue
+            break       # `}`: the array is valid JSON
+    if delta_s < 0 or p[delta_s] != 123:
+        return (None, finish) if delta_s < 0 or _null(p, delta_s, delta_e) else None
+    i = ws(p, delta_s + 1, delta_e)
+    if p[i] == 125:
+        return (None, finish)
+    while True:         # the delta's members
+        flags = 0
+        ks = i
+        ke = string_end(p, i, delta_e, &flags)
+        if flags:
+            return None
+        vs = ws(p, ws(p, ke, delta_e) + 1, delta_e)
+        ve = skip_value(p, vs, delta_e, 4)
+        if _key(p, ks, ke, b"content", 7):
+            if text is not None:
+                return None
+            if p[vs] == 34:
+                if ve - vs > 2:
+                    flags = 0
+                    string_end(p, vs, delta_e, &flags)
+                    text = decode_str(p, vs, ve, flags)
+                else:
+                    text = ""
+            elif not _null(p, vs, ve):
+                return None
+        elif (_key(p, ks, ke, b"refusal", 7) or _key(p, ks, ke, b"reasoning_content", 17)
+              or _key(p, ks, ke, b"reasoning", 9) or _key(p, ks, ke, b"tool_calls", 10)
+              or _key(p, ks, ke, b"function_call", 13)):
+            if not _null(p, vs, ve):
+                return None
+        i = ws(p, ve, delta_e)
+        if p[i] == 44:
+            i = ws(p, i + 1, delta_e)
+            continue
+        break
+    if text is not None and len(<str>text) == 0:
+        text = None
+    return (text, finish)
 
 
 cdef class StreamEncoder:
