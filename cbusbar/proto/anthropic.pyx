@@ -1383,6 +1383,24 @@ cdef enum:
 
 cdef bytes PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
+# The frequent frames as byte templates around their index and payload: the bytes
+# sse_event(name, orjson.dumps({...})) gives for the same dict (orjson's compact form, key order).
+cdef bytes DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+cdef bytes TEXT_DELTA = b',"delta":{"type":"text_delta","text":'
+cdef bytes THINKING_DELTA = b',"delta":{"type":"thinking_delta","thinking":'
+cdef bytes JSON_DELTA = b',"delta":{"type":"input_json_delta","partial_json":'
+cdef bytes DELTA_TAIL = b'}}\n\n'
+cdef bytes START_HEAD = b'event: content_block_start\ndata: {"type":"content_block_start","index":'
+cdef bytes TEXT_START = b',"content_block":{"type":"text","text":""}}\n\n'
+cdef bytes STOP_HEAD = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
+cdef bytes STOP_TAIL = b'}\n\n'
+cdef bytes MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+cdef tuple SMALL_INTS = tuple(str(i).encode() for i in range(64))
+
+
+cdef inline bytes _int_bytes(int v):
+    return <bytes>SMALL_INTS[v] if 0 <= v < 64 else str(v).encode()
+
 
 cdef class StreamEncoder:
     """IR events -> Anthropic SSE, shaped so the anthropic SDK's accumulator works: message_start
@@ -1442,7 +1460,7 @@ cdef class StreamEncoder:
                     self._start(None, out)
                 if not self.delta_sent:
                     self._message_delta(ir.SR_END_TURN, None, None, out)
-                out.append(_sse("message_stop", {"type": "message_stop"}))
+                out.append(MESSAGE_STOP)
                 self.done = True
             elif k == ir.EV_ERROR:
                 out.append(self.error(ev.error_kind, ev.message))
@@ -1485,7 +1503,7 @@ cdef class StreamEncoder:
             return -1
         if block.kind == ir.B_TEXT:
             kind = K_TEXT
-            cb = {"type": "text", "text": ""}
+            cb = None           # TEXT_START
         elif block.kind == ir.B_TOOL_USE:
             kind = K_TOOL
             cb = {"type": "tool_use", "id": block.id or ("toolu_" + _random_b62(24)),
@@ -1504,12 +1522,14 @@ cdef class StreamEncoder:
         self.wire_index[ir_index] = wire
         self.wire_kind[wire] = kind
         self.open_blocks.append(wire)
-        out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
-                                                "content_block": cb}))
+        if cb is None:
+            out += (START_HEAD, _int_bytes(wire), TEXT_START)
+        else:
+            out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
+                                                    "content_block": cb}))
         # Payload a decoder put on the start block itself is sent as deltas.
-        if kind == K_TEXT and block.text:
-            out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
-                                                    "delta": {"type": "text_delta", "text": block.text}}))
+        if kind == K_TEXT and not ir.text_is_empty(block):
+            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, jsonspan.text_literal(block), DELTA_TAIL)
         elif kind == K_TOOL and block.input:
             v = block.input
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
@@ -1533,7 +1553,7 @@ cdef class StreamEncoder:
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                     "delta": {"type": "signature_delta", "signature": sig}}))
         self.open_blocks.remove(wire)
-        out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": wire}))
+        out += (STOP_HEAD, _int_bytes(wire), STOP_TAIL)
 
     cdef void _close_all(self, list out) except *:
         while self.open_blocks:
@@ -1561,15 +1581,18 @@ cdef class StreamEncoder:
         if dk == ir.D_TEXT and kind == K_TEXT:
             if not ev.text:
                 return
-            delta = {"type": "text_delta", "text": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_INPUT_JSON and kind == K_TOOL:
             if not ev.text or wire in self.whole_input:
                 return
-            delta = {"type": "input_json_delta", "partial_json": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), JSON_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_THINKING and kind == K_THINKING:
             if not ev.text:
                 return
-            delta = {"type": "thinking_delta", "thinking": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), THINKING_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_SIGNATURE and kind == K_THINKING:
             if not ev.text:
                 return
