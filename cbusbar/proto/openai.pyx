@@ -1338,48 +1338,53 @@ cdef class StreamDecoder:
         emits for it and returns True; returns False (nothing emitted, nothing changed) for any
         other frame, or one it is not sure is JSON orjson accepts: _frame then reads it whole."""
         cdef const unsigned char* p = data
-        cdef Py_ssize_t n = len(data), i, ks, ke, vs, ve
-        cdef Py_ssize_t id_s = -1, id_e = -1, model_s = -1, model_e = -1, ch_s = -1, ch_e = -1
-        cdef int flags, id_flags = 0, model_flags = 0
-        cdef object text = None, finish = None, choice
+        cdef Py_ssize_t n = len(data), i, ks, ke = 0, vs = 0, ve
+        cdef Py_ssize_t id_s = -1, id_e = -1, model_s = -1, model_e = -1
+        cdef int vflags = 0, id_flags = 0, model_flags = 0
+        cdef bint seen_choices = False
+        cdef object text = None, finish = None
+        cdef tuple choice
         i = ws(p, 0, n)
         if i >= n or p[i] != 123:
             return False
         i = ws(p, i + 1, n)
-        if i < n and p[i] == 125:
-            return False
         while True:     # the top-level members
-            flags = 0
-            if i >= n or p[i] != 34:
-                return False
             ks = i
-            ke = string_end(p, i, n, &flags)
-            if ke < 0 or flags:
+            vs = _member(p, i, n, &ke)
+            if vs < 0:
                 return False
-            i = ws(p, ke, n)
-            if i >= n or p[i] != 58:
+            if _key(p, ks, ke, b"choices", 7) and vs < n and p[vs] == 91:
+                if seen_choices:
+                    return False        # a repeated member: orjson keeps the last, leave it to _frame
+                seen_choices = True
+                choice = _first_choice_text(p, vs, n)
+                if choice is None:
+                    return False
+                ve = <Py_ssize_t>choice[0]
+                text = choice[1]
+                finish = choice[2]
+                i = ws(p, ve, n)
+                if i < n and p[i] == 44:
+                    i = ws(p, i + 1, n)
+                    continue
+                if i < n and p[i] == 125:
+                    break
                 return False
-            vs = ws(p, i + 1, n)
-            flags = 0
-            ve = skip_value(p, vs, n, 1)
+            ve = _value_end(p, vs, n, &vflags, 1)
             if ve < 0:
                 return False
             if _key(p, ks, ke, b"choices", 7):
-                if ch_s >= 0:
-                    return False        # a repeated member: orjson keeps the last, leave it to _frame
-                ch_s, ch_e = vs, ve
+                if seen_choices:
+                    return False
+                seen_choices = True     # not an array: no choice (as _first_choice)
             elif _key(p, ks, ke, b"id", 2):
                 if id_s >= 0:
                     return False
-                id_s, id_e = vs, ve
-                if p[vs] == 34:
-                    string_end(p, vs, n, &id_flags)
+                id_s, id_e, id_flags = vs, ve, vflags
             elif _key(p, ks, ke, b"model", 5):
                 if model_s >= 0:
                     return False
-                model_s, model_e = vs, ve
-                if p[vs] == 34:
-                    string_end(p, vs, n, &model_flags)
+                model_s, model_e, model_flags = vs, ve, vflags
             elif _key(p, ks, ke, b"usage", 5) or _key(p, ks, ke, b"error", 5):
                 if not _null(p, vs, ve):
                     return False
@@ -1392,11 +1397,6 @@ cdef class StreamDecoder:
             return False
         if ws(p, i + 1, n) != n:
             return False
-        if ch_s >= 0 and p[ch_s] == 91:
-            choice = _first_choice_text(p, ch_s, ch_e)
-            if choice is None:
-                return False
-            text, finish = <tuple>choice
         # From here on _frame's own steps, for this frame's values.
         if not self.started:
             self.started = True
@@ -1496,39 +1496,85 @@ cdef inline bint _null(const unsigned char* p, Py_ssize_t vs, Py_ssize_t ve) noe
     return ve - vs == 4 and p[vs] == 110
 
 
-cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t e):
-    """StreamDecoder._text_frame: the choices array p[s:e] (valid JSON) when its first element is
-    the choice _first_choice picks (an object with index 0 or none) and that choice carries at most
-    delta.content text (delta.role and null refusal/reasoning/tool calls aside), null logprobs and
-    a finish_reason: (its text, None for none or "", its finish_reason str or None). None: any
-    other shape."""
-    cdef Py_ssize_t i = ws(p, s + 1, e), ks, ke, vs, ve
-    cdef Py_ssize_t delta_s = -1, delta_e = -1
-    cdef int flags
-    cdef bint seen_index = False, seen_logprobs = False, seen_finish = False
+cdef inline Py_ssize_t _member(const unsigned char* p, Py_ssize_t i, Py_ssize_t n,
+                               Py_ssize_t* ke) noexcept nogil:
+    """The object member at p[i] up to its value: its key must be a plain literal (no escape:
+    else -1, and the caller's fallback decides); *ke ends the key. Returns where the value starts
+    (the caller reads it: _value_end, or its own reader), or -1."""
+    cdef int flags = 0
+    if i >= n or p[i] != 34:
+        return -1
+    ke[0] = string_end(p, i, n, &flags)
+    if ke[0] < 0 or flags:
+        return -1
+    i = ws(p, ke[0], n)
+    if i >= n or p[i] != 58:
+        return -1
+    return ws(p, i + 1, n)
+
+
+cdef inline Py_ssize_t _value_end(const unsigned char* p, Py_ssize_t vs, Py_ssize_t n, int* vflags,
+                                  int depth) noexcept nogil:
+    """The value at p[vs] validated (skip_value); a string's flags into *vflags."""
+    vflags[0] = 0
+    if vs < n and p[vs] == 34:
+        return string_end(p, vs, n, vflags)
+    return skip_value(p, vs, n, depth)
+
+
+cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
+    """StreamDecoder._text_frame: the choices array at p[s] (its `[`), read and validated in one
+    pass, when its first element is the choice _first_choice picks (an object with index 0 or
+    none) and that choice carries at most delta.content text (delta.role and null refusal,
+    reasoning and tool calls aside), null logprobs and a finish_reason: (the array's end, the text
+    (None for none or ""), the finish_reason (str or None)). None: any other shape, or bytes it is
+    not sure orjson accepts."""
+    cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
+    cdef int vflags = 0
+    cdef bint seen_index = False, seen_logprobs = False, seen_finish = False, seen_delta = False
     cdef object text = None, finish = None
-    if p[i] == 93:
-        return (None, None)     # no choice
-    if p[i] != 123:
+    cdef tuple delta
+    if i < n and p[i] == 93:
+        return (i + 1, None, None)      # no choice
+    if i >= n or p[i] != 123:
         return None
-    i = ws(p, i + 1, e)
-    if p[i] != 125:
+    i = ws(p, i + 1, n)
+    if i < n and p[i] == 125:
+        i += 1
+    else:
         while True:     # the choice's members
-            flags = 0
             ks = i
-            ke = string_end(p, i, e, &flags)
-            if flags:
+            vs = _member(p, i, n, &ke)
+            if vs < 0:
                 return None
-            vs = ws(p, ws(p, ke, e) + 1, e)
-            ve = skip_value(p, vs, e, 3)
+            if _key(p, ks, ke, b"delta", 5) and vs < n and p[vs] == 123:
+                if seen_delta:
+                    return None
+                seen_delta = True
+                delta = _delta_text(p, vs, n)
+                if delta is None:
+                    return None
+                ve = <Py_ssize_t>delta[0]
+                text = delta[1]
+                i = ws(p, ve, n)
+                if i < n and p[i] == 44:
+                    i = ws(p, i + 1, n)
+                    continue
+                if i < n and p[i] == 125:
+                    i += 1
+                    break
+                return None
+            ve = _value_end(p, vs, n, &vflags, 3)
+            if ve < 0:
+                return None
             if _key(p, ks, ke, b"index", 5):
                 if seen_index or not ((ve - vs == 1 and p[vs] == 48) or _null(p, vs, ve)):
                     return None
                 seen_index = True
             elif _key(p, ks, ke, b"delta", 5):
-                if delta_s >= 0:
+                if seen_delta or not _null(p, vs, ve):
                     return None
-                delta_s, delta_e = vs, ve
+                seen_delta = True
             elif _key(p, ks, ke, b"logprobs", 8):
                 if seen_logprobs or not _null(p, vs, ve):
                     return None
@@ -1538,39 +1584,52 @@ cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t e
                     return None
                 seen_finish = True
                 if p[vs] == 34:
-                    flags = 0
-                    string_end(p, vs, e, &flags)
-                    finish = decode_str(p, vs, ve, flags)
+                    finish = decode_str(p, vs, ve, vflags)
                 elif not _null(p, vs, ve):
                     return None
-            i = ws(p, ve, e)
-            if p[i] == 44:
-                i = ws(p, i + 1, e)
+            i = ws(p, ve, n)
+            if i < n and p[i] == 44:
+                i = ws(p, i + 1, n)
                 continue
-            break       # `}`: the array is valid JSON
-    if delta_s < 0 or p[delta_s] != 123:
-        return (None, finish) if delta_s < 0 or _null(p, delta_s, delta_e) else None
-    i = ws(p, delta_s + 1, delta_e)
-    if p[i] == 125:
-        return (None, finish)
-    while True:         # the delta's members
-        flags = 0
-        ks = i
-        ke = string_end(p, i, delta_e, &flags)
-        if flags:
+            if i < n and p[i] == 125:
+                i += 1
+                break
             return None
-        vs = ws(p, ws(p, ke, delta_e) + 1, delta_e)
-        ve = skip_value(p, vs, delta_e, 4)
+    i = ws(p, i, n)
+    while i < n and p[i] == 44:     # the other choices: validated, not read
+        i = skip_value(p, ws(p, i + 1, n), n, 2)
+        if i < 0:
+            return None
+        i = ws(p, i, n)
+    if i >= n or p[i] != 93:
+        return None
+    return (i + 1, text, finish)
+
+
+cdef tuple _delta_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
+    """_first_choice_text: the delta object at p[s], read and validated: (its end, its content
+    text when that is a non-empty string, else None), or None for any other shape."""
+    cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
+    cdef int vflags = 0
+    cdef bint seen_content = False
+    cdef object text = None
+    if i < n and p[i] == 125:
+        return (i + 1, None)
+    while True:
+        ks = i
+        vs = _member(p, i, n, &ke)
+        if vs < 0:
+            return None
+        ve = _value_end(p, vs, n, &vflags, 4)
+        if ve < 0:
+            return None
         if _key(p, ks, ke, b"content", 7):
-            if text is not None:
+            if seen_content:
                 return None
+            seen_content = True
             if p[vs] == 34:
                 if ve - vs > 2:
-                    flags = 0
-                    string_end(p, vs, delta_e, &flags)
-                    text = decode_str(p, vs, ve, flags)
-                else:
-                    text = ""
+                    text = decode_str(p, vs, ve, vflags)
             elif not _null(p, vs, ve):
                 return None
         elif (_key(p, ks, ke, b"refusal", 7) or _key(p, ks, ke, b"reasoning_content", 17)
@@ -1578,14 +1637,13 @@ cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t e
               or _key(p, ks, ke, b"function_call", 13)):
             if not _null(p, vs, ve):
                 return None
-        i = ws(p, ve, delta_e)
-        if p[i] == 44:
-            i = ws(p, i + 1, delta_e)
+        i = ws(p, ve, n)
+        if i < n and p[i] == 44:
+            i = ws(p, i + 1, n)
             continue
-        break
-    if text is not None and len(<str>text) == 0:
-        text = None
-    return (text, finish)
+        if i < n and p[i] == 125:
+            return (i + 1, text)
+        return None
 
 
 cdef class StreamEncoder:
