@@ -4,6 +4,8 @@ Runs exactly what busbar/engine/exchange.py runs on a cross-protocol hop (busbar
 on the bench's bodies (bench/payloads.py, the same three sizes as bench/run.py) and the mock's own
 answers (busbar/mock, built in-process: the same bytes `busbar.cli mock` sends, no network):
 
+  scan      framing.scan_top(body, anthropic.SCAN_KEYS): the one scan every request gets first
+            (exchange.chat: model, stream and output cap spans), same-protocol or not
   request   ClientRequest(anthropic, body) + write_request(cr, openai, ...)      (the upstream body)
   response  translate_response(openai, anthropic, <mock chat.completion body>, ...)
   stream    StreamTranslation(openai, anthropic, ...) fed the mock's whole SSE answer (with the
@@ -21,7 +23,7 @@ Usage:
   python bench/translate_profile.py --dump DIR       write every case's output bytes to DIR (to
         compare two builds byte for byte)
 
-Cases are <step>-<size>, step one of request, request_stream (the streamed request's body),
+Cases are <step>-<size>, step one of scan, request, request_stream (the streamed request's body),
 response, stream; size one of 100, 4096, 32768 (bench/run.py's ~8, ~1k and ~12k tokens).
 """
 from __future__ import annotations
@@ -42,10 +44,11 @@ from bench import payloads  # noqa: E402
 from busbar.engine.translate import (  # noqa: E402
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
 from busbar.mock import answer as mock_answer  # noqa: E402
+from cbusbar.framing import scan_top  # noqa: E402
 from busbar.mock import dialects as mock_dialects  # noqa: E402
 
 SIZES = (100, 4096, 32768)
-STEPS = ("request", "request_stream", "response", "stream")
+STEPS = ("scan", "request", "request_stream", "response", "stream")
 CLIENT_MODEL = "oai-model"          # the name the client asks for (bench/run.py's lane)
 WIRE_MODEL = "gpt-4o-mini"          # the lane's upstream model
 DEFAULT_MAX_TOKENS = 4096
@@ -71,7 +74,13 @@ def make_case(step: str, size: int):
     cr = ClientRequest(ant, body)
     upstream, forced = write_request(cr, oai, WIRE_MODEL, stream, False, DEFAULT_MAX_TOKENS)
 
-    if step in ("request", "request_stream"):
+    if step == "scan":
+        keys = ant.SCAN_KEYS
+
+        def run():
+            scan_top(body, keys)
+            return b""
+    elif step in ("request", "request_stream"):
         def run():
             c = ClientRequest(ant, body)
             return write_request(c, oai, WIRE_MODEL, stream, False, DEFAULT_MAX_TOKENS)[0]

@@ -22,46 +22,7 @@ from cbusbar.ir cimport Block
 cdef object Fragment = orjson.Fragment
 cdef object JSONDecodeError = orjson.JSONDecodeError
 
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <string.h>
-    #if defined(__SSE2__)
-    #include <emmintrin.h>
-    #endif
-    /* The offset of the first byte in p[i:n] that is a quote, a backslash, a control character or
-       not ASCII (n - i when there is none): 16 bytes a step with SSE2, else 8 bytes a step. */
-    static inline Py_ssize_t busbar_plain_run(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
-        Py_ssize_t start = i;
-    #if defined(__SSE2__)
-        const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), sp = _mm_set1_epi8(0x20);
-        while (i + 16 <= n) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
-            /* signed < 0x20: control characters, and every byte >= 0x80 */
-            __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, b)),
-                                       _mm_cmplt_epi8(v, sp));
-            int mask = _mm_movemask_epi8(hit);
-            if (mask) return i + __builtin_ctz((unsigned)mask) - start;
-            i += 16;
-        }
-    #endif
-        while (i + 8 <= n) {
-            uint64_t x, t;
-            memcpy(&x, p + i, 8);
-            t = ((((x ^ 0x2222222222222222ULL) - 0x0101010101010101ULL) & ~(x ^ 0x2222222222222222ULL))
-                 | (((x ^ 0x5C5C5C5C5C5C5C5CULL) - 0x0101010101010101ULL) & ~(x ^ 0x5C5C5C5C5C5C5C5CULL))
-                 | ((x - 0x2020202020202020ULL) & ~x) | x) & 0x8080808080808080ULL;
-            if (t) return i + (__builtin_ctzll(t) >> 3) - start;
-            i += 8;
-        }
-        while (i < n) {
-            unsigned char c = p[i];
-            if (c == 0x22 || c == 0x5C || c < 0x20 || c >= 0x80) break;
-            i++;
-        }
-        return i - start;
-    }
-    """
+cdef extern from "simd.h":
     Py_ssize_t busbar_plain_run(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) nogil
 
 # How deep parse() itself recurses into marked containers, and how deep a whole document may nest
