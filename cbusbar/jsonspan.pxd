@@ -60,3 +60,4 @@ cdef inline Py_ssize_t ws(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) no
 cdef object text_value(Block b)
 cdef object join_text(list blocks, str sep)
 cdef bytes text_literal(Block b)    # the block's text as a JSON string literal (b'""' for None)
+cdef bytes join_literal(list blocks, str sep)   # join_text's value as a JSON string literal

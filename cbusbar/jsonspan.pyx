@@ -476,6 +476,22 @@ cdef bytes text_literal(Block b):
     return orjson.dumps(b._text if b._text is not None else "")
 
 
+cdef bytes join_literal(list blocks, str sep):
+    """The JSON string literal of sep.join(b.text or "" for b in blocks), from the blocks'
+    literals where they have them (no decoding)."""
+    cdef Block b
+    cdef bint raw = False
+    for b in blocks:
+        if b.text_json is not None:
+            raw = True
+            break
+    if not raw:
+        return orjson.dumps(sep.join([b._text if b._text is not None else "" for b in blocks]))
+    if len(blocks) == 1:
+        return (<Block>blocks[0]).text_json
+    return b'"' + _inner(orjson.dumps(sep)).join([_inner(text_literal(b)) for b in blocks]) + b'"'
+
+
 cdef object join_text(list blocks, str sep):
     """sep.join(b.text or "" for b in blocks), as a str when no block holds a literal, else as one
     Fragment: the literals' escaped contents joined with the escaped separator (no decoding)."""

@@ -38,8 +38,10 @@ from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
 from cbusbar cimport jsonget
-from cbusbar.jsonspan cimport decode_str, join_text, skip_value, string_end, text_value, ws
-from libc.string cimport memcmp
+from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, string_end, text_literal,
+                               text_value, ws)
+from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
@@ -680,8 +682,8 @@ cdef void _write_user(Message m, list out) except *:
     cdef Block b, inner
     cdef dict part
     if len(m.content) == 1 and (<Block>m.content[0]).kind == B_TEXT:
-        # The common turn, one text: the same message the general path below writes.
-        out.append({"role": "user", "content": text_value(<Block>m.content[0])})
+        # The common turn, one text: the message the general path below writes, as its bytes.
+        out.append((USER_HEAD, text_literal(<Block>m.content[0]), MESSAGE_TAIL))
         return
     for b in m.content:
         if b.kind == B_TOOL_RESULT:
@@ -727,6 +729,9 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
                 calls.append({"id": b.id or "", "type": "function",
                               "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
     # Text blocks split by citations are one text: join without a separator.
+    if texts and not calls:
+        out.append((ASSISTANT_HEAD, join_literal(texts, ""), MESSAGE_TAIL))
+        return
     msg = {"role": "assistant", "content": join_text(texts, "") if texts else None}
     if calls:
         msg["tool_calls"] = calls
@@ -759,7 +764,7 @@ cpdef bytes write_request(Request req):
         if b.kind == B_TEXT and not text_is_empty(b):
             system.append(b)
     if system:
-        messages.append({"role": "system", "content": join_text(system, "\n\n")})
+        messages.append((SYSTEM_HEAD, join_literal(system, "\n\n"), MESSAGE_TAIL))
     for m in req.messages:
         if m.role == ROLE_ASSISTANT:
             _write_assistant(m, messages, custom_names)
@@ -845,7 +850,58 @@ cpdef bytes write_request(Request req):
         # OpenAI rejects stream_options on a buffered call; `_` keys are this codec's own notes.
         if key not in body and key != "stream_options" and not key.startswith("_"):
             body[key] = v
-    return orjson.dumps(body)
+    return _dump_body(body)
+
+
+# The messages write_request writes itself, as (head, JSON string literal, tail): the bytes
+# orjson.dumps gives for {"role": ..., "content": text} (compact, the same key order).
+cdef bytes SYSTEM_HEAD = b'{"role":"system","content":'
+cdef bytes USER_HEAD = b'{"role":"user","content":'
+cdef bytes ASSISTANT_HEAD = b'{"role":"assistant","content":'
+cdef bytes MESSAGE_TAIL = b'}'
+
+
+cdef bytes _dump_body(dict body):
+    """orjson.dumps(body), except that "messages" (the second member, after "model") may hold
+    messages already written as byte pieces: orjson writes the rest once, and the body is put
+    together once from its bytes and those pieces, so a long literal is copied once (no dict per
+    message, no growing output buffer)."""
+    cdef list messages = body.pop("messages")
+    cdef list parts = []
+    cdef bytes rest, piece, out
+    cdef const unsigned char* p
+    cdef char* w
+    cdef Py_ssize_t i, e, n, total
+    cdef int flags = 0
+    cdef object m
+    rest = orjson.dumps(body)       # {"model":<model>[,...]}
+    p = rest
+    n = len(rest)
+    # the end of the model's value (a string, or null), where the messages go
+    e = string_end(p, 9, n, &flags) if p[9] == 34 else 13
+    for i in range(len(messages)):
+        m = messages[i]
+        if i:
+            parts.append(b",")
+        if type(m) is tuple:
+            parts.extend(<tuple>m)
+        else:
+            parts.append(orjson.dumps(m))
+    total = n + 14                  # ,"messages":[ ... ]
+    for piece in parts:
+        total += len(piece)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    w = PyBytes_AS_STRING(out)
+    memcpy(w, p, e)
+    w += e
+    memcpy(w, b',"messages":[', 13)
+    w += 13
+    for piece in parts:
+        memcpy(w, <char*>piece, len(piece))
+        w += len(piece)
+    w[0] = 93   # ]
+    memcpy(w + 1, p + e, n - e)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------

@@ -234,3 +234,26 @@ def test_anthropic_reader_errors_unchanged(raw, message):
         anthropic.read_request(raw)
     if message:
         assert str(e.value) == message
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", None, 'we"ird\\model\n', "mödel"])
+@pytest.mark.parametrize("extra", [False, True])
+def test_openai_body_is_orjsons_compact_form(model, extra):
+    """write_request joins pre-written messages into orjson's output for the rest: the bytes are
+    what orjson.dumps writes for the same document (member order included)."""
+    req = _request(False)
+    req.model = model
+    if extra:
+        req.max_tokens = 5
+        req.temperature = 0.5
+        req.stream = True
+        req.tools = [ir.Tool("f", "d", {"type": "object"})]
+        req.tool_choice = ir.TOOL_CHOICE_AUTO
+    out = openai.write_request(req)
+    doc = orjson.loads(out)
+    assert out == orjson.dumps(doc)
+    assert list(doc)[:2] == ["model", "messages"] and doc["model"] == model
+    assert [m["role"] for m in doc["messages"]] == ["system", "user", "user", "assistant", "assistant",
+                                                    "tool", "tool", "user"]
+    assert doc["messages"][1] == {"role": "user", "content": "one"}
+    assert doc["messages"][4] == {"role": "assistant", "content": ""}
