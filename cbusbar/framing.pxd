@@ -23,6 +23,7 @@ cdef class SSEParser:
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)
+    cdef void _line(self, const unsigned char* p, Py_ssize_t s, Py_ssize_t e, list out) except *
 
 
 cdef class JsonArrayParser:

@@ -91,7 +91,13 @@ cdef class Usage:
 
 cdef class Block:
     cdef public int kind
-    cdef public str text            # B_TEXT text; B_THINKING reasoning text; B_DOCUMENT plain text
+    # `text` (a property, ir.pyx): B_TEXT text; B_THINKING reasoning text; B_DOCUMENT plain text.
+    # A reader may set `text_json` instead: the text as the client sent it, one JSON string
+    # literal (quotes and escapes included, validated), so a JSON writer copies it as is and never
+    # decodes it (`has_text` / `text_is_empty` below ask without decoding). Reading `text` decodes
+    # it once; setting `text` drops the literal. Other than the two, `text` is an ordinary field.
+    cdef str _text
+    cdef readonly bytes text_json
     cdef public int src_kind        # B_IMAGE / B_DOCUMENT source
     cdef public str media_type
     cdef public str data            # base64 payload, URL, or vendor ref; redacted thinking payload
@@ -183,3 +189,17 @@ cpdef Event ev_message_delta(int stop_reason, str stop_sequence, Usage usage)
 cpdef Event ev_message_stop()
 cpdef Event ev_error(str error_kind, str message)
 cpdef Block text_block(str text)
+cpdef Block json_text_block(bytes literal)      # a B_TEXT block holding `literal` as its text_json
+
+
+cdef inline bint text_is_empty(Block b):
+    """The block's text is None or "" (no decode)."""
+    if b.text_json is not None:
+        return len(b.text_json) == 2   # `""`: every other literal has at least one character
+    return b._text is None or len(b._text) == 0
+
+
+cdef inline void set_text_json(Block b, bytes literal):
+    """The block's text as a validated JSON string literal (a reader's fast path)."""
+    b._text = None
+    b.text_json = literal

@@ -1,6 +1,8 @@
 # cython: language_level=3
 """The superset IR (declared in ir.pxd). Python sees the same constant names as Cython."""
 
+import orjson
+
 # Python-visible copies of the enums declared in ir.pxd.
 TEXT, IMAGE, DOCUMENT, TOOL_USE, TOOL_RESULT, THINKING = (
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING)
@@ -96,9 +98,21 @@ cdef class Usage:
 cdef class Block:
     def __init__(self, int kind, str text=None, **fields):
         self.kind = kind
-        self.text = text
+        self._text = text
         for k, v in fields.items():
             setattr(self, k, v)
+
+    @property
+    def text(self):
+        """The text (see ir.pxd); a text_json literal is decoded here, once."""
+        if self._text is None and self.text_json is not None:
+            self._text = orjson.loads(self.text_json)
+        return self._text
+
+    @text.setter
+    def text(self, str value):
+        self._text = value
+        self.text_json = None
 
     def to_dict(self):
         d = {"kind": self.kind}
@@ -272,7 +286,14 @@ cpdef Event ev_error(str error_kind, str message):
 cpdef Block text_block(str text):
     cdef Block b = Block.__new__(Block)
     b.kind = B_TEXT
-    b.text = text
+    b._text = text
+    return b
+
+
+cpdef Block json_text_block(bytes literal):
+    cdef Block b = Block.__new__(Block)
+    b.kind = B_TEXT
+    b.text_json = literal
     return b
 
 

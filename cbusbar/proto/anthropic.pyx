@@ -5,6 +5,9 @@ directions, errors and the model list, all to and from the IR (docs/codecs.md). 
 Wire authority: the `anthropic` SDK's types (anthropic/types/message_create_params.py, message.py,
 raw_message_stream_event.py, shared/error_response.py)."""
 
+from cpython.dict cimport PyDict_GetItem
+from cpython.object cimport PyObject
+
 import base64
 import binascii
 import os
@@ -17,6 +20,8 @@ from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar cimport jsonget
+from cbusbar cimport jsonspan
+from cbusbar.jsonspan cimport Marks
 from cbusbar.jsonget cimport (
     Shape, as_dict, as_list, as_str, opt_bool, opt_dict, opt_int, opt_list, opt_number, opt_str,
     req_dict, req_list, req_str, is_int, count,
@@ -168,12 +173,20 @@ cdef list _citations(object cs):
 # Request: read_request
 
 
-cdef inline str _field_str(dict d, str key, str where, bint required):
+cdef str _path(object where):
+    """An error path, built only when an error needs it: `where` is the path, or (parent, part)
+    for `parent.part` (per-message and per-block paths stay tuples on the fast path)."""
+    if type(where) is str:
+        return where
+    return f"{_path((<tuple>where)[0])}.{(<tuple>where)[1]}"
+
+
+cdef inline str _field_str(dict d, str key, object where, bint required):
     """d[key] as a string; the path `where.key` is only built for the error (per-block fast path)."""
     cdef object v = d.get(key)
     if type(v) is str or (v is None and not required):
         return v
-    return as_str(v, where + "." + key, SHAPE)
+    return as_str(v, _path(where) + "." + key, SHAPE)
 
 
 cdef object _cache_control(dict d):
@@ -218,28 +231,34 @@ cdef void _read_source(ir.Block b, object src, str where, bint document) except 
         raise CodecError(f"{where}.type: Input should be 'base64', 'url' or 'file'")
 
 
-cdef ir.Block _read_block(object raw, str where):
+cdef ir.Block _read_block(object raw, object where):
     """One content block, or None for a block type the IR does not carry (server tool blocks,
-    search results, container uploads...): those only matter same-protocol, where bytes relay."""
+    search results, container uploads...): those only matter same-protocol, where bytes relay.
+    `where`: its path (_path)."""
     cdef ir.Block b
     cdef object t, v, content
     cdef list inner
     cdef Py_ssize_t i
-    as_dict(raw, where, SHAPE)
+    if type(raw) is not dict:
+        as_dict(raw, _path(where), SHAPE)
     t = _field_str(raw, "type", where, True)
     b = ir.Block.__new__(ir.Block)
     if t == "text":
         b.kind = ir.B_TEXT
-        b.text = _field_str(raw, "text", where, True)
+        v = raw.get("text")
+        if type(v) is bytes:
+            b.text_json = v             # the client's literal, kept for a JSON writer (jsonspan)
+        else:
+            b._text = _field_str(raw, "text", where, True)
         v = raw.get("citations")
         if isinstance(v, list) and v:
             b.citations = v
     elif t == "image":
         b.kind = ir.B_IMAGE
-        _read_source(b, raw.get("source"), where, False)
+        _read_source(b, raw.get("source"), _path(where), False)
     elif t == "document":
         b.kind = ir.B_DOCUMENT
-        _read_source(b, raw.get("source"), where, True)
+        _read_source(b, raw.get("source"), _path(where), True)
         v = raw.get("title")
         if type(v) is str:
             b.name = v
@@ -262,18 +281,24 @@ cdef ir.Block _read_block(object raw, str where):
         if type(content) is str:
             if content:
                 inner.append(ir.text_block(content))
+        elif type(content) is bytes:
+            if len(<bytes>content) > 2:     # not `""`
+                inner.append(ir.json_text_block(content))
         elif isinstance(content, list):
             for i in range(len(content)):
-                v = _read_block(content[i], f"{where}.content.{i}")
+                v = _read_block(content[i], ((where, "content"), i))
                 if v is not None and (<ir.Block>v).kind in (ir.B_TEXT, ir.B_IMAGE, ir.B_DOCUMENT):
                     inner.append(v)
         elif content is not None:
-            raise SHAPE.bad_type(where + ".content", J_CONTENT, content)
+            raise SHAPE.bad_type(_path(where) + ".content", J_CONTENT, content)
         b.content = inner
-        b.is_error = opt_bool(raw, "is_error", where + ".is_error", SHAPE) is True
+        v = raw.get("is_error")
+        if v is not None and v is not True and v is not False:
+            opt_bool(raw, "is_error", _path(where) + ".is_error", SHAPE)    # raises
+        b.is_error = v is True
     elif t == "thinking":
         b.kind = ir.B_THINKING
-        b.text = _field_str(raw, "thinking", where, True)
+        b._text = _field_str(raw, "thinking", where, True)
         b.signature = _field_str(raw, "signature", where, False)
     elif t == "redacted_thinking":
         b.kind = ir.B_THINKING
@@ -285,17 +310,20 @@ cdef ir.Block _read_block(object raw, str where):
     return b
 
 
-cdef list _read_content(object content, str where):
+cdef list _read_content(object content, object where):
     cdef list out = []
     cdef Py_ssize_t i
     cdef ir.Block b
+    if type(content) is bytes:
+        out.append(ir.json_text_block(content))
+        return out
     if type(content) is str:
         out.append(ir.text_block(content))
         return out
     if type(content) is not list:
-        raise SHAPE.bad_type(where, J_CONTENT, content)
+        raise SHAPE.bad_type(_path(where), J_CONTENT, content)
     for i in range(len(content)):
-        b = _read_block(content[i], f"{where}.{i}")
+        b = _read_block(content[i], (where, i))
         if b is not None:
             out.append(b)
     return out
@@ -304,8 +332,11 @@ cdef list _read_content(object content, str where):
 cdef list _read_system(object system, str where):
     cdef list out = []
     cdef Py_ssize_t i
-    cdef object raw
+    cdef object raw, v
     cdef ir.Block b
+    if type(system) is bytes:
+        out.append(ir.json_text_block(system))
+        return out
     if type(system) is str:
         out.append(ir.text_block(system))
         return out
@@ -315,7 +346,11 @@ cdef list _read_system(object system, str where):
         raw = system[i]
         if not isinstance(raw, dict) or raw.get("type") != "text":
             raise CodecError(f"{where}.{i}.type: Input should be 'text'")
-        b = ir.text_block(_field_str(raw, "text", f"{where}.{i}", True))
+        v = raw.get("text")
+        if type(v) is bytes:
+            b = ir.json_text_block(v)
+        else:
+            b = ir.text_block(_field_str(raw, "text", (where, i), True))
         b.cache_control = _cache_control(raw)
         out.append(b)
     return out
@@ -379,16 +414,35 @@ cdef object _lax_int(dict d, str key, str path):
     return opt_int(d, key, path, SHAPE)
 
 
+# The string values read_request takes as the client's JSON literals (jsonspan): the text of the
+# system prompt, of message contents given as a string, of text blocks and of tool results, at any
+# depth of tool_result content. States: 1 the body, 2 a content (string or blocks), 3 messages,
+# 4 a content block, 5 a message, 6 a block's text.
+cdef Marks REQUEST_MARKS = Marks([
+    None,
+    (False, 0, {"system": 2, "messages": 3}),
+    (True, 4, {}),
+    (False, 5, {}),
+    (False, 0, {"type": 0, "text": 6, "content": 2}),
+    (False, 0, {"role": 0, "content": 2}),
+    (True, 0, {}),
+])
+
+
 cpdef ir.Request read_request(bytes body):
     """A client's Messages body -> IR. Unknown top-level fields (service_tier, container,
     mcp_servers, output_config, ...) go to req.extra; so do server tools, non-`enabled` thinking
-    modes and metadata other than user_id."""
+    modes and metadata other than user_id. Text arrives as the client's JSON literals where the
+    body allows (jsonspan.parse; Block.text_json), else orjson reads the body as before."""
     cdef object d, v, msgs, raw, role, fmt
     cdef ir.Request req
     cdef ir.Message m
     cdef Py_ssize_t i
     cdef dict meta
-    d = jsonget.request_object(body, NOT_AN_OBJECT)
+    cdef PyObject* cp
+    d = jsonspan.parse(body, REQUEST_MARKS)
+    if d is None:
+        d = jsonget.request_object(body, NOT_AN_OBJECT)
     req = ir.Request()
 
     req.model = opt_str(d, "model", "model", SHAPE)
@@ -403,22 +457,23 @@ cpdef ir.Request read_request(bytes body):
         raw = msgs[i]
         if type(raw) is not dict:
             as_dict(raw, f"messages.{i}", SHAPE)
-        role = raw.get("role")
-        if "content" not in raw:
+        role = (<dict>raw).get("role")
+        cp = PyDict_GetItem(raw, "content")
+        if cp == NULL:
             raise SHAPE.missing(f"messages.{i}.content")
-        if role == "system":
+        m = ir.Message.__new__(ir.Message)
+        if type(role) is str and role == "user":
+            m.role = ir.ROLE_USER
+        elif type(role) is str and role == "assistant":
+            m.role = ir.ROLE_ASSISTANT
+        elif role == "system":
             # Newer SDKs allow system turns inside `messages`; the IR has one system prompt, so
             # their text joins it in order.
-            req.system.extend(_read_system(raw["content"], f"messages.{i}.content"))
+            req.system.extend(_read_system(<object>cp, f"messages.{i}.content"))
             continue
-        m = ir.Message.__new__(ir.Message)
-        if role == "user":
-            m.role = ir.ROLE_USER
-        elif role == "assistant":
-            m.role = ir.ROLE_ASSISTANT
         else:
             raise CodecError(f"messages.{i}.role: Input should be 'user' or 'assistant'")
-        m.content = _read_content(raw["content"], f"messages.{i}.content")
+        m.content = _read_content(<object>cp, (("messages", i), "content"))
         req.messages.append(m)
 
     v = d.get("tools")
@@ -1329,6 +1384,24 @@ cdef enum:
 
 cdef bytes PING = b'event: ping\ndata: {"type":"ping"}\n\n'
 
+# The frequent frames as byte templates around their index and payload: the bytes
+# sse_event(name, orjson.dumps({...})) gives for the same dict (orjson's compact form, key order).
+cdef bytes DELTA_HEAD = b'event: content_block_delta\ndata: {"type":"content_block_delta","index":'
+cdef bytes TEXT_DELTA = b',"delta":{"type":"text_delta","text":'
+cdef bytes THINKING_DELTA = b',"delta":{"type":"thinking_delta","thinking":'
+cdef bytes JSON_DELTA = b',"delta":{"type":"input_json_delta","partial_json":'
+cdef bytes DELTA_TAIL = b'}}\n\n'
+cdef bytes START_HEAD = b'event: content_block_start\ndata: {"type":"content_block_start","index":'
+cdef bytes TEXT_START = b',"content_block":{"type":"text","text":""}}\n\n'
+cdef bytes STOP_HEAD = b'event: content_block_stop\ndata: {"type":"content_block_stop","index":'
+cdef bytes STOP_TAIL = b'}\n\n'
+cdef bytes MESSAGE_STOP = b'event: message_stop\ndata: {"type":"message_stop"}\n\n'
+cdef tuple SMALL_INTS = tuple(str(i).encode() for i in range(64))
+
+
+cdef inline bytes _int_bytes(int v):
+    return <bytes>SMALL_INTS[v] if 0 <= v < 64 else str(v).encode()
+
 
 cdef class StreamEncoder:
     """IR events -> Anthropic SSE, shaped so the anthropic SDK's accumulator works: message_start
@@ -1388,7 +1461,7 @@ cdef class StreamEncoder:
                     self._start(None, out)
                 if not self.delta_sent:
                     self._message_delta(ir.SR_END_TURN, None, None, out)
-                out.append(_sse("message_stop", {"type": "message_stop"}))
+                out.append(MESSAGE_STOP)
                 self.done = True
             elif k == ir.EV_ERROR:
                 out.append(self.error(ev.error_kind, ev.message))
@@ -1431,7 +1504,7 @@ cdef class StreamEncoder:
             return -1
         if block.kind == ir.B_TEXT:
             kind = K_TEXT
-            cb = {"type": "text", "text": ""}
+            cb = None           # TEXT_START
         elif block.kind == ir.B_TOOL_USE:
             kind = K_TOOL
             cb = {"type": "tool_use", "id": block.id or ("toolu_" + _random_b62(24)),
@@ -1450,12 +1523,14 @@ cdef class StreamEncoder:
         self.wire_index[ir_index] = wire
         self.wire_kind[wire] = kind
         self.open_blocks.append(wire)
-        out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
-                                                "content_block": cb}))
+        if cb is None:
+            out += (START_HEAD, _int_bytes(wire), TEXT_START)
+        else:
+            out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
+                                                    "content_block": cb}))
         # Payload a decoder put on the start block itself is sent as deltas.
-        if kind == K_TEXT and block.text:
-            out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
-                                                    "delta": {"type": "text_delta", "text": block.text}}))
+        if kind == K_TEXT and not ir.text_is_empty(block):
+            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, jsonspan.text_literal(block), DELTA_TAIL)
         elif kind == K_TOOL and block.input:
             v = block.input
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
@@ -1479,7 +1554,7 @@ cdef class StreamEncoder:
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                     "delta": {"type": "signature_delta", "signature": sig}}))
         self.open_blocks.remove(wire)
-        out.append(_sse("content_block_stop", {"type": "content_block_stop", "index": wire}))
+        out += (STOP_HEAD, _int_bytes(wire), STOP_TAIL)
 
     cdef void _close_all(self, list out) except *:
         while self.open_blocks:
@@ -1507,15 +1582,18 @@ cdef class StreamEncoder:
         if dk == ir.D_TEXT and kind == K_TEXT:
             if not ev.text:
                 return
-            delta = {"type": "text_delta", "text": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_INPUT_JSON and kind == K_TOOL:
             if not ev.text or wire in self.whole_input:
                 return
-            delta = {"type": "input_json_delta", "partial_json": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), JSON_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_THINKING and kind == K_THINKING:
             if not ev.text:
                 return
-            delta = {"type": "thinking_delta", "thinking": ev.text}
+            out += (DELTA_HEAD, _int_bytes(wire), THINKING_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            return
         elif dk == ir.D_SIGNATURE and kind == K_THINKING:
             if not ev.text:
                 return

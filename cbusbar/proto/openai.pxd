@@ -26,6 +26,7 @@ cdef class StreamDecoder:
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)
     cdef void _frame(self, bytes data, list out) except *
+    cdef bint _text_frame(self, bytes data, list out) except -1
     cdef void _choice(self, dict choice, list out) except *
     cdef void _tool_call(self, dict call, list out) except *
     cdef void _finish(self, list out) except *

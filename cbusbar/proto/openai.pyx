@@ -22,7 +22,7 @@ import orjson
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
     ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
-    ev_message_stop, ev_error, text_block,
+    ev_message_stop, ev_error, text_block, text_is_empty,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
     SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
     TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
@@ -38,6 +38,10 @@ from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
 from cbusbar cimport jsonget
+from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, string_end, text_literal,
+                               text_value, ws)
+from libc.string cimport memcmp, memcpy
+from cpython.bytes cimport PyBytes_AS_STRING
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
     J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
@@ -665,7 +669,7 @@ cdef dict _document_part(Block b):
 
 cdef dict _content_part(Block b):
     if b.kind == B_TEXT:
-        return {"type": "text", "text": b.text or ""}
+        return {"type": "text", "text": text_value(b)}
     if b.kind == B_IMAGE:
         return _image_part(b)
     if b.kind == B_DOCUMENT:
@@ -678,22 +682,26 @@ cdef void _write_user(Message m, list out) except *:
     cdef list texts
     cdef Block b, inner
     cdef dict part
+    if len(m.content) == 1 and (<Block>m.content[0]).kind == B_TEXT:
+        # The common turn, one text: the message the general path below writes, as its bytes.
+        out.append((USER_HEAD, text_literal(<Block>m.content[0]), MESSAGE_TAIL))
+        return
     for b in m.content:
         if b.kind == B_TOOL_RESULT:
             # A tool message carries text only; images a tool returned ride in the user turn that
             # follows the tool messages (OpenAI wants tool messages right after the tool calls).
-            texts = []
+            texts = []      # blocks whose text joins (jsonspan.join_text: literals stay literals)
             if b.content is not None:
                 for inner in b.content:
                     if inner.kind == B_TEXT:
-                        texts.append(inner.text or "")
+                        texts.append(inner)
                     else:
                         part = _content_part(inner)
                         if part is not None:
                             parts.append(part)
-            elif b.text is not None:
-                texts.append(b.text)
-            out.append({"role": "tool", "tool_call_id": b.id or "", "content": "\n".join(texts)})
+            elif b.text_json is not None or b.text is not None:
+                texts.append(b)
+            out.append({"role": "tool", "tool_call_id": b.id or "", "content": join_text(texts, "\n")})
         else:
             part = _content_part(b)
             if part is not None:
@@ -707,13 +715,13 @@ cdef void _write_user(Message m, list out) except *:
 
 
 cdef void _write_assistant(Message m, list out, set custom_names) except *:
-    cdef list texts = []
+    cdef list texts = []    # text blocks (jsonspan.join_text)
     cdef list calls = []
     cdef dict msg
     cdef Block b
     for b in m.content:
         if b.kind == B_TEXT:
-            texts.append(b.text or "")
+            texts.append(b)
         elif b.kind == B_TOOL_USE:
             if b.name in custom_names and isinstance(b.input, str):
                 calls.append({"id": b.id or "", "type": "custom",
@@ -722,7 +730,10 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
                 calls.append({"id": b.id or "", "type": "function",
                               "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
     # Text blocks split by citations are one text: join without a separator.
-    msg = {"role": "assistant", "content": "".join(texts) if texts else None}
+    if texts and not calls:
+        out.append((ASSISTANT_HEAD, join_literal(texts, ""), MESSAGE_TAIL))
+        return
+    msg = {"role": "assistant", "content": join_text(texts, "") if texts else None}
     if calls:
         msg["tool_calls"] = calls
     elif msg["content"] is None:
@@ -751,10 +762,10 @@ cpdef bytes write_request(Request req):
                     and isinstance(v["custom"].get("name"), str):
                 custom_names.add(v["custom"]["name"])
     for b in req.system:
-        if b.kind == B_TEXT and b.text:
-            system.append(b.text)
+        if b.kind == B_TEXT and not text_is_empty(b):
+            system.append(b)
     if system:
-        messages.append({"role": "system", "content": "\n\n".join(system)})
+        messages.append((SYSTEM_HEAD, join_literal(system, "\n\n"), MESSAGE_TAIL))
     for m in req.messages:
         if m.role == ROLE_ASSISTANT:
             _write_assistant(m, messages, custom_names)
@@ -840,7 +851,58 @@ cpdef bytes write_request(Request req):
         # OpenAI rejects stream_options on a buffered call; `_` keys are this codec's own notes.
         if key not in body and key != "stream_options" and not key.startswith("_"):
             body[key] = v
-    return orjson.dumps(body)
+    return _dump_body(body)
+
+
+# The messages write_request writes itself, as (head, JSON string literal, tail): the bytes
+# orjson.dumps gives for {"role": ..., "content": text} (compact, the same key order).
+cdef bytes SYSTEM_HEAD = b'{"role":"system","content":'
+cdef bytes USER_HEAD = b'{"role":"user","content":'
+cdef bytes ASSISTANT_HEAD = b'{"role":"assistant","content":'
+cdef bytes MESSAGE_TAIL = b'}'
+
+
+cdef bytes _dump_body(dict body):
+    """orjson.dumps(body), except that "messages" (the second member, after "model") may hold
+    messages already written as byte pieces: orjson writes the rest once, and the body is put
+    together once from its bytes and those pieces, so a long literal is copied once (no dict per
+    message, no growing output buffer)."""
+    cdef list messages = body.pop("messages")
+    cdef list parts = []
+    cdef bytes rest, piece, out
+    cdef const unsigned char* p
+    cdef char* w
+    cdef Py_ssize_t i, e, n, total
+    cdef int flags = 0
+    cdef object m
+    rest = orjson.dumps(body)       # {"model":<model>[,...]}
+    p = rest
+    n = len(rest)
+    # the end of the model's value (a string, or null), where the messages go
+    e = string_end(p, 9, n, &flags) if p[9] == 34 else 13
+    for i in range(len(messages)):
+        m = messages[i]
+        if i:
+            parts.append(b",")
+        if type(m) is tuple:
+            parts.extend(<tuple>m)
+        else:
+            parts.append(orjson.dumps(m))
+    total = n + 14                  # ,"messages":[ ... ]
+    for piece in parts:
+        total += len(piece)
+    out = PyBytes_FromStringAndSize(NULL, total)
+    w = PyBytes_AS_STRING(out)
+    memcpy(w, p, e)
+    w += e
+    memcpy(w, b',"messages":[', 13)
+    w += 13
+    for piece in parts:
+        memcpy(w, <char*>piece, len(piece))
+        w += len(piece)
+    w[0] = 93   # ]
+    memcpy(w + 1, p + e, n - e)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1306,6 +1368,8 @@ cdef class StreamDecoder:
             self.done = True
             self.finished = True
             return
+        if self._text_frame(data, out):
+            return
         d = jsonget.frame_object(data)
         v = d.get("error")
         if v is not None:
@@ -1324,6 +1388,85 @@ cdef class StreamDecoder:
         v = d.get("usage")
         if isinstance(v, dict):
             self.usage = _usage_of(v)
+
+    cdef bint _text_frame(self, bytes data, list out) except -1:
+        """The common chunk read in place, no dicts: a frame without error and usage whose first
+        choice (index 0) has at most content text and a finish_reason. Emits exactly what _frame
+        emits for it and returns True; returns False (nothing emitted, nothing changed) for any
+        other frame, or one it is not sure is JSON orjson accepts: _frame then reads it whole."""
+        cdef const unsigned char* p = data
+        cdef Py_ssize_t n = len(data), i, ks, ke = 0, vs = 0, ve
+        cdef Py_ssize_t id_s = -1, id_e = -1, model_s = -1, model_e = -1
+        cdef int vflags = 0, id_flags = 0, model_flags = 0
+        cdef bint seen_choices = False
+        cdef object text = None, finish = None
+        cdef tuple choice
+        i = ws(p, 0, n)
+        if i >= n or p[i] != 123:
+            return False
+        i = ws(p, i + 1, n)
+        while True:     # the top-level members
+            ks = i
+            vs = _member(p, i, n, &ke)
+            if vs < 0:
+                return False
+            if _key(p, ks, ke, b"choices", 7) and vs < n and p[vs] == 91:
+                if seen_choices:
+                    return False        # a repeated member: orjson keeps the last, leave it to _frame
+                seen_choices = True
+                choice = _first_choice_text(p, vs, n)
+                if choice is None:
+                    return False
+                ve = <Py_ssize_t>choice[0]
+                text = choice[1]
+                finish = choice[2]
+                i = ws(p, ve, n)
+                if i < n and p[i] == 44:
+                    i = ws(p, i + 1, n)
+                    continue
+                if i < n and p[i] == 125:
+                    break
+                return False
+            ve = _value_end(p, vs, n, &vflags, 1)
+            if ve < 0:
+                return False
+            if _key(p, ks, ke, b"choices", 7):
+                if seen_choices:
+                    return False
+                seen_choices = True     # not an array: no choice (as _first_choice)
+            elif _key(p, ks, ke, b"id", 2):
+                if id_s >= 0:
+                    return False
+                id_s, id_e, id_flags = vs, ve, vflags
+            elif _key(p, ks, ke, b"model", 5):
+                if model_s >= 0:
+                    return False
+                model_s, model_e, model_flags = vs, ve, vflags
+            elif _key(p, ks, ke, b"usage", 5) or _key(p, ks, ke, b"error", 5):
+                if not _null(p, vs, ve):
+                    return False
+            i = ws(p, ve, n)
+            if i < n and p[i] == 44:
+                i = ws(p, i + 1, n)
+                continue
+            if i < n and p[i] == 125:
+                break
+            return False
+        if ws(p, i + 1, n) != n:
+            return False
+        # From here on _frame's own steps, for this frame's values.
+        if not self.started:
+            self.started = True
+            out.append(ev_message_start(
+                decode_str(p, id_s, id_e, id_flags) if id_s >= 0 and p[id_s] == 34 else None,
+                decode_str(p, model_s, model_e, model_flags) if model_s >= 0 and p[model_s] == 34 else None,
+                _unknown_usage()))
+        if text is not None:
+            self.seq.text(out, text)
+        if finish is not None:
+            self.have_finish = True
+            self.stop_reason = _stop_of_finish(finish, False, False)
+        return True
 
     cdef void _choice(self, dict choice, list out) except *:
         cdef object delta = choice.get("delta")
@@ -1398,6 +1541,166 @@ cdef class StreamDecoder:
         out.append(ev_message_stop())
         self.done = True
         self.finished = True
+
+
+cdef inline bint _key(const unsigned char* p, Py_ssize_t ks, Py_ssize_t ke, const char* name,
+                      Py_ssize_t size) noexcept nogil:
+    """The plain key literal p[ks:ke] is `name`."""
+    return ke - ks - 2 == size and memcmp(p + ks + 1, name, size) == 0
+
+
+cdef inline bint _null(const unsigned char* p, Py_ssize_t vs, Py_ssize_t ve) noexcept nogil:
+    return ve - vs == 4 and p[vs] == 110
+
+
+cdef inline Py_ssize_t _member(const unsigned char* p, Py_ssize_t i, Py_ssize_t n,
+                               Py_ssize_t* ke) noexcept nogil:
+    """The object member at p[i] up to its value: its key must be a plain literal (no escape:
+    else -1, and the caller's fallback decides); *ke ends the key. Returns where the value starts
+    (the caller reads it: _value_end, or its own reader), or -1."""
+    cdef int flags = 0
+    if i >= n or p[i] != 34:
+        return -1
+    ke[0] = string_end(p, i, n, &flags)
+    if ke[0] < 0 or flags:
+        return -1
+    i = ws(p, ke[0], n)
+    if i >= n or p[i] != 58:
+        return -1
+    return ws(p, i + 1, n)
+
+
+cdef inline Py_ssize_t _value_end(const unsigned char* p, Py_ssize_t vs, Py_ssize_t n, int* vflags,
+                                  int depth) noexcept nogil:
+    """The value at p[vs] validated (skip_value); a string's flags into *vflags."""
+    vflags[0] = 0
+    if vs < n and p[vs] == 34:
+        return string_end(p, vs, n, vflags)
+    return skip_value(p, vs, n, depth)
+
+
+cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
+    """StreamDecoder._text_frame: the choices array at p[s] (its `[`), read and validated in one
+    pass, when its first element is the choice _first_choice picks (an object with index 0 or
+    none) and that choice carries at most delta.content text (delta.role and null refusal,
+    reasoning and tool calls aside), null logprobs and a finish_reason: (the array's end, the text
+    (None for none or ""), the finish_reason (str or None)). None: any other shape, or bytes it is
+    not sure orjson accepts."""
+    cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
+    cdef int vflags = 0
+    cdef bint seen_index = False, seen_logprobs = False, seen_finish = False, seen_delta = False
+    cdef object text = None, finish = None
+    cdef tuple delta
+    if i < n and p[i] == 93:
+        return (i + 1, None, None)      # no choice
+    if i >= n or p[i] != 123:
+        return None
+    i = ws(p, i + 1, n)
+    if i < n and p[i] == 125:
+        i += 1
+    else:
+        while True:     # the choice's members
+            ks = i
+            vs = _member(p, i, n, &ke)
+            if vs < 0:
+                return None
+            if _key(p, ks, ke, b"delta", 5) and vs < n and p[vs] == 123:
+                if seen_delta:
+                    return None
+                seen_delta = True
+                delta = _delta_text(p, vs, n)
+                if delta is None:
+                    return None
+                ve = <Py_ssize_t>delta[0]
+                text = delta[1]
+                i = ws(p, ve, n)
+                if i < n and p[i] == 44:
+                    i = ws(p, i + 1, n)
+                    continue
+                if i < n and p[i] == 125:
+                    i += 1
+                    break
+                return None
+            ve = _value_end(p, vs, n, &vflags, 3)
+            if ve < 0:
+                return None
+            if _key(p, ks, ke, b"index", 5):
+                if seen_index or not ((ve - vs == 1 and p[vs] == 48) or _null(p, vs, ve)):
+                    return None
+                seen_index = True
+            elif _key(p, ks, ke, b"delta", 5):
+                if seen_delta or not _null(p, vs, ve):
+                    return None
+                seen_delta = True
+            elif _key(p, ks, ke, b"logprobs", 8):
+                if seen_logprobs or not _null(p, vs, ve):
+                    return None
+                seen_logprobs = True
+            elif _key(p, ks, ke, b"finish_reason", 13):
+                if seen_finish:
+                    return None
+                seen_finish = True
+                if p[vs] == 34:
+                    finish = decode_str(p, vs, ve, vflags)
+                elif not _null(p, vs, ve):
+                    return None
+            i = ws(p, ve, n)
+            if i < n and p[i] == 44:
+                i = ws(p, i + 1, n)
+                continue
+            if i < n and p[i] == 125:
+                i += 1
+                break
+            return None
+    i = ws(p, i, n)
+    while i < n and p[i] == 44:     # the other choices: validated, not read
+        i = skip_value(p, ws(p, i + 1, n), n, 2)
+        if i < 0:
+            return None
+        i = ws(p, i, n)
+    if i >= n or p[i] != 93:
+        return None
+    return (i + 1, text, finish)
+
+
+cdef tuple _delta_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
+    """_first_choice_text: the delta object at p[s], read and validated: (its end, its content
+    text when that is a non-empty string, else None), or None for any other shape."""
+    cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
+    cdef int vflags = 0
+    cdef bint seen_content = False
+    cdef object text = None
+    if i < n and p[i] == 125:
+        return (i + 1, None)
+    while True:
+        ks = i
+        vs = _member(p, i, n, &ke)
+        if vs < 0:
+            return None
+        ve = _value_end(p, vs, n, &vflags, 4)
+        if ve < 0:
+            return None
+        if _key(p, ks, ke, b"content", 7):
+            if seen_content:
+                return None
+            seen_content = True
+            if p[vs] == 34:
+                if ve - vs > 2:
+                    text = decode_str(p, vs, ve, vflags)
+            elif not _null(p, vs, ve):
+                return None
+        elif (_key(p, ks, ke, b"refusal", 7) or _key(p, ks, ke, b"reasoning_content", 17)
+              or _key(p, ks, ke, b"reasoning", 9) or _key(p, ks, ke, b"tool_calls", 10)
+              or _key(p, ks, ke, b"function_call", 13)):
+            if not _null(p, vs, ve):
+                return None
+        i = ws(p, ve, n)
+        if i < n and p[i] == 44:
+            i = ws(p, i + 1, n)
+            continue
+        if i < n and p[i] == 125:
+            return (i + 1, text)
+        return None
 
 
 cdef class StreamEncoder:

@@ -39,6 +39,86 @@ def test_sse_bounded():
         F.SSEParser(1024).feed(b"x" * 1025)              # one unterminated line over the cap
 
 
+class ReferenceSSE:
+    """The SSE reader as first written (line by line, bytes slices): the rewrite in framing.pyx
+    must give the same events and the same errors for any bytes split anywhere."""
+
+    def __init__(self, max_event):
+        self.buf, self.event, self.data, self.pending, self.max_event = bytearray(), None, [], 0, max_event
+
+    def feed(self, chunk):
+        out, start, i = [], 0, 0
+        self.buf += chunk
+        n = len(self.buf)
+        while i < n:
+            c = self.buf[i]
+            if c != 10 and c != 13:
+                i += 1
+                continue
+            end = i
+            if c == 13:
+                if i + 1 >= n:
+                    break
+                if self.buf[i + 1] == 10:
+                    i += 1
+            i += 1
+            line = bytes(self.buf[start:end])
+            start = i
+            if not line:
+                if self.data or self.event is not None:
+                    out.append((self.event, b"\n".join(self.data)))
+                self.event, self.data, self.pending = None, [], 0
+                continue
+            if line[0] == 58:
+                continue
+            colon = line.find(b":")
+            field, value = (line, b"") if colon < 0 else (line[:colon], line[colon + 1:])
+            if value[:1] == b" ":
+                value = value[1:]
+            if field == b"data":
+                self.data.append(value)
+                self.pending += len(value)
+                if self.pending > self.max_event:
+                    raise F.FramingError("event")
+            elif field == b"event":
+                self.event = value
+        if start:
+            del self.buf[:start]
+        if len(self.buf) > self.max_event:
+            raise F.FramingError("line")
+        return out
+
+    def close(self):
+        out = self.feed(b"\n") if self.buf else []
+        if self.data or self.event is not None:
+            out.append((self.event, b"\n".join(self.data)))
+            self.event, self.data = None, []
+        return out
+
+
+def _run(parser, chunks):
+    out = []
+    try:
+        for c in chunks:
+            out += parser.feed(c)
+        out += parser.close()
+    except F.FramingError:
+        out.append("FramingError")
+    return out
+
+
+def test_sse_same_as_reference_for_any_bytes_and_splits():
+    rng = random.Random(7)
+    pieces = [b"data", b"event", b"id", b":", b": ", b" ", b"x", b"{\"a\":1}", b"\n", b"\r", b"\r\n",
+              b"\n\n", b"data: ", b"event: ", b"[DONE]", b"\xe2\x82\xac", b"\x00", b"data:"]
+    for _ in range(3000):
+        data = b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40)))
+        cuts = sorted(rng.randint(0, len(data)) for _ in range(rng.randint(0, 6)))
+        chunks = [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+        cap = rng.choice([4, 16, 1 << 20])
+        assert _run(F.SSEParser(cap), chunks) == _run(ReferenceSSE(cap), chunks), (data, chunks, cap)
+
+
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
 def test_json_array_parser_splits_elements_anywhere(step):
     data = b'\xef\xbb\xbf[{"a": "}]\\"{"},\r\n{"b": [1, {"c": 2}]}\n]'
