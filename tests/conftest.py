@@ -67,10 +67,20 @@ advanced:
 """
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, never one this session handed out before: the kernel may give the
+    same ephemeral port to two calls in a row once the first socket is closed, and a test that
+    asks for a data and an admin port at once would then get one address twice."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_http(port: int, proc: subprocess.Popen, path: str = "/healthz", timeout: float = 20.0):

@@ -40,10 +40,7 @@ def exe():
     return EXE
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from tests.conftest import free_port  # noqa: E402 (never the same port twice in a session)
 
 
 def wait_healthy(port: int, proc: subprocess.Popen, timeout: float = 20.0) -> None:
