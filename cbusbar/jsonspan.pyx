@@ -23,7 +23,9 @@ cdef object Fragment = orjson.Fragment
 cdef object JSONDecodeError = orjson.JSONDecodeError
 
 cdef extern from "simd.h":
-    Py_ssize_t busbar_plain_run(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) nogil
+    Py_ssize_t busbar_str_run_hi(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* hi) nogil
+    int busbar_utf8_valid(const unsigned char* p, Py_ssize_t n) nogil
+    int busbar_utf8_valid_scalar(const unsigned char* p, Py_ssize_t n) nogil
 
 # How deep parse() itself recurses into marked containers, and how deep a whole document may nest
 # before it leaves the document to orjson (whose own limit is 1024 levels): past either, the caller
@@ -82,15 +84,22 @@ cdef inline int _hex4(const unsigned char* p) noexcept nogil:
 
 
 cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* flags) noexcept nogil:
-    cdef unsigned char c, c1, c2, c3
-    cdef int u, lo
+    cdef unsigned char c
+    cdef int u, lo, hi = 0
+    cdef Py_ssize_t s = i + 1
     i += 1
     while True:
-        i += busbar_plain_run(p, i, n)
+        # 16 bytes a step up to a quote, a backslash or a control character; bytes >= 0x80 pass
+        # and the whole literal's UTF-8 is checked at its end, branch-free (simd.h).
+        i += busbar_str_run_hi(p, i, n, &hi)
         if i >= n:
             return -1
         c = p[i]
         if c == 34:     # "
+            if hi:
+                flags[0] |= F_NON_ASCII
+                if not busbar_utf8_valid(p + s, i - s):
+                    return -1
             return i + 1
         if c == 92:     # \
             flags[0] |= F_ESCAPE
@@ -119,40 +128,15 @@ cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, i
                     i += 6
             else:
                 return -1
-        elif c < 32:
-            return -1
-        elif c < 128:
-            i += 1
         else:
-            flags[0] |= F_NON_ASCII
-            # strict UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF
-            if 0xC2 <= c <= 0xDF:
-                if i + 2 > n or (p[i + 1] & 0xC0) != 0x80:
-                    return -1
-                i += 2
-            elif 0xE0 <= c <= 0xEF:
-                if i + 3 > n:
-                    return -1
-                c1 = p[i + 1]
-                c2 = p[i + 2]
-                if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80:
-                    return -1
-                if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
-                    return -1
-                i += 3
-            elif 0xF0 <= c <= 0xF4:
-                if i + 4 > n:
-                    return -1
-                c1 = p[i + 1]
-                c2 = p[i + 2]
-                c3 = p[i + 3]
-                if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80 or (c3 & 0xC0) != 0x80:
-                    return -1
-                if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
-                    return -1
-                i += 4
-            else:
-                return -1
+            return -1   # a control character
+
+
+def _utf8_valid(bytes data, bint scalar=False):
+    """Tests: the UTF-8 check string_end applies (simd.h), or its scalar form."""
+    if scalar:
+        return bool(busbar_utf8_valid_scalar(data, len(data)))
+    return bool(busbar_utf8_valid(data, len(data)))
 
 
 cdef Py_ssize_t skip_value(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int depth) noexcept nogil:

@@ -257,3 +257,34 @@ def test_openai_body_is_orjsons_compact_form(model, extra):
                                                     "tool", "tool", "user"]
     assert doc["messages"][1] == {"role": "user", "content": "one"}
     assert doc["messages"][4] == {"role": "assistant", "content": ""}
+
+
+def _py_valid(b):
+    try:
+        b.decode("utf-8")       # CPython's decoder is strict: no overlongs, surrogates, > U+10FFFF
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_utf8_check_matches_python_decoder():
+    rng = random.Random(8)
+    pieces = [b"a", b"\x7f", b"\xc3\xa9", b"\xe2\x80\x94", b"\xf0\x9f\x98\x80", b"\xf4\x8f\xbf\xbf",
+              b"\xc3", b"\xe2\x80", b"\xf0\x9f\x98", b"\x80", b"\xbf", b"\xc0\x80", b"\xc1\xbf",
+              b"\xe0\x80\x80", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x80\x80\x80",
+              b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xff", b"\xfe", b"\x00"]
+    cases = [b"", b"x" * 15, b"x" * 16, b"x" * 17]
+    for k in range(15, 20):     # a sequence across a 16-byte block boundary, and cut at the end
+        for seq in (b"\xe2\x80\x94", b"\xf0\x9f\x98\x80", b"\xc3\xa9"):
+            cases.append(b"x" * k + seq)
+            cases.append(b"x" * k + seq[:-1])
+            cases.append(b"x" * k + seq + b"y" * 20)
+    for _ in range(20000):
+        cases.append(b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))))
+    for b in cases:
+        want = _py_valid(b)
+        assert jsonspan._utf8_valid(b) == want, b
+        assert jsonspan._utf8_valid(b, True) == want, b
+        # and through a marked literal, as parse reads it
+        doc = b'{"system":"' + b.replace(b"\\", b"").replace(b'"', b"").replace(b"\x00", b"") + b'"}'
+        same_as_orjson(doc)
