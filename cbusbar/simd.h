@@ -177,7 +177,10 @@ static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
     const __m128i low4 = _mm_set1_epi8(0x0F);
     const __m128i third = _mm_set1_epi8((char)(0xE0 - 0x80)), fourth = _mm_set1_epi8((char)(0xF0 - 0x80));
     const __m128i high_bit = _mm_set1_epi8((char)0x80);
-    __m128i prev = _mm_setzero_si128(), err = _mm_setzero_si128();
+    /* a block whose last bytes open a sequence the next block must finish */
+    const __m128i max_value = _mm_setr_epi8(-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                            (char)(0xF0 - 1), (char)(0xE0 - 1), (char)(0xC0 - 1));
+    __m128i prev = _mm_setzero_si128(), err = _mm_setzero_si128(), incomplete = _mm_setzero_si128();
     unsigned char tail[16];
     Py_ssize_t i = 0;
     for (;;) {
@@ -191,6 +194,15 @@ static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
         } else {
             in = _mm_setzero_si128();       /* checks the last block's tail */
         }
+        if (!_mm_movemask_epi8(in)) {
+            /* all ASCII: only a sequence the previous block left open can be wrong */
+            err = _mm_or_si128(err, incomplete);
+            incomplete = _mm_setzero_si128();
+            if (i >= n) break;
+            prev = in;
+            i += 16;
+            continue;
+        }
         prev1 = _mm_alignr_epi8(in, prev, 15);
         sc = _mm_and_si128(
             _mm_and_si128(_mm_shuffle_epi8(byte_1_high, _mm_and_si128(_mm_srli_epi16(prev1, 4), low4)),
@@ -201,6 +213,7 @@ static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
         must23 = _mm_and_si128(_mm_or_si128(_mm_subs_epu8(prev2, third), _mm_subs_epu8(prev3, fourth)),
                                high_bit);
         err = _mm_or_si128(err, _mm_xor_si128(must23, sc));
+        incomplete = _mm_subs_epu8(in, max_value);
         if (i >= n) break;
         prev = in;
         i += 16;
