@@ -1523,13 +1523,19 @@ cdef class StreamEncoder:
         self.wire_kind[wire] = kind
         self.open_blocks.append(wire)
         if cb is None:
-            out += (START_HEAD, _int_bytes(wire), TEXT_START)
+            out.append(START_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_START)
         else:
             out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
                                                     "content_block": cb}))
         # Payload a decoder put on the start block itself is sent as deltas.
         if kind == K_TEXT and not ir.text_is_empty(block):
-            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, jsonspan.text_literal(block), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_DELTA)
+            out.append(jsonspan.text_literal(block))
+            out.append(DELTA_TAIL)
         elif kind == K_TOOL and block.input:
             v = block.input
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
@@ -1553,7 +1559,9 @@ cdef class StreamEncoder:
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                     "delta": {"type": "signature_delta", "signature": sig}}))
         self.open_blocks.remove(wire)
-        out += (STOP_HEAD, _int_bytes(wire), STOP_TAIL)
+        out.append(STOP_HEAD)
+        out.append(_int_bytes(wire))
+        out.append(STOP_TAIL)
 
     cdef void _close_all(self, list out) except *:
         while self.open_blocks:
@@ -1581,17 +1589,29 @@ cdef class StreamEncoder:
         if dk == ir.D_TEXT and kind == K_TEXT:
             if not ev.text:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_INPUT_JSON and kind == K_TOOL:
             if not ev.text or wire in self.whole_input:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), JSON_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(JSON_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_THINKING and kind == K_THINKING:
             if not ev.text:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), THINKING_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(THINKING_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_SIGNATURE and kind == K_THINKING:
             if not ev.text:
