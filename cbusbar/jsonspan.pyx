@@ -42,9 +42,10 @@ cdef object FAIL = object()     # parse(): not sure, let orjson decide
 
 
 cdef class Marks:
-    def __init__(self, list states):
+    def __init__(self, list states, tuple values=()):
         """states[k] = (raw, element state, {member name: state}) for k >= 1; states[0] is unused
-        (state 0 is an ordinary value, nothing marked below it)."""
+        (state 0 is an ordinary value, nothing marked below it). values: short strings the body
+        often holds (roles, block types): parse returns these very objects for them."""
         cdef int k
         cdef object raw, elem, members
         if len(states) > MAX_MARK_STATES:
@@ -56,6 +57,7 @@ cdef class Marks:
             self.raw[k] = bool(raw)
             self.elem[k] = int(elem)
             self.keys[k] = [(name.encode(), name, int(st)) for name, st in members.items()]
+        self.values = [(v.encode(), v) for v in values]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +267,22 @@ cdef inline object _str(bytes body, const unsigned char* p, Py_ssize_t s, Py_ssi
     return _loads(body, s, e)
 
 
-cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, int depth):
+cdef object _value_str(bytes body, const unsigned char* p, Py_ssize_t s, Py_ssize_t e, int flags,
+                       Marks m):
+    """A string value: one of m.values itself when it is one, else _str."""
+    cdef tuple cand
+    cdef bytes vb
+    cdef Py_ssize_t size = e - s - 2
+    if flags == 0 and size <= 16:
+        for cand in m.values:
+            vb = <bytes>cand[0]
+            if len(vb) == size and memcmp(<const char*>vb, p + s + 1, size) == 0:
+                return cand[1]
+    return _str(body, p, s, e, flags)
+
+
+cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, int depth,
+                    Marks m):
     """A value with nothing marked below it."""
     cdef Py_ssize_t i = pi[0], j, e
     cdef unsigned char c = p[i]
@@ -277,7 +294,7 @@ cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize
         if e < 0:
             return FAIL
         pi[0] = e
-        return _str(body, p, i, e, flags)
+        return _value_str(body, p, i, e, flags, m)
     if c == 123 or c == 91:
         e = _container_end(p, i, n, &maxdepth)
         if e < 0 or depth + maxdepth > MAX_DEPTH:
@@ -336,7 +353,7 @@ cdef object _value(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_
     if i >= n:
         return FAIL
     if state == 0:
-        return _scalar(body, p, pi, n, depth)
+        return _scalar(body, p, pi, n, depth, m)
     c = p[i]
     if c == 34 and m.raw[state]:
         e = string_end(p, i, n, &flags)
@@ -350,7 +367,7 @@ cdef object _value(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_
         return _object(body, p, pi, n, m, state, depth + 1)
     if c == 91 and m.elem[state]:
         return _array(body, p, pi, n, m, m.elem[state], depth + 1)
-    return _scalar(body, p, pi, n, depth)
+    return _scalar(body, p, pi, n, depth, m)
 
 
 cdef object _object(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, Marks m,

@@ -309,16 +309,19 @@ cdef ir.Block _read_block(object raw, object where):
     return b
 
 
-cdef list _read_content(object content, object where):
+cdef list _read_content(object content, Py_ssize_t msg):
+    """messages[msg].content; its error path is built only for a list or an error."""
     cdef list out = []
     cdef Py_ssize_t i
     cdef ir.Block b
+    cdef object where
     if type(content) is bytes:
         out.append(ir.json_text_block(content))
         return out
     if type(content) is str:
         out.append(ir.text_block(content))
         return out
+    where = (("messages", msg), "content")
     if type(content) is not list:
         raise SHAPE.bad_type(_path(where), J_CONTENT, content)
     for i in range(len(content)):
@@ -425,7 +428,7 @@ cdef Marks REQUEST_MARKS = Marks([
     (False, 0, {"type": 0, "text": 6, "content": 2}),
     (False, 0, {"role": 0, "content": 2}),
     (True, 0, {}),
-])
+], ("user", "assistant", "text"))
 
 
 cpdef ir.Request read_request(bytes body):
@@ -472,7 +475,7 @@ cpdef ir.Request read_request(bytes body):
             continue
         else:
             raise CodecError(f"messages.{i}.role: Input should be 'user' or 'assistant'")
-        m.content = _read_content(<object>cp, (("messages", i), "content"))
+        m.content = _read_content(<object>cp, i)
         req.messages.append(m)
 
     v = d.get("tools")

@@ -288,3 +288,15 @@ def test_utf8_check_matches_python_decoder():
         # and through a marked literal, as parse reads it
         doc = b'{"system":"' + b.replace(b"\\", b"").replace(b'"', b"").replace(b"\x00", b"") + b'"}'
         same_as_orjson(doc)
+
+
+def test_marks_values_are_the_same_objects():
+    """Marks(values=...): a plain string value equal to one of them comes back as that object (no
+    new str per role or block type); any other string, or one spelled with escapes, as before."""
+    user, assistant = "".join(["us", "er"]), "".join(["assis", "tant"])
+    m = jsonspan.Marks([None, (False, 0, {"a": 0})], (user, assistant))
+    got = jsonspan.parse(b'{"a":"user","b":["assistant","us\\u0065r","users",1]}', m)
+    assert got == orjson.loads(b'{"a":"user","b":["assistant","us\\u0065r","users",1]}')
+    assert got["a"] is user and got["b"][0] is not assistant    # "b" is read by orjson whole
+    got = jsonspan.parse(b'{"c":"assistant","d":"us\\u0065r"}', m)
+    assert got["c"] is assistant and got["d"] == "user" and got["d"] is not user
