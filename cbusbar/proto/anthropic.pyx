@@ -238,44 +238,46 @@ cdef ir.Block _read_block(object raw, object where):
     cdef object t, v, content
     cdef list inner
     cdef Py_ssize_t i
+    cdef dict d
     if type(raw) is not dict:
         as_dict(raw, _path(where), SHAPE)
-    t = _field_str(raw, "type", where, True)
+    d = <dict>raw
+    t = _field_str(d, "type", where, True)
     b = ir.Block.__new__(ir.Block)
     if t == "text":
         b.kind = ir.B_TEXT
-        v = raw.get("text")
+        v = d.get("text")
         if type(v) is bytes:
             b.text_json = v             # the client's literal, kept for a JSON writer (jsonspan)
         else:
-            b._text = _field_str(raw, "text", where, True)
-        v = raw.get("citations")
+            b._text = _field_str(d, "text", where, True)
+        v = d.get("citations")
         if isinstance(v, list) and v:
             b.citations = v
     elif t == "image":
         b.kind = ir.B_IMAGE
-        _read_source(b, raw.get("source"), _path(where), False)
+        _read_source(b, d.get("source"), _path(where), False)
     elif t == "document":
         b.kind = ir.B_DOCUMENT
-        _read_source(b, raw.get("source"), _path(where), True)
-        v = raw.get("title")
+        _read_source(b, d.get("source"), _path(where), True)
+        v = d.get("title")
         if type(v) is str:
             b.name = v
         # Block.citations carries a document's citation switch ({"enabled": true}); Bedrock's
         # document block has the same shape.
-        v = raw.get("citations")
+        v = d.get("citations")
         if isinstance(v, dict):
             b.citations = v
     elif t == "tool_use":
         b.kind = ir.B_TOOL_USE
-        b.id = _field_str(raw, "id", where, True)
-        b.name = _field_str(raw, "name", where, True)
-        v = raw.get("input")
+        b.id = _field_str(d, "id", where, True)
+        b.name = _field_str(d, "name", where, True)
+        v = d.get("input")
         b.input = v if v is not None else {}
     elif t == "tool_result":
         b.kind = ir.B_TOOL_RESULT
-        b.id = _field_str(raw, "tool_use_id", where, True)
-        content = raw.get("content")
+        b.id = _field_str(d, "tool_use_id", where, True)
+        content = d.get("content")
         inner = []
         if type(content) is str:
             if content:
@@ -291,21 +293,21 @@ cdef ir.Block _read_block(object raw, object where):
         elif content is not None:
             raise SHAPE.bad_type(_path(where) + ".content", J_CONTENT, content)
         b.content = inner
-        v = raw.get("is_error")
+        v = d.get("is_error")
         if v is not None and v is not True and v is not False:
-            opt_bool(raw, "is_error", _path(where) + ".is_error", SHAPE)    # raises
+            opt_bool(d, "is_error", _path(where) + ".is_error", SHAPE)    # raises
         b.is_error = v is True
     elif t == "thinking":
         b.kind = ir.B_THINKING
-        b._text = _field_str(raw, "thinking", where, True)
-        b.signature = _field_str(raw, "signature", where, False)
+        b._text = _field_str(d, "thinking", where, True)
+        b.signature = _field_str(d, "signature", where, False)
     elif t == "redacted_thinking":
         b.kind = ir.B_THINKING
         b.redacted = True
-        b.data = _field_str(raw, "data", where, True)
+        b.data = _field_str(d, "data", where, True)
     else:
         return None
-    b.cache_control = _cache_control(raw)
+    b.cache_control = _cache_control(d)
     return b
 
 
@@ -346,9 +348,9 @@ cdef list _read_system(object system, str where):
         raise SHAPE.bad_type(where, J_CONTENT, system)
     for i in range(len(system)):
         raw = system[i]
-        if not isinstance(raw, dict) or raw.get("type") != "text":
+        if not isinstance(raw, dict) or (<dict>raw).get("type") != "text":
             raise CodecError(f"{where}.{i}.type: Input should be 'text'")
-        v = raw.get("text")
+        v = (<dict>raw).get("text")
         if type(v) is bytes:
             b = ir.json_text_block(v)
         else:
