@@ -700,7 +700,8 @@ cdef void _write_user(Message m, list out) except *:
                             parts.append(part)
             elif b.text_json is not None or b.text is not None:
                 texts.append(b)
-            out.append({"role": "tool", "tool_call_id": b.id or "", "content": join_text(texts, "\n")})
+            out.append((TOOL_HEAD, orjson.dumps(b.id or ""), TOOL_CONTENT, join_literal(texts, "\n"),
+                        MESSAGE_TAIL))
         else:
             part = _content_part(b)
             if part is not None:
@@ -859,6 +860,8 @@ cdef bytes SYSTEM_HEAD = b'{"role":"system","content":'
 cdef bytes USER_HEAD = b'{"role":"user","content":'
 cdef bytes ASSISTANT_HEAD = b'{"role":"assistant","content":'
 cdef bytes MESSAGE_TAIL = b'}'
+cdef bytes TOOL_HEAD = b'{"role":"tool","tool_call_id":'     # {"role", "tool_call_id", "content"}
+cdef bytes TOOL_CONTENT = b',"content":'
 
 
 cdef bytes _dump_body(dict body):
