@@ -1,52 +1,20 @@
-/* Byte runs inside JSON strings, shared by jsonspan.pyx and framing.pyx: 16 bytes a step with SSE2
-   (every x86-64), else 8 bytes a step (SWAR), else one. Each returns the length of the run of bytes
-   from p[i] that need no attention (n - i when the rest all pass). */
+/* Byte work inside JSON strings, shared by jsonspan.pyx and framing.pyx. The runs go 16 bytes a step
+   with SSE2 (every x86-64), else one byte a step, and return the length of the run of bytes from
+   p[i] that need no attention (n - i when the rest all pass); the UTF-8 check goes 16 bytes a step
+   with SSSE3, else one sequence a step. BUSBAR_NO_SIMD builds the portable forms only. */
 #ifndef BUSBAR_SIMD_H
 #define BUSBAR_SIMD_H
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
 #include <emmintrin.h>
 #endif
-
-/* Stops at a quote, a backslash, a control character (< 0x20) or any byte >= 0x80 (the strict
-   reader validates UTF-8 itself). */
-static inline Py_ssize_t busbar_plain_run(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
-    Py_ssize_t start = i;
-#if defined(__SSE2__)
-    const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), sp = _mm_set1_epi8(0x20);
-    while (i + 16 <= n) {
-        __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
-        /* signed < 0x20: the control characters, and every byte >= 0x80 */
-        __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, b)),
-                                   _mm_cmplt_epi8(v, sp));
-        int mask = _mm_movemask_epi8(hit);
-        if (mask) return i + __builtin_ctz((unsigned)mask) - start;
-        i += 16;
-    }
-#endif
-    while (i + 8 <= n) {
-        uint64_t x, t;
-        memcpy(&x, p + i, 8);
-        t = ((((x ^ 0x2222222222222222ULL) - 0x0101010101010101ULL) & ~(x ^ 0x2222222222222222ULL))
-             | (((x ^ 0x5C5C5C5C5C5C5C5CULL) - 0x0101010101010101ULL) & ~(x ^ 0x5C5C5C5C5C5C5C5CULL))
-             | ((x - 0x2020202020202020ULL) & ~x) | x) & 0x8080808080808080ULL;
-        if (t) return i + (__builtin_ctzll(t) >> 3) - start;
-        i += 8;
-    }
-    while (i < n) {
-        unsigned char c = p[i];
-        if (c == 0x22 || c == 0x5C || c < 0x20 || c >= 0x80) break;
-        i++;
-    }
-    return i - start;
-}
 
 /* Stops at a quote, a backslash or a control character; bytes >= 0x80 pass (the lax scanner of
    framing.pyx does not validate UTF-8: the codecs' parse does). */
 static inline Py_ssize_t busbar_str_run(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
     Py_ssize_t start = i;
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
     const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), c1f = _mm_set1_epi8(0x1F);
     while (i + 16 <= n) {
         __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
@@ -70,7 +38,7 @@ static inline Py_ssize_t busbar_str_run(const unsigned char *p, Py_ssize_t i, Py
    run's UTF-8 as a whole: busbar_utf8_valid). */
 static inline Py_ssize_t busbar_str_run_hi(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int *hi) {
     Py_ssize_t start = i;
-#if defined(__SSE2__)
+#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
     const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), c1f = _mm_set1_epi8(0x1F);
     while (i + 16 <= n) {
         __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
@@ -98,7 +66,7 @@ static inline Py_ssize_t busbar_str_run_hi(const unsigned char *p, Py_ssize_t i,
 
 /* Strict UTF-8 (no overlong forms, no surrogates, nothing past U+10FFFF, no truncated sequence),
    one byte sequence at a time. */
-static int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n) {
+static inline int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n) {
     Py_ssize_t i = 0;
     while (i < n) {
         unsigned char c = p[i];
@@ -127,7 +95,7 @@ static int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n) {
     return 1;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BUSBAR_NO_SIMD)
 #include <tmmintrin.h>
 /* The same check 16 bytes a step, branch-free: the lookup algorithm of Keiser and Lemire,
    "Validating UTF-8 In Less Than One Instruction Per Byte" (2021), as simdjson writes it. */
@@ -141,7 +109,7 @@ static int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n) {
 #define BB_OVERLONG_4 64
 #define BB_TWO_CONTS 128
 #define BB_CARRY (BB_TOO_SHORT | BB_TOO_LONG | BB_TWO_CONTS)
-__attribute__((target("ssse3")))
+__attribute__((target("ssse3"), unused))
 static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
     const __m128i byte_1_high = _mm_setr_epi8(
         BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG,
@@ -224,8 +192,8 @@ static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
 
 /* Strict UTF-8: the SSSE3 check where the CPU has it (every x86-64 of the last 15 years), else the
    scalar one. */
-static int busbar_utf8_valid(const unsigned char *p, Py_ssize_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+static inline int busbar_utf8_valid(const unsigned char *p, Py_ssize_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BUSBAR_NO_SIMD)
     static int ssse3 = -1;
     if (ssse3 < 0) ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
     if (ssse3) return busbar_utf8_valid_ssse3(p, n);
