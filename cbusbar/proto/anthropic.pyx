@@ -1022,9 +1022,9 @@ cdef dict _w_response_block(ir.Block b):
     cdef dict d
     cdef list cs
     if b.kind == ir.B_TEXT:
-        if not b.text:
+        if ir.text_is_empty(b):
             return None
-        d = {"type": "text", "text": b.text}
+        d = {"type": "text", "text": jsonspan.text_value(b)}
         if b.citations is not None:
             cs = _citations(b.citations)
             if cs:
