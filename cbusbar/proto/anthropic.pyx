@@ -652,9 +652,9 @@ cdef dict _w_media(ir.Block b):
 cdef dict _w_text(ir.Block b):
     cdef dict d
     cdef list cs
-    if not b.text:
+    if ir.text_is_empty(b):
         return None  # Anthropic rejects empty text blocks
-    d = {"type": "text", "text": b.text}
+    d = {"type": "text", "text": jsonspan.text_value(b)}   # a client's literal stays one
     if b.citations is not None:
         cs = _citations(b.citations)
         if cs:
@@ -832,8 +832,8 @@ cpdef bytes write_request(ir.Request req):
         tools.append({"name": forced, "description": STRUCTURED_DESCRIPTION, "input_schema": schema})
 
     for b in req.system:
-        if b.kind == ir.B_TEXT and b.text:
-            td = {"type": "text", "text": b.text}
+        if b.kind == ir.B_TEXT and not ir.text_is_empty(b):
+            td = {"type": "text", "text": jsonspan.text_value(b)}
             cc = _cc(b.cache_control, &left)
             if cc is not None:
                 td["cache_control"] = cc

@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from cbusbar import ir, jsonspan
-from cbusbar.proto import anthropic, openai
+from cbusbar.proto import anthropic, bedrock, cohere, gemini, openai, responses
 
 # The Anthropic request marks (anthropic.pyx REQUEST_MARKS), restated: system, message contents,
 # block texts and tool_result contents are literals.
@@ -199,11 +199,38 @@ def _request(literals: bool):
     return req
 
 
-@pytest.mark.parametrize("codec", [openai, anthropic])
+@pytest.mark.parametrize("codec", [openai, anthropic, gemini, bedrock, cohere, responses])
 def test_writers_copy_literals_faithfully(codec):
+    """Every JSON writer writes the same document from literals as from strs."""
     a = codec.write_request(_request(True))
     b = codec.write_request(_request(False))
     assert orjson.loads(a) == orjson.loads(b)
+
+
+@pytest.mark.parametrize("codec", [openai, anthropic, gemini, bedrock, cohere, responses])
+def test_writers_from_the_anthropic_reader(codec):
+    """The anthropic reader's literals (escapes as a client may write them) through every writer:
+    the same document as from the orjson-read request."""
+    raw = (rb'{"model":"m","max_tokens":9,"system":[{"type":"text","text":"s\u00e9 \/ \"q\""}],'
+           rb'"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00\n"},'
+           rb'{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b\t"},'
+           rb'{"type":"tool_use","id":"t1","name":"f","input":{"x":1}}]},'
+           rb'{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"r\u0000"},'
+           rb'{"type":"text","text":""},{"type":"text","text":"after"}]}],'
+           rb'"tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}]}')
+    fast = anthropic.read_request(raw)
+    assert fast.messages[0].content[0].text_json is not None
+    slow = anthropic.read_request(raw)
+    blocks = slow.system + [blk for m in slow.messages for blk in m.content]
+    blocks += [c for blk in blocks for c in (blk.content or ())]
+    assert sum(b.text_json is not None for b in blocks) == 7
+    for b in blocks:
+        b.text = b.text             # the same IR, its text as strs
+    assert all(b.text_json is None for b in blocks)
+    for r in (fast, slow):
+        r.model = "target"
+        r.extra = {}
+    assert orjson.loads(codec.write_request(fast)) == orjson.loads(codec.write_request(slow))
 
 
 def test_anthropic_reader_keeps_literals():
