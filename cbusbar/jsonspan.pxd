@@ -24,6 +24,7 @@ cdef class Marks:
     cdef bint raw[MAX_MARK_STATES]
     cdef int elem[MAX_MARK_STATES]
     cdef list keys                  # per state: [(bytes name, str name, int state)]
+    cdef list values                # [(bytes, str)]: string values returned as these objects
 
 
 cpdef object parse(bytes body, Marks marks)

@@ -23,7 +23,9 @@ cdef object Fragment = orjson.Fragment
 cdef object JSONDecodeError = orjson.JSONDecodeError
 
 cdef extern from "simd.h":
-    Py_ssize_t busbar_plain_run(const unsigned char* p, Py_ssize_t i, Py_ssize_t n) nogil
+    Py_ssize_t busbar_str_run_hi(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* hi) nogil
+    int busbar_utf8_valid(const unsigned char* p, Py_ssize_t n) nogil
+    int busbar_utf8_valid_scalar(const unsigned char* p, Py_ssize_t n) nogil
 
 # How deep parse() itself recurses into marked containers, and how deep a whole document may nest
 # before it leaves the document to orjson (whose own limit is 1024 levels): past either, the caller
@@ -40,9 +42,10 @@ cdef object FAIL = object()     # parse(): not sure, let orjson decide
 
 
 cdef class Marks:
-    def __init__(self, list states):
+    def __init__(self, list states, tuple values=()):
         """states[k] = (raw, element state, {member name: state}) for k >= 1; states[0] is unused
-        (state 0 is an ordinary value, nothing marked below it)."""
+        (state 0 is an ordinary value, nothing marked below it). values: short strings the body
+        often holds (roles, block types): parse returns these very objects for them."""
         cdef int k
         cdef object raw, elem, members
         if len(states) > MAX_MARK_STATES:
@@ -54,6 +57,7 @@ cdef class Marks:
             self.raw[k] = bool(raw)
             self.elem[k] = int(elem)
             self.keys[k] = [(name.encode(), name, int(st)) for name, st in members.items()]
+        self.values = [(v.encode(), v) for v in values]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,15 +86,22 @@ cdef inline int _hex4(const unsigned char* p) noexcept nogil:
 
 
 cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int* flags) noexcept nogil:
-    cdef unsigned char c, c1, c2, c3
-    cdef int u, lo
+    cdef unsigned char c
+    cdef int u, lo, hi = 0
+    cdef Py_ssize_t s = i + 1
     i += 1
     while True:
-        i += busbar_plain_run(p, i, n)
+        # 16 bytes a step up to a quote, a backslash or a control character; bytes >= 0x80 pass
+        # and the whole literal's UTF-8 is checked at its end, branch-free (simd.h).
+        i += busbar_str_run_hi(p, i, n, &hi)
         if i >= n:
             return -1
         c = p[i]
         if c == 34:     # "
+            if hi:
+                flags[0] |= F_NON_ASCII
+                if not busbar_utf8_valid(p + s, i - s):
+                    return -1
             return i + 1
         if c == 92:     # \
             flags[0] |= F_ESCAPE
@@ -119,40 +130,15 @@ cdef Py_ssize_t string_end(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, i
                     i += 6
             else:
                 return -1
-        elif c < 32:
-            return -1
-        elif c < 128:
-            i += 1
         else:
-            flags[0] |= F_NON_ASCII
-            # strict UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF
-            if 0xC2 <= c <= 0xDF:
-                if i + 2 > n or (p[i + 1] & 0xC0) != 0x80:
-                    return -1
-                i += 2
-            elif 0xE0 <= c <= 0xEF:
-                if i + 3 > n:
-                    return -1
-                c1 = p[i + 1]
-                c2 = p[i + 2]
-                if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80:
-                    return -1
-                if (c == 0xE0 and c1 < 0xA0) or (c == 0xED and c1 > 0x9F):
-                    return -1
-                i += 3
-            elif 0xF0 <= c <= 0xF4:
-                if i + 4 > n:
-                    return -1
-                c1 = p[i + 1]
-                c2 = p[i + 2]
-                c3 = p[i + 3]
-                if (c1 & 0xC0) != 0x80 or (c2 & 0xC0) != 0x80 or (c3 & 0xC0) != 0x80:
-                    return -1
-                if (c == 0xF0 and c1 < 0x90) or (c == 0xF4 and c1 > 0x8F):
-                    return -1
-                i += 4
-            else:
-                return -1
+            return -1   # a control character
+
+
+def _utf8_valid(bytes data, bint scalar=False):
+    """Tests: the UTF-8 check string_end applies (simd.h), or its scalar form."""
+    if scalar:
+        return bool(busbar_utf8_valid_scalar(data, len(data)))
+    return bool(busbar_utf8_valid(data, len(data)))
 
 
 cdef Py_ssize_t skip_value(const unsigned char* p, Py_ssize_t i, Py_ssize_t n, int depth) noexcept nogil:
@@ -281,7 +267,22 @@ cdef inline object _str(bytes body, const unsigned char* p, Py_ssize_t s, Py_ssi
     return _loads(body, s, e)
 
 
-cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, int depth):
+cdef object _value_str(bytes body, const unsigned char* p, Py_ssize_t s, Py_ssize_t e, int flags,
+                       Marks m):
+    """A string value: one of m.values itself when it is one, else _str."""
+    cdef tuple cand
+    cdef bytes vb
+    cdef Py_ssize_t size = e - s - 2
+    if flags == 0 and size <= 16:
+        for cand in m.values:
+            vb = <bytes>cand[0]
+            if len(vb) == size and memcmp(<const char*>vb, p + s + 1, size) == 0:
+                return cand[1]
+    return _str(body, p, s, e, flags)
+
+
+cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, int depth,
+                    Marks m):
     """A value with nothing marked below it."""
     cdef Py_ssize_t i = pi[0], j, e
     cdef unsigned char c = p[i]
@@ -293,7 +294,7 @@ cdef object _scalar(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize
         if e < 0:
             return FAIL
         pi[0] = e
-        return _str(body, p, i, e, flags)
+        return _value_str(body, p, i, e, flags, m)
     if c == 123 or c == 91:
         e = _container_end(p, i, n, &maxdepth)
         if e < 0 or depth + maxdepth > MAX_DEPTH:
@@ -352,7 +353,7 @@ cdef object _value(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_
     if i >= n:
         return FAIL
     if state == 0:
-        return _scalar(body, p, pi, n, depth)
+        return _scalar(body, p, pi, n, depth, m)
     c = p[i]
     if c == 34 and m.raw[state]:
         e = string_end(p, i, n, &flags)
@@ -366,7 +367,7 @@ cdef object _value(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_
         return _object(body, p, pi, n, m, state, depth + 1)
     if c == 91 and m.elem[state]:
         return _array(body, p, pi, n, m, m.elem[state], depth + 1)
-    return _scalar(body, p, pi, n, depth)
+    return _scalar(body, p, pi, n, depth, m)
 
 
 cdef object _object(bytes body, const unsigned char* p, Py_ssize_t* pi, Py_ssize_t n, Marks m,

@@ -239,44 +239,46 @@ cdef ir.Block _read_block(object raw, object where):
     cdef object t, v, content
     cdef list inner
     cdef Py_ssize_t i
+    cdef dict d
     if type(raw) is not dict:
         as_dict(raw, _path(where), SHAPE)
-    t = _field_str(raw, "type", where, True)
+    d = <dict>raw
+    t = _field_str(d, "type", where, True)
     b = ir.Block.__new__(ir.Block)
     if t == "text":
         b.kind = ir.B_TEXT
-        v = raw.get("text")
+        v = d.get("text")
         if type(v) is bytes:
             b.text_json = v             # the client's literal, kept for a JSON writer (jsonspan)
         else:
-            b._text = _field_str(raw, "text", where, True)
-        v = raw.get("citations")
+            b._text = _field_str(d, "text", where, True)
+        v = d.get("citations")
         if isinstance(v, list) and v:
             b.citations = v
     elif t == "image":
         b.kind = ir.B_IMAGE
-        _read_source(b, raw.get("source"), _path(where), False)
+        _read_source(b, d.get("source"), _path(where), False)
     elif t == "document":
         b.kind = ir.B_DOCUMENT
-        _read_source(b, raw.get("source"), _path(where), True)
-        v = raw.get("title")
+        _read_source(b, d.get("source"), _path(where), True)
+        v = d.get("title")
         if type(v) is str:
             b.name = v
         # Block.citations carries a document's citation switch ({"enabled": true}); Bedrock's
         # document block has the same shape.
-        v = raw.get("citations")
+        v = d.get("citations")
         if isinstance(v, dict):
             b.citations = v
     elif t == "tool_use":
         b.kind = ir.B_TOOL_USE
-        b.id = _field_str(raw, "id", where, True)
-        b.name = _field_str(raw, "name", where, True)
-        v = raw.get("input")
+        b.id = _field_str(d, "id", where, True)
+        b.name = _field_str(d, "name", where, True)
+        v = d.get("input")
         b.input = v if v is not None else {}
     elif t == "tool_result":
         b.kind = ir.B_TOOL_RESULT
-        b.id = _field_str(raw, "tool_use_id", where, True)
-        content = raw.get("content")
+        b.id = _field_str(d, "tool_use_id", where, True)
+        content = d.get("content")
         inner = []
         if type(content) is str:
             if content:
@@ -292,34 +294,37 @@ cdef ir.Block _read_block(object raw, object where):
         elif content is not None:
             raise SHAPE.bad_type(_path(where) + ".content", J_CONTENT, content)
         b.content = inner
-        v = raw.get("is_error")
+        v = d.get("is_error")
         if v is not None and v is not True and v is not False:
-            opt_bool(raw, "is_error", _path(where) + ".is_error", SHAPE)    # raises
+            opt_bool(d, "is_error", _path(where) + ".is_error", SHAPE)    # raises
         b.is_error = v is True
     elif t == "thinking":
         b.kind = ir.B_THINKING
-        b._text = _field_str(raw, "thinking", where, True)
-        b.signature = _field_str(raw, "signature", where, False)
+        b._text = _field_str(d, "thinking", where, True)
+        b.signature = _field_str(d, "signature", where, False)
     elif t == "redacted_thinking":
         b.kind = ir.B_THINKING
         b.redacted = True
-        b.data = _field_str(raw, "data", where, True)
+        b.data = _field_str(d, "data", where, True)
     else:
         return None
-    b.cache_control = _cache_control(raw)
+    b.cache_control = _cache_control(d)
     return b
 
 
-cdef list _read_content(object content, object where):
+cdef list _read_content(object content, Py_ssize_t msg):
+    """messages[msg].content; its error path is built only for a list or an error."""
     cdef list out = []
     cdef Py_ssize_t i
     cdef ir.Block b
+    cdef object where
     if type(content) is bytes:
         out.append(ir.json_text_block(content))
         return out
     if type(content) is str:
         out.append(ir.text_block(content))
         return out
+    where = (("messages", msg), "content")
     if type(content) is not list:
         raise SHAPE.bad_type(_path(where), J_CONTENT, content)
     for i in range(len(content)):
@@ -344,9 +349,9 @@ cdef list _read_system(object system, str where):
         raise SHAPE.bad_type(where, J_CONTENT, system)
     for i in range(len(system)):
         raw = system[i]
-        if not isinstance(raw, dict) or raw.get("type") != "text":
+        if not isinstance(raw, dict) or (<dict>raw).get("type") != "text":
             raise CodecError(f"{where}.{i}.type: Input should be 'text'")
-        v = raw.get("text")
+        v = (<dict>raw).get("text")
         if type(v) is bytes:
             b = ir.json_text_block(v)
         else:
@@ -426,7 +431,7 @@ cdef Marks REQUEST_MARKS = Marks([
     (False, 0, {"type": 0, "text": 6, "content": 2}),
     (False, 0, {"role": 0, "content": 2}),
     (True, 0, {}),
-])
+], ("user", "assistant", "text"))
 
 
 cpdef ir.Request read_request(bytes body):
@@ -473,7 +478,7 @@ cpdef ir.Request read_request(bytes body):
             continue
         else:
             raise CodecError(f"messages.{i}.role: Input should be 'user' or 'assistant'")
-        m.content = _read_content(<object>cp, (("messages", i), "content"))
+        m.content = _read_content(<object>cp, i)
         req.messages.append(m)
 
     v = d.get("tools")
@@ -648,9 +653,9 @@ cdef dict _w_media(ir.Block b):
 cdef dict _w_text(ir.Block b):
     cdef dict d
     cdef list cs
-    if not b.text:
+    if ir.text_is_empty(b):
         return None  # Anthropic rejects empty text blocks
-    d = {"type": "text", "text": b.text}
+    d = {"type": "text", "text": jsonspan.text_value(b)}   # a client's literal stays one
     if b.citations is not None:
         cs = _citations(b.citations)
         if cs:
@@ -828,8 +833,8 @@ cpdef bytes write_request(ir.Request req):
         tools.append({"name": forced, "description": STRUCTURED_DESCRIPTION, "input_schema": schema})
 
     for b in req.system:
-        if b.kind == ir.B_TEXT and b.text:
-            td = {"type": "text", "text": b.text}
+        if b.kind == ir.B_TEXT and not ir.text_is_empty(b):
+            td = {"type": "text", "text": jsonspan.text_value(b)}
             cc = _cc(b.cache_control, &left)
             if cc is not None:
                 td["cache_control"] = cc
@@ -1018,9 +1023,9 @@ cdef dict _w_response_block(ir.Block b):
     cdef dict d
     cdef list cs
     if b.kind == ir.B_TEXT:
-        if not b.text:
+        if ir.text_is_empty(b):
             return None
-        d = {"type": "text", "text": b.text}
+        d = {"type": "text", "text": jsonspan.text_value(b)}
         if b.citations is not None:
             cs = _citations(b.citations)
             if cs:
@@ -1524,13 +1529,19 @@ cdef class StreamEncoder:
         self.wire_kind[wire] = kind
         self.open_blocks.append(wire)
         if cb is None:
-            out += (START_HEAD, _int_bytes(wire), TEXT_START)
+            out.append(START_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_START)
         else:
             out.append(_sse("content_block_start", {"type": "content_block_start", "index": wire,
                                                     "content_block": cb}))
         # Payload a decoder put on the start block itself is sent as deltas.
         if kind == K_TEXT and not ir.text_is_empty(block):
-            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, jsonspan.text_literal(block), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_DELTA)
+            out.append(jsonspan.text_literal(block))
+            out.append(DELTA_TAIL)
         elif kind == K_TOOL and block.input:
             v = block.input
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
@@ -1554,7 +1565,9 @@ cdef class StreamEncoder:
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                     "delta": {"type": "signature_delta", "signature": sig}}))
         self.open_blocks.remove(wire)
-        out += (STOP_HEAD, _int_bytes(wire), STOP_TAIL)
+        out.append(STOP_HEAD)
+        out.append(_int_bytes(wire))
+        out.append(STOP_TAIL)
 
     cdef void _close_all(self, list out) except *:
         while self.open_blocks:
@@ -1582,17 +1595,29 @@ cdef class StreamEncoder:
         if dk == ir.D_TEXT and kind == K_TEXT:
             if not ev.text:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), TEXT_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(TEXT_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_INPUT_JSON and kind == K_TOOL:
             if not ev.text or wire in self.whole_input:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), JSON_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(JSON_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_THINKING and kind == K_THINKING:
             if not ev.text:
                 return
-            out += (DELTA_HEAD, _int_bytes(wire), THINKING_DELTA, orjson.dumps(ev.text), DELTA_TAIL)
+            out.append(DELTA_HEAD)
+            out.append(_int_bytes(wire))
+            out.append(THINKING_DELTA)
+            out.append(orjson.dumps(ev.text))
+            out.append(DELTA_TAIL)
             return
         elif dk == ir.D_SIGNATURE and kind == K_THINKING:
             if not ev.text:

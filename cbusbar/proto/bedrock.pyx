@@ -43,6 +43,8 @@ from cbusbar.eventstream import EventStreamError
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, top_field
 from cbusbar cimport jsonget
+from cbusbar.ir cimport text_is_empty
+from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     Shape, opt_dict, opt_int, opt_list, opt_number, str_or_none, count, J_STRINGS,
 )
@@ -700,8 +702,8 @@ cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
     cdef int k = b.kind
     if k == B_TEXT:
         # Bedrock rejects blank text blocks ("The text field in the ContentBlock object is blank").
-        if b.text:
-            item = {"text": b.text}
+        if not text_is_empty(b):
+            item = {"text": text_value(b)}      # a client's literal stays one (jsonspan)
     elif k == B_TOOL_USE:
         item = {"toolUse": {"toolUseId": b.id or "", "name": b.name or "",
                             "input": b.input if b.input is not None else {}}}
@@ -709,7 +711,7 @@ cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
         inner = []
         for c in (b.content or ()):
             if c.kind == B_TEXT:
-                inner.append({"text": c.text or ""})
+                inner.append({"text": text_value(c)})
             elif c.kind == B_IMAGE:
                 d = _image_json(c)
                 if d is not None:
@@ -776,8 +778,8 @@ cpdef bytes write_request(Request req):
 
     system = []
     for b in req.system:
-        if b.text:
-            system.append({"text": b.text})
+        if not text_is_empty(b):
+            system.append({"text": text_value(b)})
             if _writes_cache_point(b.cache_control):
                 system.append(_cache_point(b.cache_control))
     if system:

@@ -29,6 +29,8 @@ from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
+from cbusbar.ir cimport text_is_empty
+from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     Shape, as_dict, as_str, opt_bool, opt_int, opt_number, opt_str, req_list,
     J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS,
@@ -454,8 +456,8 @@ cdef list _tool_content(Block result):
     cdef Block c
     if result.content is not None:
         for c in result.content:
-            if (c.kind == B_TEXT or c.kind == B_DOCUMENT) and c.text is not None:
-                parts.append({"type": "text", "text": c.text})
+            if (c.kind == B_TEXT or c.kind == B_DOCUMENT) and (c.text_json is not None or c.text is not None):
+                parts.append({"type": "text", "text": text_value(c)})
     if not parts:
         parts.append({"type": "text", "text": ""})
     return parts
@@ -478,7 +480,7 @@ cdef void _write_user(list out, Message m):
                 parts = []
             out.append({"role": "tool", "tool_call_id": b.id or "", "content": _tool_content(b)})
         elif b.kind == B_TEXT:
-            parts.append({"type": "text", "text": b.text or ""})
+            parts.append({"type": "text", "text": text_value(b)})
         elif b.kind == B_IMAGE:
             part = _image_part(b)
             if part is not None:
@@ -494,18 +496,18 @@ cdef void _write_assistant(list out, Message m):
     cdef Block b
     cdef dict msg
     for b in m.content:
-        if b.kind == B_TEXT and b.text:
-            texts.append(b.text)
+        if b.kind == B_TEXT and not text_is_empty(b):
+            texts.append(b)     # text blocks: jsonspan.join_text / text_value keep literals
         elif b.kind == B_TOOL_USE:
             calls.append({"id": b.id or "", "type": "function",
                           "function": {"name": b.name or "", "arguments": _arguments(b.input)}})
     if calls:
         msg = {"role": "assistant", "tool_calls": calls}
         if texts:
-            msg["tool_plan"] = "".join(texts)
+            msg["tool_plan"] = join_text(texts, "")
     elif texts:
         msg = {"role": "assistant",
-               "content": _content_value([{"type": "text", "text": t} for t in texts])}
+               "content": _content_value([{"type": "text", "text": text_value(<Block>t)} for t in texts])}
     else:
         return   # thinking only: Cohere has no way to say it, and an empty turn is refused
     out.append(msg)
@@ -520,8 +522,8 @@ cpdef bytes write_request(Request req):
     cdef dict fn, rf
     body["model"] = req.model
     for b in req.system:
-        if b.kind == B_TEXT and b.text is not None:
-            system.append({"type": "text", "text": b.text})
+        if b.kind == B_TEXT and (b.text_json is not None or b.text is not None):
+            system.append({"type": "text", "text": text_value(b)})
     if system:
         messages.append({"role": "system", "content": _content_value(system)})
     for m in req.messages:

@@ -33,6 +33,8 @@ from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport JsonArrayParser, SSEParser, json_array_item, sse_data_crlf, top_field
 from cbusbar cimport jsonget
+from cbusbar.ir cimport text_is_empty
+from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     Shape, as_dict, req_list, is_int, is_number, J_STRING, J_INTEGER, J_NUMBER, J_OBJECT, J_ARRAY,
 )
@@ -779,8 +781,8 @@ cdef list _write_parts(Message m, dict names):
     for blk in m.content:
         b = <Block>blk
         if b.kind == B_TEXT:
-            if b.text:
-                p = {"text": b.text}
+            if not text_is_empty(b):
+                p = {"text": text_value(b)}     # a client's literal stays one (jsonspan)
                 if model and b.signature and _is_b64(b.signature):
                     p["thoughtSignature"] = b.signature
                 parts.append(p)
@@ -837,7 +839,7 @@ cpdef bytes write_request(Request req):
             contents.append({"role": "model" if (<Message>m).role == ROLE_ASSISTANT else "user",
                              "parts": parts})
     body["contents"] = contents
-    parts = [{"text": (<Block>b).text} for b in req.system if (<Block>b).text]
+    parts = [{"text": text_value(<Block>b)} for b in req.system if not text_is_empty(<Block>b)]
     if parts:
         body["systemInstruction"] = {"parts": parts}
 

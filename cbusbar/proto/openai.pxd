@@ -22,6 +22,8 @@ cdef class StreamDecoder:
     cdef dict tools                 # OpenAI tool-call key (its `index`, else its id) -> IR block index
     cdef object last_tool           # key of the most recent tool call (fragments without index/id)
     cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
+    cdef object _c_text             # _text_frame's scratch: the chunk's text and finish_reason
+    cdef object _c_finish
 
     cpdef list feed(self, bytes chunk)
     cpdef list close(self)

@@ -701,7 +701,8 @@ cdef void _write_user(Message m, list out) except *:
                             parts.append(part)
             elif b.text_json is not None or b.text is not None:
                 texts.append(b)
-            out.append({"role": "tool", "tool_call_id": b.id or "", "content": join_text(texts, "\n")})
+            out.append((TOOL_HEAD, orjson.dumps(b.id or ""), TOOL_CONTENT, join_literal(texts, "\n"),
+                        MESSAGE_TAIL))
         else:
             part = _content_part(b)
             if part is not None:
@@ -860,6 +861,8 @@ cdef bytes SYSTEM_HEAD = b'{"role":"system","content":'
 cdef bytes USER_HEAD = b'{"role":"user","content":'
 cdef bytes ASSISTANT_HEAD = b'{"role":"assistant","content":'
 cdef bytes MESSAGE_TAIL = b'}'
+cdef bytes TOOL_HEAD = b'{"role":"tool","tool_call_id":'     # {"role", "tool_call_id", "content"}
+cdef bytes TOOL_CONTENT = b',"content":'
 
 
 cdef bytes _dump_body(dict body):
@@ -1400,7 +1403,6 @@ cdef class StreamDecoder:
         cdef int vflags = 0, id_flags = 0, model_flags = 0
         cdef bint seen_choices = False
         cdef object text = None, finish = None
-        cdef tuple choice
         i = ws(p, 0, n)
         if i >= n or p[i] != 123:
             return False
@@ -1414,12 +1416,11 @@ cdef class StreamDecoder:
                 if seen_choices:
                     return False        # a repeated member: orjson keeps the last, leave it to _frame
                 seen_choices = True
-                choice = _first_choice_text(p, vs, n)
-                if choice is None:
+                ve = _first_choice_text(self, p, vs, n)
+                if ve < 0:
                     return False
-                ve = <Py_ssize_t>choice[0]
-                text = choice[1]
-                finish = choice[2]
+                text = self._c_text
+                finish = self._c_finish
                 i = ws(p, ve, n)
                 if i < n and p[i] == 44:
                     i = ws(p, i + 1, n)
@@ -1579,22 +1580,24 @@ cdef inline Py_ssize_t _value_end(const unsigned char* p, Py_ssize_t vs, Py_ssiz
     return skip_value(p, vs, n, depth)
 
 
-cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
+cdef Py_ssize_t _first_choice_text(StreamDecoder dec, const unsigned char* p, Py_ssize_t s,
+                                   Py_ssize_t n) except -2:
     """StreamDecoder._text_frame: the choices array at p[s] (its `[`), read and validated in one
     pass, when its first element is the choice _first_choice picks (an object with index 0 or
     none) and that choice carries at most delta.content text (delta.role and null refusal,
-    reasoning and tool calls aside), null logprobs and a finish_reason: (the array's end, the text
-    (None for none or ""), the finish_reason (str or None)). None: any other shape, or bytes it is
-    not sure orjson accepts."""
+    reasoning and tool calls aside), null logprobs and a finish_reason: returns the array's end and
+    leaves the text (None for none or "") and the finish_reason (str or None) on dec._c_text and
+    dec._c_finish. -1: any other shape, or bytes it is not sure orjson accepts."""
     cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
     cdef int vflags = 0
     cdef bint seen_index = False, seen_logprobs = False, seen_finish = False, seen_delta = False
-    cdef object text = None, finish = None
-    cdef tuple delta
+    cdef object finish = None
+    dec._c_text = None
     if i < n and p[i] == 93:
-        return (i + 1, None, None)      # no choice
+        dec._c_finish = None
+        return i + 1        # no choice
     if i >= n or p[i] != 123:
-        return None
+        return -1
     i = ws(p, i + 1, n)
     if i < n and p[i] == 125:
         i += 1
@@ -1603,16 +1606,14 @@ cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n
             ks = i
             vs = _member(p, i, n, &ke)
             if vs < 0:
-                return None
+                return -1
             if _key(p, ks, ke, b"delta", 5) and vs < n and p[vs] == 123:
                 if seen_delta:
-                    return None
+                    return -1
                 seen_delta = True
-                delta = _delta_text(p, vs, n)
-                if delta is None:
-                    return None
-                ve = <Py_ssize_t>delta[0]
-                text = delta[1]
+                ve = _delta_text(dec, p, vs, n)
+                if ve < 0:
+                    return -1
                 i = ws(p, ve, n)
                 if i < n and p[i] == 44:
                     i = ws(p, i + 1, n)
@@ -1620,30 +1621,30 @@ cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n
                 if i < n and p[i] == 125:
                     i += 1
                     break
-                return None
+                return -1
             ve = _value_end(p, vs, n, &vflags, 3)
             if ve < 0:
-                return None
+                return -1
             if _key(p, ks, ke, b"index", 5):
                 if seen_index or not ((ve - vs == 1 and p[vs] == 48) or _null(p, vs, ve)):
-                    return None
+                    return -1
                 seen_index = True
             elif _key(p, ks, ke, b"delta", 5):
                 if seen_delta or not _null(p, vs, ve):
-                    return None
+                    return -1
                 seen_delta = True
             elif _key(p, ks, ke, b"logprobs", 8):
                 if seen_logprobs or not _null(p, vs, ve):
-                    return None
+                    return -1
                 seen_logprobs = True
             elif _key(p, ks, ke, b"finish_reason", 13):
                 if seen_finish:
-                    return None
+                    return -1
                 seen_finish = True
                 if p[vs] == 34:
                     finish = decode_str(p, vs, ve, vflags)
                 elif not _null(p, vs, ve):
-                    return None
+                    return -1
             i = ws(p, ve, n)
             if i < n and p[i] == 44:
                 i = ws(p, i + 1, n)
@@ -1651,56 +1652,57 @@ cdef tuple _first_choice_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n
             if i < n and p[i] == 125:
                 i += 1
                 break
-            return None
+            return -1
     i = ws(p, i, n)
     while i < n and p[i] == 44:     # the other choices: validated, not read
         i = skip_value(p, ws(p, i + 1, n), n, 2)
         if i < 0:
-            return None
+            return -1
         i = ws(p, i, n)
     if i >= n or p[i] != 93:
-        return None
-    return (i + 1, text, finish)
+        return -1
+    dec._c_finish = finish
+    return i + 1
 
 
-cdef tuple _delta_text(const unsigned char* p, Py_ssize_t s, Py_ssize_t n):
-    """_first_choice_text: the delta object at p[s], read and validated: (its end, its content
-    text when that is a non-empty string, else None), or None for any other shape."""
+cdef Py_ssize_t _delta_text(StreamDecoder dec, const unsigned char* p, Py_ssize_t s,
+                            Py_ssize_t n) except -2:
+    """_first_choice_text: the delta object at p[s], read and validated: its end, its content text
+    (a non-empty string, else None) left on dec._c_text; -1 for any other shape."""
     cdef Py_ssize_t i = ws(p, s + 1, n), ks, ke = 0, vs = 0, ve
     cdef int vflags = 0
     cdef bint seen_content = False
-    cdef object text = None
     if i < n and p[i] == 125:
-        return (i + 1, None)
+        return i + 1
     while True:
         ks = i
         vs = _member(p, i, n, &ke)
         if vs < 0:
-            return None
+            return -1
         ve = _value_end(p, vs, n, &vflags, 4)
         if ve < 0:
-            return None
+            return -1
         if _key(p, ks, ke, b"content", 7):
             if seen_content:
-                return None
+                return -1
             seen_content = True
             if p[vs] == 34:
                 if ve - vs > 2:
-                    text = decode_str(p, vs, ve, vflags)
+                    dec._c_text = decode_str(p, vs, ve, vflags)
             elif not _null(p, vs, ve):
-                return None
+                return -1
         elif (_key(p, ks, ke, b"refusal", 7) or _key(p, ks, ke, b"reasoning_content", 17)
               or _key(p, ks, ke, b"reasoning", 9) or _key(p, ks, ke, b"tool_calls", 10)
               or _key(p, ks, ke, b"function_call", 13)):
             if not _null(p, vs, ve):
-                return None
+                return -1
         i = ws(p, ve, n)
         if i < n and p[i] == 44:
             i = ws(p, i + 1, n)
             continue
         if i < n and p[i] == 125:
-            return (i + 1, text)
-        return None
+            return i + 1
+        return -1
 
 
 cdef class StreamEncoder:

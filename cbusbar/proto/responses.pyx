@@ -16,6 +16,8 @@ from cbusbar.framing cimport SSEParser, sse_event, top_field
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
+from cbusbar.ir cimport text_is_empty
+from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
 )
@@ -176,13 +178,15 @@ cdef list _parts(object content, str what):
     return out
 
 
-cdef str _text_of(list blocks, str sep):
+cdef object _text_of(list blocks, str sep):
+    """The non-empty texts joined, "" when none: a str, or an orjson.Fragment when a block holds
+    the client's literal (jsonspan.join_text; a writer puts it in a body as it is)."""
     cdef list texts = []
     cdef Block b
     for b in blocks:
-        if (b.kind == B_TEXT or b.kind == B_DOCUMENT) and b.text:
-            texts.append(b.text)
-    return sep.join(texts)
+        if (b.kind == B_TEXT or b.kind == B_DOCUMENT) and not text_is_empty(b):
+            texts.append(b)
+    return join_text(texts, sep) if texts else ""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,7 +408,7 @@ cdef dict _part_out(Block b):
     """A user-side IR block as a Responses input content part, or None when it has no form."""
     cdef str uri
     if b.kind == B_TEXT:
-        return {"type": "input_text", "text": b.text or ""}
+        return {"type": "input_text", "text": text_value(b)}
     if b.kind == B_IMAGE:
         if b.src_kind == SRC_BASE64:
             uri = "data:%s;base64,%s" % (b.media_type or "image/png", b.data or "")
@@ -467,7 +471,7 @@ cdef void _write_input(Request req, list items) except *:
                 if b.kind == B_TEXT:
                     # String content: an id-less assistant message may not carry output_text
                     # parts (those belong to output messages, which need an id and a status).
-                    items.append({"type": "message", "role": "assistant", "content": b.text or ""})
+                    items.append({"type": "message", "role": "assistant", "content": text_value(b)})
                 elif b.kind == B_TOOL_USE:
                     items.append({
                         "type": "function_call", "call_id": b.id, "name": b.name,
@@ -554,7 +558,7 @@ cpdef bytes write_request(Request req):
     cdef dict body = {"model": req.model}
     cdef dict extra = req.extra if req.extra is not None else {}
     cdef list items = []
-    cdef str system = _text_of(req.system, "\n\n")
+    cdef object system = _text_of(req.system, "\n\n")     # "" when there is none
     cdef list tools
     cdef object native, tc
     cdef dict text, reasoning

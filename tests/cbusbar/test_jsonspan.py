@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from cbusbar import ir, jsonspan
-from cbusbar.proto import anthropic, openai
+from cbusbar.proto import anthropic, bedrock, cohere, gemini, openai, responses
 
 # The Anthropic request marks (anthropic.pyx REQUEST_MARKS), restated: system, message contents,
 # block texts and tool_result contents are literals.
@@ -199,11 +199,38 @@ def _request(literals: bool):
     return req
 
 
-@pytest.mark.parametrize("codec", [openai, anthropic])
+@pytest.mark.parametrize("codec", [openai, anthropic, gemini, bedrock, cohere, responses])
 def test_writers_copy_literals_faithfully(codec):
+    """Every JSON writer writes the same document from literals as from strs."""
     a = codec.write_request(_request(True))
     b = codec.write_request(_request(False))
     assert orjson.loads(a) == orjson.loads(b)
+
+
+@pytest.mark.parametrize("codec", [openai, anthropic, gemini, bedrock, cohere, responses])
+def test_writers_from_the_anthropic_reader(codec):
+    """The anthropic reader's literals (escapes as a client may write them) through every writer:
+    the same document as from the orjson-read request."""
+    raw = (rb'{"model":"m","max_tokens":9,"system":[{"type":"text","text":"s\u00e9 \/ \"q\""}],'
+           rb'"messages":[{"role":"user","content":"caf\u00e9 \ud83d\ude00\n"},'
+           rb'{"role":"assistant","content":[{"type":"text","text":"a"},{"type":"text","text":"b\t"},'
+           rb'{"type":"tool_use","id":"t1","name":"f","input":{"x":1}}]},'
+           rb'{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"r\u0000"},'
+           rb'{"type":"text","text":""},{"type":"text","text":"after"}]}],'
+           rb'"tools":[{"name":"f","description":"d","input_schema":{"type":"object"}}]}')
+    fast = anthropic.read_request(raw)
+    assert fast.messages[0].content[0].text_json is not None
+    slow = anthropic.read_request(raw)
+    blocks = slow.system + [blk for m in slow.messages for blk in m.content]
+    blocks += [c for blk in blocks for c in (blk.content or ())]
+    assert sum(b.text_json is not None for b in blocks) == 7
+    for b in blocks:
+        b.text = b.text             # the same IR, its text as strs
+    assert all(b.text_json is None for b in blocks)
+    for r in (fast, slow):
+        r.model = "target"
+        r.extra = {}
+    assert orjson.loads(codec.write_request(fast)) == orjson.loads(codec.write_request(slow))
 
 
 def test_anthropic_reader_keeps_literals():
@@ -257,3 +284,46 @@ def test_openai_body_is_orjsons_compact_form(model, extra):
                                                     "tool", "tool", "user"]
     assert doc["messages"][1] == {"role": "user", "content": "one"}
     assert doc["messages"][4] == {"role": "assistant", "content": ""}
+
+
+def _py_valid(b):
+    try:
+        b.decode("utf-8")       # CPython's decoder is strict: no overlongs, surrogates, > U+10FFFF
+        return True
+    except UnicodeDecodeError:
+        return False
+
+
+def test_utf8_check_matches_python_decoder():
+    rng = random.Random(8)
+    pieces = [b"a", b"\x7f", b"\xc3\xa9", b"\xe2\x80\x94", b"\xf0\x9f\x98\x80", b"\xf4\x8f\xbf\xbf",
+              b"\xc3", b"\xe2\x80", b"\xf0\x9f\x98", b"\x80", b"\xbf", b"\xc0\x80", b"\xc1\xbf",
+              b"\xe0\x80\x80", b"\xe0\x9f\xbf", b"\xed\xa0\x80", b"\xed\x9f\xbf", b"\xf0\x80\x80\x80",
+              b"\xf0\x8f\xbf\xbf", b"\xf4\x90\x80\x80", b"\xf5\x80\x80\x80", b"\xff", b"\xfe", b"\x00"]
+    cases = [b"", b"x" * 15, b"x" * 16, b"x" * 17]
+    for k in range(15, 20):     # a sequence across a 16-byte block boundary, and cut at the end
+        for seq in (b"\xe2\x80\x94", b"\xf0\x9f\x98\x80", b"\xc3\xa9"):
+            cases.append(b"x" * k + seq)
+            cases.append(b"x" * k + seq[:-1])
+            cases.append(b"x" * k + seq + b"y" * 20)
+    for _ in range(20000):
+        cases.append(b"".join(rng.choice(pieces) for _ in range(rng.randint(0, 40))))
+    for b in cases:
+        want = _py_valid(b)
+        assert jsonspan._utf8_valid(b) == want, b
+        assert jsonspan._utf8_valid(b, True) == want, b
+        # and through a marked literal, as parse reads it
+        doc = b'{"system":"' + b.replace(b"\\", b"").replace(b'"', b"").replace(b"\x00", b"") + b'"}'
+        same_as_orjson(doc)
+
+
+def test_marks_values_are_the_same_objects():
+    """Marks(values=...): a plain string value equal to one of them comes back as that object (no
+    new str per role or block type); any other string, or one spelled with escapes, as before."""
+    user, assistant = "".join(["us", "er"]), "".join(["assis", "tant"])
+    m = jsonspan.Marks([None, (False, 0, {"a": 0})], (user, assistant))
+    got = jsonspan.parse(b'{"a":"user","b":["assistant","us\\u0065r","users",1]}', m)
+    assert got == orjson.loads(b'{"a":"user","b":["assistant","us\\u0065r","users",1]}')
+    assert got["a"] is user and got["b"][0] is not assistant    # "b" is read by orjson whole
+    got = jsonspan.parse(b'{"c":"assistant","d":"us\\u0065r"}', m)
+    assert got["c"] is assistant and got["d"] == "user" and got["d"] is not user
