@@ -381,7 +381,24 @@ def mount(site, gw, boot):
         ("GET", "/groups/{name}/usage", group_usage, "a group's usage (its subgroups included)"),
         ("GET", "/usage", usage, "one UTC day's usage by model and by key (?day=YYYY-MM-DD)"),
     ):
-        r.add(method, P + path, handler, summary="governance: " + summary)
+        r.add(method, P + path, _when_ready(boot, handler), summary="governance: " + summary)
+
+
+# How long an admin call waits for the store to open at boot before it is refused (a Redis that
+# answers at all opens in milliseconds; the socket timeout bounds each try).
+STORE_READY_SECS = 10.0
+
+
+def _when_ready(boot, handler):
+    async def call(req):
+        ready = getattr(boot, "ready", None)
+        if ready is not None and not ready.is_set():
+            try:
+                await asyncio.wait_for(ready.wait(), STORE_READY_SECS)
+            except asyncio.TimeoutError:
+                raise AdminError(503, "the governance store is not open yet") from None
+        return await handler(req)
+    return call
 
 
 def _public_usage(d: dict, nano: int) -> dict:

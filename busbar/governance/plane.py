@@ -116,6 +116,14 @@ class GovBoot:
 
     async def start(self, gw):
         gate = gw.gate
+        self.ready = asyncio.Event()
+        if not self.is_child:
+            # The routes exist as soon as the admin listener does (another worker may already
+            # serve data); a call waits for the store to open (busbar/governance/admin.py).
+            admin = getattr(gw, "admin", None)
+            if admin is not None:
+                from .admin import mount
+                mount(admin, gw, self)
         if not self.local:
             await gate.directory.start()
             await gate.ledger.start()
@@ -125,13 +133,10 @@ class GovBoot:
             from .store import open_store
             self.store = open_store(self.gov.store)
             await self.store.open()
+        self.ready.set()
         for s in self.parent_ends:
             self.readers.append(gw.loop.create_task(self._read_usage(gw.loop, s)))
         self.spender = gw.loop.create_task(self._spend_loop(gw))
-        admin = getattr(gw, "admin", None)
-        if admin is not None:
-            from .admin import mount
-            mount(admin, gw, self)
 
     async def _spend_loop(self, gw):
         """busbar_key_spend_usd_total: spend per (key, group) from the stored usage and the
