@@ -1,9 +1,10 @@
 # cython: language_level=3
-"""The allocator setting the gateway's workers make at start: glibc's mallopt, called directly
-(the single-file executable carries no ctypes)."""
+"""The allocator calls the gateway's workers make at start: glibc's mallopt and malloc_trim, called
+directly (the single-file executable carries no ctypes)."""
 
 cdef extern from "malloc.h" nogil:
     int mallopt(int param, int value)
+    int malloc_trim(size_t pad)
     int M_MMAP_THRESHOLD
 
 
@@ -11,3 +12,9 @@ cpdef bint set_mmap_threshold(int nbytes):
     """Allocations from `nbytes` up get their own mapping, returned to the system when freed; this
     also turns off glibc's adaptive threshold. True when glibc accepted it."""
     return mallopt(M_MMAP_THRESHOLD, nbytes) == 1
+
+
+cpdef bint trim():
+    """Gives the heap's free pages back to the system (glibc's malloc_trim(0): the top of the heap
+    and every whole free page inside it). True when some memory was released."""
+    return malloc_trim(0) == 1

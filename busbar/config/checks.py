@@ -6,7 +6,6 @@ describe wrong values by type only: a misplaced secret must not be echoed back.
 """
 from __future__ import annotations
 
-import difflib
 import math
 from typing import Iterable
 
@@ -54,6 +53,7 @@ def describe(value: object) -> str:
 
 def suggest(key: str, options: Iterable[str]) -> str:
     """" (did you mean 'x'?)" for the nearest valid name, or ""."""
+    import difflib  # only for a config error: not kept in a serving process (~0.2 MiB)
     match = difflib.get_close_matches(key, list(options), n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 

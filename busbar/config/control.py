@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import ssl
-import tempfile
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -97,6 +96,7 @@ def ssl_context(tls: Tls, handshake_alpn=("http/1.1",)) -> ssl.SSLContext:
     ctx.set_alpn_protocols(list(handshake_alpn))
     # load_cert_chain reads files only: the PEM goes through a private temporary file that is
     # removed at once (it may have come from an environment variable).
+    import tempfile  # at TLS set-up only (with shutil, ~0.6 MiB a serving process need not keep)
     fd, path = tempfile.mkstemp(prefix="busbar-tls-")
     try:
         with os.fdopen(fd, "w") as fh:
@@ -167,6 +167,7 @@ def _tls(doc: dict, key: str, env, base_dir, out: Problems, offline: bool) -> Tl
     tls = Tls(key, values["cert"], values["key"], values.get("client_ca"))
     try:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        import tempfile
         fd, path = tempfile.mkstemp(prefix="busbar-tls-")
         try:
             with os.fdopen(fd, "w") as fh:
@@ -355,6 +356,7 @@ def write_overlay(path: str, applied: dict) -> None:
     """Writes the overlay atomically (temp file in the same folder + rename): a crash leaves the
     old overlay or the new one, never half of one. config.yaml is never written."""
     import json
+    import tempfile
     folder = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=".busbar-overlay-", dir=folder)
     try:

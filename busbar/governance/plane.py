@@ -60,6 +60,13 @@ class GovBoot:
             seed(self.table, gov, {g.name: g for g in self.groups}, store, time.time())
 
     # ------------------------------------------------------------------ fork
+    def preload(self):
+        """Imports, before the fork, what `install` and `start` import (see busbar/server/
+        gateway.py `_import_serving`: an import after the fork copies shared pages)."""
+        from . import admin, gate  # noqa: F401
+        if not self.local:
+            from . import redis_store  # noqa: F401
+
     def channel(self):
         if not self.local:
             return None

@@ -40,6 +40,23 @@ def prepare(config, workers: int):
     _prepared = (config, layout, SharedCounters(layout.size))
 
 
+def preload(config):
+    """Imports, in the parent before the workers fork, every module `install` will import for
+    `config`: a forked worker that imports a module writes to (and so copies) ~0.2-1 MiB of pages
+    it shared with the parent (tests/busbar/server/test_prefork.py checks that it imports none)."""
+    obs = settings(config)
+    import busbar.observability.events  # noqa: F401
+    import busbar.observability.routes  # noqa: F401 (also imports metrics: the /metrics renderer)
+    if obs.access_log != "off":
+        import busbar.observability.access_log  # noqa: F401
+    if obs.request_logs:
+        import busbar.observability.sinks  # noqa: F401
+    if obs.metrics_public:
+        import busbar.observability.mount  # noqa: F401
+    if obs.otlp is not None:
+        import busbar.observability.otlp  # noqa: F401
+
+
 def plan(gw, config):
     """In the parent, before a reload's swap: the metrics' name tables with `config`'s new pools,
     pairs and lanes given spare slots, sent to every worker with the config (`adopt`), so all of

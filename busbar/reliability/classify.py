@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import re
 import time
-from calendar import timegm
 
 from busbar.engine.records import (F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED,
                                    F_PROTOCOL, F_REFUSED, F_RESET, F_STATUS, F_TIMEOUT, F_TRUNCATED)
@@ -144,6 +143,7 @@ def _http_date(text: str):
     month = _MONTHS.get(m.group(2).lower())
     if month is None:
         return None
+    from calendar import timegm  # the rare HTTP-date form: not kept in memory for it (~0.2 MiB)
     return float(timegm((int(m.group(3)), month, int(m.group(1)), int(m.group(4)),
                          int(m.group(5)), int(m.group(6)), 0, 0, 0)))
 
