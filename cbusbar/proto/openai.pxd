@@ -60,6 +60,12 @@ cdef class UsageHider:
     cdef Py_ssize_t line            # start of the line being scanned
     cdef Py_ssize_t max_frame
     cdef bint passthrough           # an event outgrew max_frame: everything passes as it is
+    cdef bint cr                    # a CR was seen: lines are scanned byte by byte from then on
+    cdef char* out                  # the output being built (reused across feeds)
+    cdef Py_ssize_t cap
 
     cpdef bytes feed(self, bytes chunk)
     cpdef bytes close(self)
+    cdef bytes _feed_lf(self)
+    cdef bytes _feed_any(self)
+    cdef int _put(self, Py_ssize_t at, const char* src, Py_ssize_t n) except -1

@@ -40,7 +40,11 @@ from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top
 from cbusbar cimport jsonget
 from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, string_end, text_literal,
                                text_value, ws)
-from libc.string cimport memcmp, memcpy
+from libc.string cimport memchr, memcmp, memcpy
+from libc.stdlib cimport free, realloc
+
+cdef extern from "string.h" nogil:
+    void* memmem(const void* haystack, size_t hlen, const void* needle, size_t nlen)
 from cpython.bytes cimport PyBytes_AS_STRING
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
@@ -1811,14 +1815,94 @@ cdef class UsageHider:
         self.buf = bytearray()
         self.max_frame = max_frame if max_frame > 0 else DEFAULT_MAX_FRAME
 
+    def __dealloc__(self):
+        free(self.out)
+
     cpdef bytes feed(self, bytes chunk):
+        cdef bytes out
+        if self.passthrough:
+            return chunk
+        self.buf += chunk
+        if not self.cr and memchr(<const char*>chunk, 13, len(chunk)) != NULL:
+            # From the first CR on, every line end form (CR, LF, CRLF) is scanned for; the buffer
+            # starts at an event's first byte, so the scan restarts there.
+            self.cr = True
+            self.scan = self.line = 0
+        out = self._feed_any() if self.cr else self._feed_lf()
+        if len(self.buf) > self.max_frame:
+            out += bytes(self.buf)
+            self.buf = bytearray()
+            self.passthrough = True
+        return out
+
+    cdef int _put(self, Py_ssize_t at, const char* src, Py_ssize_t n) except -1:
+        cdef Py_ssize_t need = at + n
+        cdef char* grown
+        if need > self.cap:
+            need = max(need, 2 * self.cap, 4096)
+            grown = <char*>realloc(self.out, need)
+            if grown == NULL:
+                raise MemoryError()
+            self.out = grown
+            self.cap = need
+        memcpy(self.out + at, src, n)
+        return 0
+
+    cdef bytes _feed_lf(self):
+        """LF line ends only (what OpenAI sends): each event, up to its blank line, is found with
+        memchr and copied once into the output; a `"usage":null` member that closes a one-line
+        chunk's object (OpenAI's own layout) is cut out in the copy; any other event that has
+        `"usage"` goes through _hide_usage. Measured with callgrind on a relayed ~1k-token stream
+        (bench payload, 41 events): 1.03M instructions a stream through busbar with the
+        byte-by-byte scan and a bytes object per event, 0.61M now."""
+        cdef Py_ssize_t n = len(self.buf), ev = 0, e, at = 0, dl, first = -1, i = self.scan
+        cdef const char* p = PyByteArray_AS_STRING(self.buf)
+        cdef const char* q
+        cdef bytes slow
+        while i < n:
+            q = <const char*>memchr(p + i, 10, n - i)
+            if q == NULL:
+                i = n
+                break
+            i = q - p
+            if first < 0:
+                first = i           # the event's first line end
+            if i + 1 >= n:
+                break               # may be followed by the blank line: wait for more bytes
+            if p[i + 1] != 10:
+                i += 1
+                continue
+            e = i + 2               # the event is p[ev:e], its blank line included
+            if (first == e - 2 and e - ev > 6 + 14 and memcmp(p + ev, b"data: ", 6) == 0
+                    and memcmp(p + e - 2 - 14, b',"usage":null}', 14) == 0):
+                # One data line whose object ends with `,"usage":null}`: copied without it (a
+                # usage chunk never has a null usage, so this is never the chunk to drop).
+                dl = e - 2 - 14 - ev
+                self._put(at, p + ev, dl)
+                self._put(at + dl, b"}\n\n", 3)
+                at += dl + 3
+            elif memmem(p + ev, e - ev, b'"usage"', 7) == NULL:
+                self._put(at, p + ev, e - ev)
+                at += e - ev
+            else:
+                slow = _hide_usage(PyBytes_FromStringAndSize(p + ev, e - ev))
+                self._put(at, PyBytes_AS_STRING(slow), len(slow))
+                at += len(slow)
+            ev = i = e
+            first = -1
+        if ev:
+            del self.buf[:ev]
+            i -= ev
+        self.scan = 0 if first >= 0 else i   # an open event with a line end: rescanned whole
+        if at == 0:
+            return b""
+        return PyBytes_FromStringAndSize(self.out, at)
+
+    cdef bytes _feed_any(self):
         cdef list out
         cdef Py_ssize_t i, n, end, line, ev = 0
         cdef const unsigned char* p
         cdef unsigned char c
-        if self.passthrough:
-            return chunk
-        self.buf += chunk
         n = len(self.buf)
         p = <const unsigned char*>PyByteArray_AS_STRING(self.buf)
         i = self.scan
@@ -1846,10 +1930,6 @@ cdef class UsageHider:
             line -= ev
         self.scan = i
         self.line = line
-        if len(self.buf) > self.max_frame:
-            out.append(bytes(self.buf))
-            self.buf = bytearray()
-            self.passthrough = True
         if not out:
             return b""
         return out[0] if len(out) == 1 else b"".join(out)
@@ -1859,6 +1939,9 @@ cdef class UsageHider:
         cdef bytes rest = bytes(self.buf)
         self.buf = bytearray()
         self.scan = self.line = 0
+        free(self.out)
+        self.out = NULL
+        self.cap = 0
         if self.passthrough or not rest:
             return rest
         return _hide_usage(rest)
