@@ -563,7 +563,8 @@ class Exchange:
                 return
             if self.same and not self.route.json_array:
                 self.mode = M_RELAY_STREAM
-                self.tap = codec.StreamDecoder()     # the usage tap, and how the stream ended
+                # the usage tap, and how the stream ended (docs/codecs.md `StreamTap`)
+                self.tap = getattr(codec, "StreamTap", codec.StreamDecoder)()
                 self.tap_error = False
                 self.head_chunked(200, ct or codec.STREAM_CONTENT_TYPE,
                                   self.ingress.response_headers(headers, self.rid()))

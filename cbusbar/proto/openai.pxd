@@ -34,6 +34,13 @@ cdef class StreamDecoder:
     cdef void _finish(self, list out) except *
 
 
+cdef class StreamTap(StreamDecoder):
+    """The same-protocol relay's usage tap (docs/codecs.md `StreamTap`): a StreamDecoder that,
+    after the first chunk, leaves alone the chunks that can carry nothing it is read for (usage,
+    an error, a finish_reason)."""
+    pass
+
+
 cdef class StreamEncoder:
     """IR events -> `data: {chat.completion.chunk}` frames for an OpenAI client, ending in
     `data: [DONE]`."""

@@ -196,3 +196,58 @@ def test_split_invariance(cuts, nl):
 def test_garbage_never_raises(data, cuts):
     _run(data, cuts)
     _run(b'data: {"usage":null,' + data + b"\n\n", cuts)
+
+
+# ------------------------------------------------------------------ the tap (StreamTap)
+
+
+def _tap(cls, data, sizes):
+    t = cls()
+    events = []
+    i = k = 0
+    while i < len(data):
+        n = sizes[k % len(sizes)]
+        events += t.feed(data[i:i + n])
+        i += n
+        k += 1
+    events += t.close()
+    return t, [e.kind for e in events]
+
+
+def _seen(t):
+    u = t.usage
+    return (None if u is None else (u.input_tokens, u.output_tokens)), t.finished
+
+
+@pytest.mark.parametrize("objs,done", [
+    (ASKED, True),                                  # OpenAI's layout: deltas are skipped
+    (ASKED, False),                                 # no [DONE]: the finish_reason still counts
+    (PLAIN + [USAGE_CHUNK], True),                  # no usage members
+    ([_chunk(""), dict({"usage": {"prompt_tokens": 7, "completion_tokens": 1}},
+                       **_chunk("x", usage_member=False))], False),   # usage first: decoded
+    ([_chunk(""), _chunk("a"), dict(_chunk("b"), usage={"prompt_tokens": 4,
+                                                        "completion_tokens": 4})], True),
+])
+@pytest.mark.parametrize("sizes", [[1 << 20], [7], [1, 50, 3]])
+def test_the_tap_reads_what_the_decoder_reads(objs, done, sizes):
+    data = _sse(objs)
+    if not done:
+        data = data[:data.rindex(b"data: [DONE]")]
+    tap, _ = _tap(O.StreamTap, data, sizes)
+    dec, _ = _tap(O.StreamDecoder, data, sizes)
+    assert _seen(tap) == _seen(dec)
+    assert _seen(dec)[0] is not None
+
+
+def test_the_tap_sees_an_error_after_deltas():
+    data = _sse([_chunk(""), _chunk("a"), _chunk("b")])
+    data = data[:data.rindex(b"data: [DONE]")] + b'data: {"error":{"message":"overloaded"}}\n\n'
+    tap, kinds = _tap(O.StreamTap, data, [1 << 20])
+    from cbusbar import ir
+    assert ir.EVENT_ERROR in kinds
+
+
+def test_the_tap_decodes_the_first_chunk_whole():
+    # A malformed start fails before the first byte reaches the client (the engine fails over).
+    with pytest.raises(Exception):
+        O.StreamTap().feed(b'data: {"choices":[{"finish_reason":null}],"usage":null\n\n')
