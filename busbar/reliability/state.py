@@ -266,8 +266,7 @@ class Reliability:
             return
         fault = a.fault
         if fault is None:
-            cell.budget.done(False)
-            cell.record_ok()
+            cell.ok()
             return
         cell.budget.done(True)
         d = a.disposition

@@ -153,13 +153,23 @@ class Target:
         cells = self.cells
         if len(lanes) == 1:
             lane = lanes[0]
-            if lane in exclude or not self.eligible(lane) or (
-                    cells is not None and not cells[0].usable()) or not lane.try_acquire():
+            if lane in exclude or not (lane.limit is None or lane.has_permit()):
                 return None
-            if cells is not None and not cells[0].claim():
-                lane.release()
-                return None
-            return lane
+            if cells is not None:
+                cell = cells[0]
+                if cell.enter():
+                    # The common case in one call: a closed cell, nothing cooling, no budget.
+                    if lane.try_acquire():
+                        return lane
+                    cell.budget.done(True)
+                    return None
+                if not cell.usable() or not lane.try_acquire():
+                    return None
+                if not cell.claim():
+                    lane.release()
+                    return None
+                return lane
+            return lane if lane.try_acquire() else None
         if self.excluded:
             exclude = self.excluded | exclude
         current = self.current
