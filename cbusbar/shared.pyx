@@ -42,11 +42,13 @@ cdef extern from *:
     int busbar_cas(long long *p, long long expected, long long v) nogil
 
 
-cdef class SharedCounters:
-    cdef object mm
-    cdef Py_buffer view
-    cdef long long* p
-    cdef readonly int size
+cdef class Slots:
+    """What SharedCounters and LocalCounters have in common (shared.pxd): the counters' memory,
+    for C code that reads them directly (cbusbar/cellcore.pyx)."""
+    pass
+
+
+cdef class SharedCounters(Slots):
 
     def __cinit__(self, int size):
         if size < 1:
@@ -105,14 +107,12 @@ cdef class SharedCounters:
         return busbar_cas(self.p + i, expected, v) == 1
 
 
-cdef class LocalCounters:
+cdef class LocalCounters(Slots):
     """The SharedCounters interface over one process's memory (a single worker's breaker cells):
     plain loads and stores, and `grow`, since one process's table has no fixed capacity (a reload
     that adds cells extends it). In C rather than a Python list: the breaker reads and bumps these
-    on every attempt, and a Python method per counter was ~4k of the ~12k instructions the breaker
-    cost a small request (callgrind)."""
-    cdef long long* p
-    cdef readonly int size
+    on every attempt (callgrind: a Python method per counter was a sixth of the breaker's cost on a
+    small request)."""
 
     def __cinit__(self, int size):
         if size < 1:

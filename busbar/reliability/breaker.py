@@ -14,19 +14,19 @@ the clock is injectable for tests, as is the jitter's random source.
 Happy-path cost: `enter()` (usable() and claim() in one call for a closed, uncooled cell) reads
 one slot and takes the lane's in-flight count; `ok()` (that count back and `record_ok()` in one
 call) adds to two counters and one window bucket, and reads two slots to see there is nothing to
-reset. The slots of one process are C (cbusbar.shared.LocalCounters). Measured with callgrind, a
-small same-protocol request through the whole server (bench/ab/no-breaker.patch is the control):
-12.3k instructions of breaker work with the slots in a Python list and separate calls, 8.0k now,
-of ~158k a request; what is left is the bytecode of these methods.
+reset. Both are C (cbusbar/cellcore.pyx), as are one process's slots (cbusbar.shared.
+LocalCounters) and the window. Measured with callgrind, a small same-protocol request through the
+whole server (bench/ab/no-breaker.patch is the control): 12.3k instructions of breaker work with
+the slots in a Python list and separate Python calls; see cellcore.pyx for the figure now.
 """
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 
 from busbar.reliability.classify import D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN
+from cbusbar.cellcore import LAYOUT, CellCore, LaneCore, Window  # noqa: F401 (Window: state.py)
 from cbusbar.shared import LocalCounters
 
 log = logging.getLogger("busbar")
@@ -60,50 +60,13 @@ CELL_SLOTS = 8
 LocalSlots = LocalCounters
 
 
-class Window:
-    """Outcomes of the last `secs` seconds in one-second buckets (ok, err): constant work per
-    outcome, constant memory per cell."""
+class Cell(CellCore):
+    """One (pool, lane) breaker cell. `pool` is "" for the lane-default cell of direct routes.
+    The happy path (`enter`, `ok`) and the fields it reads (slots, base, budget, window, clock,
+    policy) are cbusbar.cellcore.CellCore's."""
 
-    __slots__ = ("n", "sec", "ok", "err")
-
-    def __init__(self, secs: float):
-        n = self.n = max(1, int(math.ceil(secs)))
-        self.sec = [-1] * n
-        self.ok = [0] * n
-        self.err = [0] * n
-
-    def add(self, now: float, failed: bool):
-        s = int(now)
-        i = s % self.n
-        if self.sec[i] != s:
-            self.sec[i] = s
-            self.ok[i] = 0
-            self.err[i] = 0
-        if failed:
-            self.err[i] += 1
-        else:
-            self.ok[i] += 1
-
-    def counts(self, now: float):
-        s = int(now)
-        lo = s - self.n
-        ok = err = 0
-        for i in range(self.n):
-            if self.sec[i] > lo:
-                ok += self.ok[i]
-                err += self.err[i]
-        return ok, err
-
-    def clear(self):
-        for i in range(self.n):
-            self.sec[i] = -1
-
-
-class Cell:
-    """One (pool, lane) breaker cell. `pool` is "" for the lane-default cell of direct routes."""
-
-    __slots__ = ("pool", "lane", "policy", "slots", "base", "window", "clock", "rand", "budget",
-                 "context_max", "attempt_timeout_ms", "limits", "on_change")
+    __slots__ = ("pool", "lane", "rand", "context_max", "attempt_timeout_ms", "limits",
+                 "on_change")
 
     def __init__(self, pool, lane, policy, slots, base, limits, clock=time.monotonic, rand=None,
                  budget=None, context_max=None, attempt_timeout_ms=None):
@@ -147,17 +110,6 @@ class Cell:
         return self.slots.value(self.base + S_UNTIL)
 
     # ------------------------------------------------------------------ taking
-    def enter(self) -> bool:
-        """usable() and claim() in one call for the common case: a closed cell with no cooldown
-        on a lane without a lifetime budget; the lane's in-flight count is taken (give it back
-        with budget.done(True) if the lane's permit is then refused). False: not that case,
-        nothing taken; ask usable() and claim()."""
-        bud = self.budget
-        if bud.limit is None and self.slots.value(self.base + S_UNTIL) == 0:
-            bud.slots.add(bud.i + L_INFLIGHT, 1)
-            return True
-        return False
-
     def claim(self) -> bool:
         """Called once for the lane a selection chose. A closed cell admits; an open one whose
         cooldown passed admits exactly one probe, whichever worker wins the compare-and-swap.
@@ -190,19 +142,6 @@ class Cell:
         return self.budget.take()
 
     # ------------------------------------------------------------------ outcomes
-    def ok(self):
-        """An attempt that ended in a whole answer: the lane's in-flight count down (no refund)
-        and record_ok(), in one call (the happy path)."""
-        bud = self.budget
-        bud.slots.add(bud.i + L_INFLIGHT, -1)
-        slots = self.slots
-        b = self.base
-        slots.add(b + S_OK, 1)
-        if self.policy.mode == "error_rate":
-            self.window.add(self.clock(), False)
-        if slots.value(b + S_STREAK) or slots.value(b + S_UNTIL):
-            self._reset_ok()
-
     def record_ok(self):
         slots = self.slots
         b = self.base
@@ -382,16 +321,17 @@ class Cell:
                 "trips": s.value(b + S_TRIPS), "cooldown_remaining_s": round(self.cooldown_remaining(), 3)}
 
 
-class LaneState:
+class LaneState(LaneCore):
     """What is lane-global across pools and workers (SPEC §3), in one block of slots: the lifetime
     budget used (`max_requests`) and the attempts in flight; the health prober's claim on the
     lane and its outcome counts (busbar/reliability/health.py); and the lane's wait queue's
     gateway-wide waiter count and oldest waiter (busbar/reliability/queue.py). The budget is taken
     when a selection claims the lane and given back when the attempt does not end in a whole
     answer, so a body that fails is refunded and concurrent requests never overshoot. Slots start
-    at zero in a fresh mapping, so no worker has to initialise them."""
+    at zero in a fresh mapping, so no worker has to initialise them. Its fields are
+    cbusbar.cellcore.LaneCore's (read by the cells' happy path in C)."""
 
-    __slots__ = ("slots", "i", "limit")
+    __slots__ = ()
 
     def __init__(self, slots, i, limit):
         self.slots = slots
@@ -435,3 +375,6 @@ L_PROBE_FAIL = 4    # health probes failed
 L_WAITING = 5       # requests queued for a permit of this lane, every worker
 L_OLDEST = 6        # monotonic ms the oldest of them was queued (0: none)
 LANE_SLOTS = 7
+
+# cbusbar/cellcore.pyx reads these slots in C: its copy of the layout must be this one.
+assert LAYOUT == (S_UNTIL, S_STREAK, S_OK, CELL_SLOTS, L_INFLIGHT, LANE_SLOTS), LAYOUT
