@@ -9,11 +9,12 @@ botocore's bedrock-runtime InvokeModel with Amazon Titan Text Embeddings (`input
 call, `dimensions`, `normalize`) or Cohere Embed on Bedrock (`texts`, `input_type`).
 """
 import base64
-import uuid
 from array import array
 from urllib.parse import quote
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.ir import CodecError
 
@@ -323,7 +324,7 @@ cdef dict _by_type(EmbedResponse resp, list types):
 
 
 cpdef bytes cohere_write_response(EmbedResponse resp, EmbedRequest req):
-    d = {"id": str(uuid.uuid4()), "embeddings": _by_type(resp, req.types), "texts": req.inputs,
+    d = {"id": ids.uuid4(), "embeddings": _by_type(resp, req.types), "texts": req.inputs,
          "meta": {"api_version": {"version": "2"}}, "response_type": "embeddings_by_type"}
     if resp.input_tokens >= 0:
         d["meta"]["billed_units"] = {"input_tokens": resp.input_tokens}
@@ -397,9 +398,9 @@ cpdef bytes bedrock_write_response(EmbedResponse resp, EmbedRequest req):
         return orjson.dumps({"embedding": v, "inputTextTokenCount": max(resp.input_tokens, 0),
                              "embeddingsByType": {"float": v}})
     if req.types is not None:
-        return orjson.dumps({"id": str(uuid.uuid4()), "embeddings": _by_type(resp, req.types),
+        return orjson.dumps({"id": ids.uuid4(), "embeddings": _by_type(resp, req.types),
                              "texts": req.inputs, "response_type": "embeddings_by_type"})
-    return orjson.dumps({"id": str(uuid.uuid4()), "embeddings": resp.vectors, "texts": req.inputs,
+    return orjson.dumps({"id": ids.uuid4(), "embeddings": resp.vectors, "texts": req.inputs,
                          "response_type": "embeddings_floats"})
 
 

@@ -10,9 +10,10 @@ from cpython.object cimport PyObject
 
 import base64
 import binascii
-import os
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
@@ -53,7 +54,6 @@ cdef int MAX_BREAKPOINTS = 4
 STRUCTURED_TOOL = "structured_output"
 STRUCTURED_DESCRIPTION = "Respond with JSON that matches this schema."
 
-cdef str B62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 # The citation shapes Anthropic's TextCitation union accepts; anything else would fail the SDK's
 # discriminated union (and a request carrying it is rejected with a 400).
@@ -121,15 +121,7 @@ cdef AnthropicShape SHAPE = AnthropicShape()
 
 
 cdef str _random_b62(int n):
-    cdef list out = []
-    cdef unsigned char c
-    while len(out) < n:
-        for c in os.urandom(n + 8):
-            if c < 248:  # 248 = 4 * 62: keeps every character equally likely
-                out.append(B62[c % 62])
-                if len(out) == n:
-                    break
-    return "".join(out)
+    return ids.b62(n)
 
 
 cpdef str mint_id():
@@ -1138,7 +1130,7 @@ cpdef bytes error_headers(str kind, str request_id):
 
 
 cdef str _request_id():
-    return "req_" + os.urandom(12).hex()
+    return "req_" + ids.hex_id(12)
 
 
 cpdef str not_found_message(str name, str api_version):

@@ -17,10 +17,11 @@ frame with `:message-type: exception` and `:exception-type` naming a member of t
 ConverseStreamOutput union (`throttlingException`, ...), which is how botocore picks the error it
 raises."""
 
-import uuid
 from urllib.parse import quote
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
@@ -1003,7 +1004,7 @@ cpdef tuple read_error_detail(bytes body):
 
 
 cdef str _uuid4():
-    return str(uuid.uuid4())
+    return ids.uuid4()
 
 
 cpdef bytes response_headers(object upstream_headers, str request_id):
@@ -1046,7 +1047,7 @@ cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint j
 
 cpdef str mint_id():
     """A request id (x-amzn-RequestId): Bedrock answers carry no body id, only this header."""
-    return str(uuid.uuid4())
+    return ids.uuid4()
 
 
 cdef str _kind_of_exception(object name):

@@ -20,9 +20,10 @@ Cohere and the IR do not line up one to one:
 - Cohere logprobs (text chunks + token ids) have no IR home; they are same-protocol only.
 """
 
-import uuid
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
@@ -899,7 +900,7 @@ cpdef str not_found_message(str name, str api_version):
 
 cpdef str mint_id():
     """Cohere response ids are UUID4 strings."""
-    return str(uuid.uuid4())
+    return ids.uuid4()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -11,9 +11,10 @@ pydantic dump through unconverted (`parameters_json_schema`, `inlineData.mime_ty
 proto-JSON parser accepts both spellings: the reader does too, the writer emits camelCase."""
 
 import hashlib
-import secrets
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
@@ -252,7 +253,7 @@ cdef str _call_id(str seed):
     same history maps to the same ids on every turn, which keeps other vendors' prompt caches
     warm; random when there is no seed."""
     if seed is None:
-        return "call_" + secrets.token_hex(12)
+        return "call_" + ids.hex_id(12)
     return "call_" + hashlib.blake2b(seed.encode("utf-8"), digest_size=12).hexdigest()
 
 
@@ -1207,7 +1208,7 @@ cpdef bytes write_model_list(list names):
 
 cpdef str mint_id():
     """A responseId-like token: Gemini's are ~23 URL-safe base64 characters."""
-    return secrets.token_urlsafe(17)
+    return ids.urlsafe(17)
 
 
 # ---------------------------------------------------------------------------------------------

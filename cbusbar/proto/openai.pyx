@@ -14,10 +14,11 @@ limit the client used, per-tool `strict`, non-function tools, an `allowed_tools`
 from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_FromStringAndSize
 
-import os
 import time
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
@@ -126,7 +127,6 @@ cdef dict KIND_OF_ERROR = {
     "timeout_error": "timeout",
 }
 
-cdef str ID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -134,12 +134,7 @@ cdef str ID_ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrst
 
 
 cdef str _random_id(str prefix, int length):
-    cdef bytes raw = os.urandom(length)
-    cdef list out = [prefix]
-    cdef unsigned char c
-    for c in raw:
-        out.append(ID_ALPHABET[c % 62])
-    return "".join(out)
+    return prefix + ids.b62(length)
 
 
 cpdef str mint_id():

@@ -6,10 +6,11 @@ openai/lib/streaming/responses/). A conversation is a flat list of items — mes
 function_call_output, reasoning — which the reader folds into IR turns (consecutive assistant-side
 items form one assistant message) and the writer unfolds again."""
 
-import os
 import time
 
 import orjson
+
+from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport SSEParser, sse_event, top_field
@@ -59,7 +60,7 @@ cpdef str upstream_path(str model, bint stream):
 
 cpdef str mint_id():
     # The API's ids are resp_ + 48 hex digits.
-    return "resp_" + os.urandom(24).hex()
+    return "resp_" + ids.hex_id(24)
 
 
 # ---------------------------------------------------------------------------------------------
