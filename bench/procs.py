@@ -168,6 +168,14 @@ class Started:
     def pss_kib(self) -> int:
         return sum(pss_kib(p) for p in self.pids)
 
+    def rollup_kib(self) -> dict:
+        """smaps_rollup's fields summed over the tree (Pss, Pss_Anon, Pss_File, Rss, ...)."""
+        out = {}
+        for p in self.pids:
+            for k, v in smaps_rollup(p).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     def settle(self, quiet=0.1, bound=5.0):
         """Waits until the process tree stops using CPU (a gateway still working off requests a
         finished load left in flight), so that work does not land in the next run's window."""

@@ -175,7 +175,7 @@ def scaling_table(results, failed_notes):
     if not results.get("scaling"):
         return []
     lines = ["| case | busbar | req/s | CPU µs/req | cores busy: busbar / load core "
-             "| busbar;dur p50/p99/p99.9 (µs) | RSS idle / load (MiB) | PSS idle (MiB) "
+             "| busbar;dur p50/p99/p99.9 (µs) | RSS idle / load (MiB) | PSS idle: all (anon) (MiB) "
              "| wrk latency p50/p99 (ms) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for entry in results["scaling"]:
@@ -196,9 +196,15 @@ def scaling_table(results, failed_notes):
             lines.append("| %s | %s | %s | %s | %.2f / %.2f | %s | %s / %s | %s | %.2f / %.2f |" % (
                 entry["label"], name, rps, _f(row["cpu_us_per_req"]), row["gateway_core_busy"],
                 row["load_core_busy"], _dur(row.get("dur_us")), _mib(row.get("rss_idle_kib")),
-                _mib(row.get("rss_load_kib")), _mib(row.get("pss_idle_kib")),
+                _mib(row.get("rss_load_kib")), _pss(row),
                 row["latency_ms"]["p50"], row["latency_ms"]["p99"]))
     return lines
+
+
+def _pss(row):
+    if row.get("pss_anon_idle_kib"):
+        return "%s (%s)" % (_mib(row.get("pss_idle_kib")), _mib(row["pss_anon_idle_kib"]))
+    return _mib(row.get("pss_idle_kib"))
 
 
 def soak_section(soak):
@@ -312,7 +318,11 @@ def scaling_footer(results):
         "bigger machines. Interleaved w1, w2, w1, w2, %d s each. \"cores busy\": busbar's CPU ÷ wall "
         "time (up to 2.00 with 2 workers) and the load core's (mock + wrk). PSS idle: Pss from "
         "/proc/<pid>/smaps_rollup summed over the process tree before any load (shared pages "
-        "divided among the processes that map them); RSS counts them once per process."
+        "divided among the processes that map them; RSS counts them once per process). File pages "
+        "(the python binary, shared libraries, extensions) are shared with every other process "
+        "mapping them on the machine, so the total falls as more Python processes run; the anon "
+        "part (in parentheses: the heap, Python's objects, copy-on-write pages of the workers) does "
+        "not depend on them."
         % (m.get("all_cores", "0,1"), m.get("connections", 32), m.get("load_core", 1),
            m.get("load_core", 1), m.get("cores") or 0, m.get("duration_s", 0)))
 

@@ -765,9 +765,12 @@ class Bench:
             idle = {}
             for t in gws:
                 t.started.refresh()
+                roll = t.started.rollup_kib()
                 idle[t.name] = {"workers": t.workers, "processes": len(t.started.pids),
                                 "rss_idle_kib": t.started.rss_kib(),
-                                "pss_idle_kib": t.started.pss_kib()}
+                                "pss_idle_kib": roll.get("Pss", 0),
+                                "pss_anon_idle_kib": roll.get("Pss_Anon", 0),
+                                "pss_file_idle_kib": roll.get("Pss_File", 0)}
                 self.sampler.watch(t.name, t.started)
             for case in cases:
                 if time.monotonic() > self.deadline:
