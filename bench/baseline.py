@@ -41,7 +41,22 @@ class Baseline:
     def meta(self):
         return {"ref": self.ref, "sha": self.sha, "short": self.short, "name": self.name,
                 "tree": str(self.tree.relative_to(ROOT)), "build_s": round(self.build_s, 1),
-                "reused": self.reused}
+                "reused": self.reused, "same_code": same_code(self.sha)}
+
+
+# What makes a busbar different from another: its code and how it is built.
+CODE_PATHS = ("busbar", "cbusbar", "setup.py", "pyproject.toml")
+
+
+def same_code(sha: str):
+    """True when this working tree's busbar code (CODE_PATHS, uncommitted changes included) is
+    the same as at `sha`: the comparison is then an A/A run, its two rows differ by noise only.
+    None when git cannot tell."""
+    try:
+        p = _git("diff", "--quiet", sha, "--", *CODE_PATHS)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return {0: True, 1: False}.get(p.returncode)
 
 
 def _git(*args, timeout=60):

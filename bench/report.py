@@ -59,7 +59,10 @@ def header(results):
         m.get("command", "?"))
     b = m.get("baseline")
     if b:
-        line += " — baseline `%s` = `%s` (`--baseline %s`)" % (b["name"], b["sha"][:12], b["ref"])
+        line += " — baseline `%s` = `%s` (`--baseline %s`%s)" % (
+            b["name"], b["sha"][:12], b["ref"],
+            "; its busbar/, cbusbar/ and build files are this commit's: an A/A run, the two rows "
+            "differ by noise only" if b.get("same_code") else "")
     return line
 
 

@@ -197,3 +197,12 @@ def test_pss_of_this_process():
     r = procs.smaps_rollup(os.getpid())
     assert r["Pss"] > 0 and r["Rss"] >= r["Pss"]
     assert procs.smaps_rollup(2 ** 22 + 12345) == {}
+
+
+def test_baseline_same_code():
+    assert baseline.same_code(baseline.resolve("HEAD")) in (True, False)
+    first = baseline._git("rev-list", "--max-parents=0", "HEAD").stdout.decode().split()[0]
+    assert baseline.same_code(first) is False
+    res = _results()
+    res["meta"]["baseline"]["same_code"] = True
+    assert "an A/A run" in report.render(res).splitlines()[0]
