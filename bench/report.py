@@ -225,7 +225,9 @@ def soak_section(soak):
                  "(%d 2xx, %d non-2xx, %d failed), %.0f req/s |" % (
                      L["ingress"], L["egress"], round(L["body_bytes"] / 1000), L["connections"],
                      L["seconds"], L["requests"], L["ok"], L["non2xx"], L["failed"], L["rps"]))
-    lines.append("| busbar | `serve` with its default workers: %d process(es) |" % r["processes"])
+    lines.append("| busbar | `serve` with its default workers: %d process(es)%s |" % (
+        r["processes"], "; environment: %s" % ", ".join("`%s`" % e for e in m["busbar_env"])
+        if m.get("busbar_env") else ""))
     lines.append("| PSS idle (before load) | %s MiB |" % _mib(r["pss_idle_kib"]))
     lines.append("| PSS peak / RSS peak (during load) | %s / %s MiB |" % (
         _mib(r["pss_peak_kib"]), _mib(r["rss_peak_kib"])))

@@ -1,10 +1,15 @@
 """busbar's benchmark: busbar, the floor and LiteLLM's proxy against the same mock, same load, same run.
 
     .venv/bin/python bench/run.py [--quick] [--duration S] [--connections N] [--no-litellm]
+                                  [--baseline REF] [--no-c1] [--no-scaling] [--no-features]
 
-Prints one markdown table (with a header line naming the commit, CPU, date and command, and a footer
-saying how the cores were shared) and writes it, the raw JSON and every process log under
-bench/results/<timestamp>/. What each number means: bench/README.md. The rules: BENCHMARK.md.
+Prints markdown tables (with a header line naming the commit, CPU, date and command, and footers
+saying how the cores were shared): the wrk and stream rows (busbar, the baseline with --baseline,
+busbar with keys + metrics + access log on the small same-protocol case, the floor, LiteLLM,
+direct), the concurrency-1 rows, the scaling rows and issue #13's targets; and writes them, the raw
+JSON and every process log under bench/results/<timestamp>/. The tables are rendered from the JSON
+alone (bench/report.py), as README.md's are from bench/published/ (bench/readme.py). What each
+number means: bench/README.md. The rules: BENCHMARK.md.
 
 It installs what it lacks (wrk from Debian, LiteLLM into bench/.venv-litellm), starts every process
 it needs on 127.0.0.1 only, pinned with taskset (gateway under test on one core; mock, wrk and this

@@ -473,6 +473,9 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, help="busbar --workers (default: busbar's, one per core)")
     ap.add_argument("--timeout", type=float, default=60.0, help="per-request timeout (seconds)")
     ap.add_argument("--rss-max-mib", type=float, default=400.0)
+    ap.add_argument("--busbar-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="an environment variable for busbar's processes (repeatable), for "
+                    "experiments such as PYTHONMALLOC=malloc; recorded in the results")
     ap.add_argument("--diagnose", action="store_true",
                     help="gc counts, glibc's mallinfo2 and smaps in busbar's processes, every 5 s "
                     "(see the docstring)")
@@ -511,6 +514,11 @@ def main(argv=None):
         cfg = log_dir / "busbar.yaml"
         cfg.write_text(CONFIG.format(port=port, admin=admin, mock=mock_port))
         benv = dict(env)
+        for item in args.busbar_env:
+            name, sep, value = item.partition("=")
+            if not sep or not name:
+                sys.exit("soak: --busbar-env wants NAME=VALUE, got %r" % item)
+            benv[name] = value
         if args.diagnose:
             diag = out_dir / "diag"
             diag.mkdir()
@@ -599,6 +607,7 @@ def main(argv=None):
                 "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "workers": args.workers or "default (one per core)", "diagnose": args.diagnose,
+                "busbar_env": args.busbar_env,
                 "pinning": "none: busbar's workers, the mock and the load generator share cores %s"
                            % all_cores,
                 "rlimit_nofile": nofile}
