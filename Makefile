@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: build demo test dist bench clean chromium redis
+.PHONY: build demo test dist bench soak-memory bench-readme clean chromium redis
 
 $(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
@@ -52,6 +52,15 @@ dist: build
 # The benchmark table (bench/README.md): busbar vs the floor proxy vs LiteLLM, same mock, same run.
 bench: build
 	$(BIN)/python bench/run.py
+
+# The hostile memory soak (bench/README.md): unique ~150 KB bodies, 1000 connections, 60 s,
+# Anthropic in -> OpenAI lane, busbar with its default workers; exits 1 when it fails its bounds.
+soak-memory: build
+	$(BIN)/python bench/soak_memory.py
+
+# README.md's performance block from bench/published/ (python bench/readme.py --check to compare).
+bench-readme:
+	$(BIN)/python bench/readme.py
 
 clean:
 	rm -rf build dist *.egg-info $(VENV)

@@ -2,7 +2,9 @@
 
 CPU is utime+stime from /proc/<pid>/stat (clock ticks, summed over a process and its descendants,
 so a gateway that forks workers is counted whole); RSS is VmRSS from /proc/<pid>/status, summed the
-same way. Every process started here is remembered and stopped by its own pid at the end.
+same way (pages shared by a parent and its forked workers counted once per process); PSS is Pss from
+/proc/<pid>/smaps_rollup (each shared page divided among the processes mapping it), summed the same
+way: the honest total of a process tree. Every process started here is remembered and stopped by its own pid at the end.
 """
 from __future__ import annotations
 
@@ -58,6 +60,24 @@ def rss_kib(pid: int) -> int:
     except OSError:
         pass
     return 0
+
+
+def smaps_rollup(pid: int) -> dict:
+    """The kB fields of /proc/<pid>/smaps_rollup (Rss, Pss, Pss_Anon, ...); {} when it is gone."""
+    out = {}
+    try:
+        with open("/proc/%d/smaps_rollup" % pid, "rb") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) == 3 and parts[2] == b"kB":
+                    out[parts[0].rstrip(b":").decode()] = int(parts[1])
+    except (OSError, ValueError):
+        return {}
+    return out
+
+
+def pss_kib(pid: int) -> int:
+    return smaps_rollup(pid).get("Pss", 0)
 
 
 def start_time(pid: int) -> int:
@@ -145,6 +165,17 @@ class Started:
     def rss_kib(self) -> int:
         return sum(rss_kib(p) for p in self.pids)
 
+    def pss_kib(self) -> int:
+        return sum(pss_kib(p) for p in self.pids)
+
+    def rollup_kib(self) -> dict:
+        """smaps_rollup's fields summed over the tree (Pss, Pss_Anon, Pss_File, Rss, ...)."""
+        out = {}
+        for p in self.pids:
+            for k, v in smaps_rollup(p).items():
+                out[k] = out.get(k, 0) + v
+        return out
+
     def settle(self, quiet=0.1, bound=5.0):
         """Waits until the process tree stops using CPU (a gateway still working off requests a
         finished load left in flight), so that work does not land in the next run's window."""
@@ -204,6 +235,24 @@ class Processes:
         self.history.append(s)
         return s
 
+    def stop(self, s, timeout=10.0):
+        """Stops one started process (SIGTERM, then SIGKILL after `timeout`) and the descendants
+        it left behind, each by its pid."""
+        s.refresh()
+        if s.proc.poll() is None:
+            try:
+                s.proc.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            s.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            s.proc.kill()
+            s.proc.wait(5)
+        _kill_leftovers(s)
+        if s in self.started:
+            self.started.remove(s)
+
     def stop_all(self):
         for s in self.started:
             s.refresh()
@@ -220,15 +269,19 @@ class Processes:
             except subprocess.TimeoutExpired:
                 s.proc.kill()
                 s.proc.wait(5)
-            # Descendants that outlived their parent (workers a server forked) are ended too, each
-            # by its pid once its start time shows it is still the same process.
-            for pid, started in s.identities:
-                if pid != s.proc.pid and started >= 0 and start_time(pid) == started:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+            _kill_leftovers(s)
         self.started = []
+
+
+def _kill_leftovers(s):
+    """Descendants that outlived their parent (workers a server forked) are ended too, each by its
+    pid once its start time shows it is still the same process."""
+    for pid, started in s.identities:
+        if pid != s.proc.pid and started >= 0 and start_time(pid) == started:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 class RssSampler(threading.Thread):

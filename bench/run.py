@@ -1,10 +1,15 @@
 """busbar's benchmark: busbar, the floor and LiteLLM's proxy against the same mock, same load, same run.
 
     .venv/bin/python bench/run.py [--quick] [--duration S] [--connections N] [--no-litellm]
+                                  [--baseline REF] [--no-c1] [--no-scaling] [--no-features]
 
-Prints one markdown table (with a header line naming the commit, CPU, date and command, and a footer
-saying how the cores were shared) and writes it, the raw JSON and every process log under
-bench/results/<timestamp>/. What each number means: bench/README.md. The rules: BENCHMARK.md.
+Prints markdown tables (with a header line naming the commit, CPU, date and command, and footers
+saying how the cores were shared): the wrk and stream rows (busbar, the baseline with --baseline,
+busbar with keys + metrics + access log on the small same-protocol case, the floor, LiteLLM,
+direct), the concurrency-1 rows, the scaling rows and issue #13's targets; and writes them, the raw
+JSON and every process log under bench/results/<timestamp>/. The tables are rendered from the JSON
+alone (bench/report.py), as README.md's are from bench/published/ (bench/readme.py). What each
+number means: bench/README.md. The rules: BENCHMARK.md.
 
 It installs what it lacks (wrk from Debian, LiteLLM into bench/.venv-litellm), starts every process
 it needs on 127.0.0.1 only, pinned with taskset (gateway under test on one core; mock, wrk and this
@@ -35,8 +40,10 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 
 try:
+    import baseline  # noqa: E402
     import payloads  # noqa: E402
     import procs  # noqa: E402
+    import report  # noqa: E402
     import ttfb  # noqa: E402
 except ImportError as _e:  # orjson, httptools, uvloop: busbar's own venv has them
     sys.exit("bench: %s; run it with busbar's venv: .venv/bin/python bench/run.py" % (_e,))
@@ -105,6 +112,15 @@ def plan_cases(quick: bool):
 
 
 STREAM_CASES = [("openai", "openai"), ("anthropic", "openai")]
+
+# The features row (busbar with virtual keys on a SQLite store, metrics and the access log) runs on
+# these cases next to the plain busbar row.
+FEATURES = "busbar+features"
+FEATURES_LABEL = "busbar, keys (SQLite) + metrics + access log"
+FEATURES_CASES = ("anthropic-anthropic-100",)
+
+# The scaling rows: busbar with --workers 1 and --workers 2 on these cases, unpinned.
+SCALING_CASES = (("anthropic", "anthropic", SIZES[0]), ("anthropic", "openai", ONE_K))
 
 
 # --------------------------------------------------------------------------------------- small utils
@@ -228,6 +244,10 @@ def make_cert(folder):
     return cpath, kpath
 
 
+class StartError(Exception):
+    """A gateway did not come up (its name, why, the end of its log)."""
+
+
 class Target:
     """One gateway (or the mock itself, "direct") as the load driver sees it."""
 
@@ -239,6 +259,7 @@ class Target:
         self.headers_extra = headers_extra or {}
         self.failed = None              # why it is not measured at all
         self.rss_idle = 0
+        self.pss_idle = 0
 
 
 class Bench:
@@ -250,6 +271,7 @@ class Bench:
         self.conns = args.connections
         self.bound = 180.0 if self.quick else 600.0
         cores = sorted(os.sched_getaffinity(0))
+        self.all_cores = ",".join(str(c) for c in cores)
         self.gw_core = cores[0]
         self.load_core = cores[1] if len(cores) > 1 else cores[0]
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
@@ -260,60 +282,124 @@ class Bench:
         self.sampler = procs.RssSampler()
         self.targets = {}
         self.mock = None
-        self.results = {"cases": [], "stream": [], "notes": []}
+        self.results = {"cases": [], "stream": [], "scaling": [], "notes": []}
         self.started_at = time.monotonic()
         self.deadline = None
         self.after_times = {}
-
-    # ---------------------------------------------------------------- processes
-    def env(self):
         e = dict(os.environ)
         e["PYTHONPATH"] = str(ROOT)
         e["BENCH_MOCK_KEY"] = "sk-bench-upstream"
         e["BENCH_MOCK_AWS"] = "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"
         e["NO_PROXY"] = e["no_proxy"] = "127.0.0.1,localhost"
         e.setdefault("BUSBAR_LOG", "WARNING")
-        return e
+        self.base_env = e
+        self.tls_files = None
+        self.redis_url = None
+        self.redis_db = 0
+        self.mock_port = None
+        self.baseline_ref = args.baseline
+        self.baseline = None            # baseline.Baseline with --baseline
+        # The features row: busbar with keys (SQLite), metrics and the access log, on the small
+        # same-protocol case, unless the main busbar has features on already.
+        self.features = (args.keys == "off" and args.observe == "off" and not args.no_features)
+
+    # ---------------------------------------------------------------- processes
+    def env(self):
+        """The environment of every process the run starts (a copy: callers may change it)."""
+        return dict(self.base_env)
+
+    def busbar_config(self, port, admin_port, observe, keys, tag):
+        """The config of one busbar instance: the six lanes on the mock, Server-Timing on, its own
+        admin port (a default one could be taken by anything else on the machine), the access log
+        and metrics per `observe`, virtual keys per `keys`, TLS when --tls."""
+        o = observe
+        text = BUSBAR_CONFIG.format(port=port, mock=self.mock_port)
+        text += "admin_listen: \"127.0.0.1:%d\"\n" % admin_port
+        text += "observability: {access_log: %s, metrics: %s}\n" % (
+            '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") else "off",
+            "true" if o in ("on", "metrics") else "false")
+        text += self.keys_config(keys, tag)
+        if self.tls_files:
+            text += "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % self.tls_files
+        return text
+
+    def start_busbar(self, name, observe, keys, workers=1, core=None, tree=None):
+        """Starts one busbar (this tree's, or `tree`'s for --baseline) and waits for /healthz; a
+        Target, with its virtual key minted when keys are on. Raises StartError with the log."""
+        tag = name.replace("@", "-").replace("+", "-").replace(" ", "-")
+        port, admin_port = procs.free_port(), procs.free_port()
+        cfg = self.log_dir / ("%s.yaml" % tag)
+        cfg.write_text(self.busbar_config(port, admin_port, observe, keys, tag))
+        env = self.env()            # after the config: keys_config puts its secrets in it
+        if tree is not None:
+            env["PYTHONPATH"] = str(tree)
+        argv = [PY, "-m", "busbar.cli", "serve", "--config", str(cfg)]
+        if workers:
+            argv += ["--workers", str(workers)]
+        s = self.procs.start(tag, argv, self.gw_core if core is None else core, env,
+                             str(tree or ROOT))
+        why = procs.wait_http(port, s.proc, "/healthz", 30, tls=bool(self.tls_files))
+        if why:
+            raise StartError("%s %s; log: %s" % (name, why, s.log_tail()))
+        t = Target(name, port, s, tls=bool(self.tls_files))
+        if keys != "off":
+            # the bench caller's virtual key, minted through the admin API like a user would
+            t.headers_extra = {"Authorization": "Bearer " + self.mint_key(admin_port)}
+        return t
 
     def start_all(self, litellm_ready):
         env = self.env()
-        mock_port, bb_port, floor_port = procs.free_port(), procs.free_port(), procs.free_port()
+        mock_port, floor_port = procs.free_port(), procs.free_port()
+        self.mock_port = mock_port
         # --require-auth: each request must carry its protocol's credential (Bedrock: a SigV4
         # Authorization header), so a gateway that skipped signing would fail rather than look fast.
         self.mock = self.procs.start("mock", [PY, "-m", "busbar.cli", "mock", "--port", str(mock_port),
                                               "--require-auth"], self.load_core, env, str(ROOT))
-        cfg = self.log_dir / "busbar.yaml"
-        # --observe: the access log and metrics off (the floor-comparable row), both on, or one.
-        o = self.args.observe
-        observe = "observability: {access_log: %s, metrics: %s}\n" % (
-            '"%s"' % (self.log_dir / "access.jsonl") if o in ("on", "access") else "off",
-            "true" if o in ("on", "metrics") else "false")
-        keys = self.keys_config(env)
-        tls = self.args.tls
-        tls_cfg, floor_tls = "", []
-        if tls:
+        why = procs.wait_http(mock_port, self.mock.proc, "/healthz", 30)
+        if why:
+            raise SystemExit("bench: mock %s; log: %s" % (why, self.mock.log_tail()))
+        floor_tls = []
+        if self.args.tls:
             # --tls: busbar and the floor serve the same self-signed certificate on the same TLS
             # stack (busbar.config.control.ssl_context); wrk speaks HTTPS over keep-alive.
             cert, key = make_cert(self.log_dir)
-            tls_cfg = "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % (cert, key)
+            self.tls_files = (str(cert), str(key))
             floor_tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
-        cfg.write_text(BUSBAR_CONFIG.format(port=bb_port, mock=mock_port) + observe + keys + tls_cfg)
-        bb = self.procs.start("busbar", [PY, "-m", "busbar.cli", "serve", "--config", str(cfg),
-                                         "--workers", "1"], self.gw_core, env, str(ROOT))
+        tls = bool(self.tls_files)
+        # The gateways: busbar as configured by --observe/--keys; the baseline (--baseline) with the
+        # same config; busbar with every feature on for the features row; the floor.
+        try:
+            self.targets["busbar"] = self.start_busbar("busbar", self.args.observe, self.args.keys)
+        except StartError as e:
+            raise SystemExit("bench: %s" % e)
+        if self.baseline is not None:
+            b = self.baseline
+            try:
+                t = self.start_busbar(b.name, self.args.observe, self.args.keys, tree=b.tree)
+            except StartError as e:
+                raise SystemExit(
+                    "bench: the baseline %s (--baseline %s, tree %s) did not start with the bench "
+                    "config; if its config schema rejects a key this commit's bench writes (e.g. "
+                    "admin_listen, observability, auth, store), it cannot be compared with this "
+                    "bench. %s" % (b.name, b.ref, b.tree.relative_to(ROOT), e))
+            t.started.refresh()
+            if not baseline.loaded_from(t.started.pids, b.tree):
+                raise SystemExit("bench: the baseline %s does not run its own extensions (none of "
+                                 "%s's cbusbar .so files is mapped): refusing to compare"
+                                 % (b.name, b.tree.relative_to(ROOT)))
+            self.targets[b.name] = t
+        if self.features:
+            try:
+                self.targets[FEATURES] = self.start_busbar(FEATURES, "on", "sqlite")
+            except StartError as e:
+                raise SystemExit("bench: %s" % e)
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
                                         "127.0.0.1:%d" % floor_port, "--upstream",
                                         "127.0.0.1:%d" % mock_port] + floor_tls, self.gw_core, env,
                               str(ROOT))
-        for name, port, s in (("mock", mock_port, self.mock), ("busbar", bb_port, bb),
-                              ("floor", floor_port, fl)):
-            why = procs.wait_http(port, s.proc, "/healthz", 30, tls=tls and name != "mock")
-            if why:
-                raise SystemExit("bench: %s %s; log: %s" % (name, why, s.log_tail()))
-        self.targets["busbar"] = Target("busbar", bb_port, bb, tls=tls)
-        if self.args.keys != "off":
-            # the bench caller's virtual key, minted through the admin API like a user would
-            token = self.mint_key(self.admin_port)
-            self.targets["busbar"].headers_extra = {"Authorization": "Bearer " + token}
+        why = procs.wait_http(floor_port, fl.proc, "/healthz", 30, tls=tls)
+        if why:
+            raise SystemExit("bench: floor %s; log: %s" % (why, fl.log_tail()))
         self.targets["floor"] = Target("floor", floor_port, fl, tls=tls)
         self.targets["direct"] = Target("direct", mock_port, self.mock)
         lt = Target("LiteLLM", 0, None)
@@ -340,51 +426,56 @@ class Bench:
                 log("LiteLLM up after %.1f s" % (time.monotonic() - t0))
                 lt.port, lt.started = port, s
                 lt.headers_extra = {"Authorization": "Bearer " + key}
-        # Idle RSS: everything up, nothing sent yet. A moment first, so start-up work has settled.
+        # Idle RSS and PSS: everything up, nothing sent yet. A moment first, so start-up work has
+        # settled.
         time.sleep(2.0)
         for t in self.targets.values():
             if t.started is not None and not t.failed:
                 t.started.refresh()
                 t.rss_idle = t.started.rss_kib()
+                t.pss_idle = t.started.pss_kib()
                 if t.name != "direct":
                     self.sampler.watch(t.name, t.started)
         self.sampler.start()
 
-    def keys_config(self, env):
-        """--keys: virtual keys on, with a group whose limits every request takes (requests per
-        minute, a monthly budget, a concurrency cap, all far above the load) and a rate card, so
-        the row pays for authentication, admission and settlement; SQLite or a loopback Redis."""
-        self.admin_port = procs.free_port()
-        if self.args.keys == "off":
+    def keys_config(self, keys, tag):
+        """Virtual keys on (`keys` sqlite or redis), with a group whose limits every request takes
+        (requests per minute, a monthly budget, a concurrency cap, all far above the load) and a
+        rate card, so the row pays for authentication, admission and settlement. Each busbar gets
+        its own SQLite file; with redis, one loopback redis-server (a database per busbar)."""
+        if keys == "off":
             return ""
-        env["BENCH_SIGNING_KEY"] = secrets.token_hex(32)
-        env["BENCH_ADMIN_TOKEN"] = secrets.token_hex(16)
+        env = self.base_env
+        env.setdefault("BENCH_SIGNING_KEY", secrets.token_hex(32))
+        env.setdefault("BENCH_ADMIN_TOKEN", secrets.token_hex(16))
         self.admin_token = env["BENCH_ADMIN_TOKEN"]
-        if self.args.keys == "redis":
-            import shutil
-            binary = shutil.which("redis-server") or "/usr/bin/redis-server"
-            rport = procs.free_port()
-            self.redis = self.procs.start("redis", [binary, "--port", str(rport), "--bind", "127.0.0.1",
-                                                    "--save", "", "--appendonly", "no"],
-                                          self.load_core, env, str(self.log_dir))
-            import socket
-            deadline = time.monotonic() + 10
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", rport), 0.2).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise SystemExit("bench: redis-server did not start")
-                    time.sleep(0.05)
-            env["BENCH_REDIS_URL"] = "redis://127.0.0.1:%d/0" % rport
-            store = "store: {kind: redis, url: {env: BENCH_REDIS_URL}}\n"
+        if keys == "redis":
+            if self.redis_url is None:
+                binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+                rport = procs.free_port()
+                self.redis = self.procs.start("redis", [binary, "--port", str(rport), "--bind",
+                                                        "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                              self.load_core, self.env(), str(self.log_dir))
+                import socket
+                deadline = time.monotonic() + 10
+                while True:
+                    try:
+                        socket.create_connection(("127.0.0.1", rport), 0.2).close()
+                        break
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            raise SystemExit("bench: redis-server did not start")
+                        time.sleep(0.05)
+                self.redis_url = "redis://127.0.0.1:%d" % rport
+            self.redis_db += 1
+            var = "BENCH_REDIS_URL_%d" % self.redis_db
+            env[var] = "%s/%d" % (self.redis_url, self.redis_db - 1)
+            store = "store: {kind: redis, url: {env: %s}}\n" % var
         else:
-            store = "store: {kind: sqlite, path: \"%s\"}\n" % (self.log_dir / "bench.db")
+            store = "store: {kind: sqlite, path: \"%s\"}\n" % (self.log_dir / ("%s.db" % tag))
         card = "".join("  %s: {input: 3.0, output: 15.0}\n" % m for m in
                        ("oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model"))
-        return ("admin_listen: \"127.0.0.1:%d\"\n" % self.admin_port +
-                "auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
+        return ("auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
                 "  admin_tokens: [{name: bench, token: {env: BENCH_ADMIN_TOKEN}, scope: full}]\n"
                 "groups:\n  bench: {limits: [{requests: 100000000, per: minute}, "
                 "{budget_usd: 100000000, per: month}, {concurrent: 100000}]}\n"
@@ -514,7 +605,10 @@ class Bench:
             path = payloads.path(proto, LANES[proto])
             why = self.preflight(t, path, self.headers_for(t, proto), template)
             if why:
+                # Not measured at all: its stream and concurrency-1 requests would each fail too,
+                # slowly (LiteLLM retries an unreachable upstream), and eat the run's time bound.
                 log("warmup preflight for %s failed: %s" % (t.name, why))
+                t.failed = "its warm-up request failed: %s" % why[:200]
                 continue
             self.wrk(t, None, "warm", path, self.headers_for(t, proto), template,
                      2 if t.name == "LiteLLM" else 1)
@@ -528,7 +622,7 @@ class Bench:
         entry = {"key": case.key, "label": label, "ingress": case.ingress,
                  "egress": case.egress, "body_bytes": len(template) - len(payloads.MARK),
                  "path": path, "rows": {}, "runs": []}
-        names = ["busbar", "floor"] + (["LiteLLM"] if case.litellm else []) + ["direct"]
+        names = self.gateway_names(case) + (["LiteLLM"] if case.litellm else []) + ["direct"]
         skip = {}
         for n in names:
             t = self.targets[n]
@@ -563,9 +657,57 @@ class Bench:
             entry["rows"][n] = self.summarise(case, n, entry["runs"], skip.get(n))
         for run in entry["runs"]:
             run["durs_count"] = len(run.pop("durs_ms"))
+        if not self.args.no_c1:
+            entry["c1"] = self.run_c1(case, [n for n in names if n != "LiteLLM" and n not in skip],
+                                      path, template)
         self.results["cases"].append(entry)
 
-    def summarise(self, case, name, runs, skipped):
+    def gateway_names(self, case):
+        """The gateways of a case besides LiteLLM and direct, in their interleaving order."""
+        names = ["busbar"]
+        if self.baseline is not None:
+            names.append(self.baseline.name)
+        if self.features and case is not None and case.key in FEATURES_CASES:
+            names.append(FEATURES)
+        return names + ["floor"]
+
+    def run_c1(self, case, names, path, template):
+        """Concurrency 1: `n` requests per gateway sent one at a time, interleaved request by
+        request (direct, busbar, [baseline, features,] floor, direct, ...), each gateway on its
+        own keep-alive connection. After each request the client waits until that gateway and the
+        mock are idle, so no request overlaps another's leftover work. Latency = request written
+        -> arrival of the response's first body byte (kernel receive timestamp; these answers are
+        under 1 KB, one segment, so it is the response's arrival). Added latency = gateway minus
+        the direct request of the same round (paired)."""
+        n = 200 if self.quick else 1000
+        warm = 20
+        if self.args.tls:
+            return {"skipped": "--tls: the concurrency-1 client speaks plain HTTP"}
+        if time.monotonic() > self.deadline:
+            self.results["notes"].append("time bound reached: concurrency 1 of %s skipped" % case.label)
+            return {"skipped": "time bound reached"}
+        order = ["direct"] + [nm for nm in names if nm != "direct"]
+        if "direct" not in names:
+            return {"skipped": "direct did not answer"}
+        targets = {nm: (self.targets[nm].port, path, self.headers_for(self.targets[nm], case.ingress),
+                        template) for nm in order}
+        quiet_on = {nm: [self.targets[nm].started, self.mock] if nm != "direct" else [self.mock]
+                    for nm in order}
+        for nm in order:
+            self.targets[nm].started.refresh()
+
+        def quiet(name):
+            procs.wait_idle(quiet_on[name], window=0.001, bound=0.05)
+        t0 = time.monotonic()
+        samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet)
+        out = {"n": n, "warmup": warm, "seconds": round(time.monotonic() - t0, 1), "rows": {}}
+        direct = samples.get("direct", [])
+        for nm in order[1:] + order[:1]:
+            out["rows"][nm] = c1_row(samples.get(nm, []), direct if nm != "direct" else None,
+                                     errors.get(nm))
+        return out
+
+    def summarise(self, case, name, runs, skipped, after=True):
         mine = [r for r in runs if r["gateway"] == name]
         if not mine:
             return {"skipped": skipped or "not run"}
@@ -590,10 +732,86 @@ class Bench:
             row["partial"] = skipped
         if name != "direct":
             row["rss_load_kib"] = max(self.sampler.peak(name, r["t_start"], r["t_end"]) for r in mine)
+        if name != "direct" and after:
             t_after = max(r["t_end"] for r in mine) + 5.0
             row["rss_after_at"] = t_after
             self.after_times.setdefault(name, []).append((case.key, t_after))
         return row
+
+    def run_scaling(self):
+        """req/s and CPU µs/req of busbar with --workers 1 and --workers 2, both allowed on every
+        core (no pin), the mock and wrk still pinned to the load core, interleaved w1, w2, w1, w2
+        per case; idle RSS and PSS of each process tree before any load."""
+        cases = [Case(i, e, size, False) for i, e, size in SCALING_CASES]
+        if self.args.only:
+            cases = [c for c in cases if any(k in c.key for k in self.args.only.split(","))]
+        if self.args.no_scaling or not cases:
+            return
+        if self.args.tls:
+            self.results["notes"].append("--tls: the scaling rows are not measured")
+            return
+        if time.monotonic() > self.deadline:
+            self.results["notes"].append("time bound reached: scaling rows skipped")
+            return
+        log("scaling: busbar --workers 1 and --workers 2 on cores %s" % self.all_cores)
+        gws = []
+        try:
+            for w in (1, 2):
+                name = "busbar --workers %d" % w
+                try:
+                    t = self.start_busbar(name, self.args.observe, self.args.keys, workers=w,
+                                          core=self.all_cores)
+                except StartError as e:
+                    self.results["notes"].append("scaling: %s" % e)
+                    return
+                t.workers = w
+                gws.append(t)
+            time.sleep(2.0)
+            idle = {}
+            for t in gws:
+                t.started.refresh()
+                roll = t.started.rollup_kib()
+                idle[t.name] = {"workers": t.workers, "processes": len(t.started.pids),
+                                "rss_idle_kib": t.started.rss_kib(),
+                                "pss_idle_kib": roll.get("Pss", 0),
+                                "pss_anon_idle_kib": roll.get("Pss_Anon", 0),
+                                "pss_file_idle_kib": roll.get("Pss_File", 0)}
+                self.sampler.watch(t.name, t.started)
+            for case in cases:
+                if time.monotonic() > self.deadline:
+                    self.results["notes"].append("time bound reached: scaling of %s skipped"
+                                                 % case.label)
+                    break
+                log("scaling: %s" % case.label)
+                template = payloads.body(case.ingress, LANES[case.egress], case.size)
+                path = payloads.path(case.ingress, LANES[case.egress])
+                entry = {"key": case.key, "label": case.label, "cores": self.all_cores, "rows": {},
+                         "runs": []}
+                skip = {}
+                for t in gws:
+                    why = self.preflight(t, path, self.headers_for(t, case.ingress), template)
+                    if why:
+                        skip[t.name] = "failed preflight: " + why
+                for r in range(self.rounds):
+                    for t in gws:
+                        if t.name in skip:
+                            continue
+                        run = self.wrk(t, case, "s%d" % r, path, self.headers_for(t, case.ingress),
+                                       template, self.duration)
+                        if "error" in run:
+                            skip.setdefault(t.name, run["error"])
+                            continue
+                        entry["runs"].append(run)
+                for t in gws:
+                    row = self.summarise(case, t.name, entry["runs"], skip.get(t.name), after=False)
+                    row.update(idle[t.name])
+                    entry["rows"][t.name] = row
+                for run in entry["runs"]:
+                    run["durs_count"] = len(run.pop("durs_ms"))
+                self.results["scaling"].append(entry)
+        finally:
+            for t in gws:
+                self.procs.stop(t.started)
 
     def fill_rss_after(self):
         """RSS ~5 s after each gateway's last run of a case: sampled while the others ran."""
@@ -624,7 +842,8 @@ class Bench:
             log(label)
             template = payloads.body(ingress, model, ONE_K[1], stream=True)
             path = payloads.path(ingress, model, stream=True)
-            names = ["direct", "busbar", "floor"] + (["LiteLLM"] if not self.targets["LiteLLM"].failed else [])
+            names = ["direct"] + [nm for nm in self.gateway_names(None)] + (
+                ["LiteLLM"] if not self.targets["LiteLLM"].failed else [])
             targets = {}
             for name in names:
                 t = self.targets[name]
@@ -671,14 +890,30 @@ class Bench:
 
     # ---------------------------------------------------------------- whole run
     def estimate(self, cases):
+        """Seconds of measuring the plan should take (the run's time bound is 1.3× this)."""
         per = self.duration + 0.4
-        runs = sum(self.rounds * (3 if c.litellm else 2) + 1 for c in cases)
-        return runs * per + 40 + (20 if self.quick else 40)
+        extra = 1 if self.baseline_ref else 0
+        runs = sum(self.rounds * (2 + extra + (1 if c.litellm else 0)
+                                  + (1 if self.features and c.key in FEATURES_CASES else 0)) + 1
+                   for c in cases)
+        c1 = 0.0
+        if not self.args.no_c1 and not self.args.tls:
+            # ~1.5 ms a request (the request and the idle wait after it), every gateway and direct
+            n = (200 if self.quick else 1000) + 20
+            c1 = sum(n * (3 + extra) * 0.0015 for c in cases)
+        scaling = 0
+        if not self.args.no_scaling and not self.args.tls:
+            sc = [k for i, e, sz in SCALING_CASES for k in ["%s-%s-%d" % (i, e, sz[1])]
+                  if not self.args.only or any(o in k for o in self.args.only.split(","))]
+            scaling = len(sc) * self.rounds * 2 * per + (6 if sc else 0)
+        streams = (20 if self.quick else 40) * (1 + 0.3 * extra)
+        return runs * per + c1 + scaling + 40 + streams
 
     def run(self):
         cases = plan_cases(self.quick)
         if self.args.only:
             cases = [c for c in cases if any(k in c.key for k in self.args.only.split(","))]
+        self.features = self.features and any(c.key in FEATURES_CASES for c in cases)
         est = self.estimate(cases)
         self.bound = max(self.bound, est * 1.3)
         log("plan: %d cases, %d rounds, %d s per run; ~%.0f s of measuring (bound %.0f s)"
@@ -686,6 +921,12 @@ class Bench:
         log("results: %s" % self.out_dir.relative_to(ROOT))
         ensure_taskset()
         ensure_wrk()
+        if self.baseline_ref:
+            try:
+                self.baseline = baseline.prepare(self.baseline_ref, PY, self.log_dir,
+                                                 self.args.baseline_build_timeout, log=log)
+            except baseline.BaselineError as e:
+                raise SystemExit("bench: %s" % e)
         lite_why = "skipped (--no-litellm)" if self.args.no_litellm else \
             "skipped (--tls: LiteLLM is not given TLS)" if self.args.tls else ensure_litellm(
                 str(self.log_dir), self.args.install_timeout)
@@ -699,9 +940,36 @@ class Bench:
         for case in cases:
             self.run_case(case)
         self.run_streams()
+        self.run_scaling()
         self.fill_rss_after()
         self.sampler.stop()
         self.elapsed = time.monotonic() - self.started_at
+
+
+def c1_row(s, direct, error):
+    """One gateway's concurrency-1 summary from ttfb.measure samples (ttfb_ns, total_ns, status,
+    server_timing, body head, kernel-stamped); `direct`: the direct samples of the same rounds
+    (paired by index), None for the direct row itself."""
+    row = {"samples": len(s), "kernel_stamped": sum(1 for x in s if x[5])}
+    if error:
+        row["error"] = error
+    bad = [x for x in s if not 200 <= x[2] < 300]
+    if bad:
+        row["non2xx"] = len(bad)
+        row["first_bad"] = "%d %s" % (bad[0][2], bad[0][4][:200].decode("utf-8", "replace"))
+    if not s:
+        return row
+    lat = sorted(x[0] / 1000 for x in s)
+    row["latency_us"] = {"p50": pct(lat, 50), "p99": pct(lat, 99) if len(lat) >= 100 else None}
+    if direct:
+        k = min(len(s), len(direct))
+        diffs = sorted((s[i][0] - direct[i][0]) / 1000 for i in range(k))
+        row["added_us"] = {"pairs": k, "median": statistics.median(diffs),
+                           "p99": pct(diffs, 99) if k >= 100 else None}
+    timings = sorted(_server_timing_ms(x[3]) for x in s if x[3])
+    if timings:
+        row["dur_us"] = _dur_summary(timings)
+    return row
 
 
 def _us(ms):
@@ -729,121 +997,6 @@ def _server_timing_ms(value: bytes):
     return float("nan")
 
 
-# --------------------------------------------------------------------------------------- the table
-
-def _f(v, fmt="%.0f"):
-    return "—" if v is None else fmt % v
-
-
-def _mib(kib):
-    return "—" if not kib else "%.1f" % (kib / 1024.0)
-
-
-def render(bench: Bench):
-    r = bench.results
-    lines = []
-    cmd = shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv))
-    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines.append("busbar benchmark — commit `%s` — %s (%d cores) — %s — `%s`"
-                 % (git_head(), cpu_model(), os.cpu_count() or 0, now, cmd))
-    lines.append("")
-    lines.append("| case | gateway | req/s | busbar;dur p50/p99/p99.9 (µs) | CPU µs/req | ratio to floor "
-                 "| RSS idle/load/after (MiB) | wrk latency p50/p99 (ms) |")
-    lines.append("|---|---|---:|---:|---:|---:|---:|---:|")
-    marks = set()
-    failed_notes = []
-    for entry in r["cases"]:
-        floor = entry["rows"].get("floor", {})
-        floor_cpu = floor.get("cpu_us_per_req")
-        for name, row in entry["rows"].items():
-            gw = "direct (mock)" if name == "direct" else name
-            if "skipped" in row:
-                lines.append("| %s | %s | %s | | | | | |" % (entry["label"], gw, row["skipped"]
-                                                             .replace("|", "/")[:160]))
-                continue
-            t = bench.targets[name]
-            if row["non2xx"] or row["socket_errors"]:
-                rps = "FAIL: %d non-2xx, %d socket errors" % (row["non2xx"], row["socket_errors"])
-                if row["first_bad"]:
-                    failed_notes.append("%s / %s: first bad response: %s" % (
-                        entry["label"], gw, row["first_bad"][:200].replace("|", "/").replace("\n", " ")))
-            else:
-                rps = "%.0f" % row["rps"]
-                if (name != "direct" and row["gateway_core_busy"] < 0.85
-                        and row["load_core_busy"] > 0.85):
-                    rps += " ‡"
-                    marks.add("‡")
-            d = row.get("dur_us")
-            dur = "%s / %s / %s" % (_f(d["p50"]), _f(d["p99"]), _f(d["p999"])) if d else "—"
-            if name == "direct":
-                cpu = "mock: %s" % _f(row["mock_cpu_us_per_req"])
-                ratio = "—"
-                rss = "—"
-            else:
-                cpu = _f(row["cpu_us_per_req"])
-                c = row["cpu_us_per_req"]
-                ratio = ("%.2f×" % (c / floor_cpu)) if (c and floor_cpu) else "—"
-                rss = "%s / %s / %s" % (_mib(t.rss_idle), _mib(row.get("rss_load_kib")),
-                                        _mib(row.get("rss_after_kib")))
-            lat = "%.2f / %.2f" % (row["latency_ms"]["p50"], row["latency_ms"]["p99"])
-            if row.get("partial"):
-                rps += " (partial: %s)" % row["partial"][:80]
-            lines.append("| %s | %s | %s | %s | %s | %s | %s | %s |"
-                         % (entry["label"], gw, rps, dur, cpu, ratio, rss, lat))
-    for entry in r["stream"]:
-        floor_cpu = entry["rows"].get("floor", {}).get("cpu_us_per_req")
-        for name, row in entry["rows"].items():
-            gw = "direct (mock)" if name == "direct" else name
-            if not row.get("samples"):
-                lines.append("| %s | %s | %s | | | | | |" % (entry["label"], gw,
-                                                             "failed: " + row.get("error", "no samples")))
-                continue
-            if name == "direct":
-                lines.append("| %s | %s | stream ×%d | — | — | — | — | TTFB p50 %.2f ms |" % (
-                    entry["label"], gw, row["samples"], row["ttfb_us"]["p50"] / 1000))
-                continue
-            d = row.get("dur_us")
-            dur = "%s / %s / %s" % (_f(d["p50"]), _f(d["p99"]), _f(d["p999"])) if d else "—"
-            c = row.get("cpu_us_per_req")
-            ratio = ("%.2f×" % (c / floor_cpu)) if (c and floor_cpu) else "—"
-            status = "stream ×%d" % row["samples"]
-            if row.get("non2xx") or row.get("error"):
-                status = "FAIL: %d non-2xx%s" % (row.get("non2xx", 0),
-                                                 ", " + row["error"] if row.get("error") else "")
-                if row.get("first_bad"):
-                    failed_notes.append("%s / %s: %s" % (entry["label"], name, row["first_bad"][:200]))
-            lat = "TTFB p50 %.2f ms, %+.0f µs vs direct" % (
-                row["ttfb_us"]["p50"] / 1000, row.get("added_ttfb_us_median", float("nan")))
-            lines.append("| %s | %s | %s | %s | %s | %s | — | %s |"
-                         % (entry["label"], name, status, dur, _f(c), ratio, lat))
-    lines.append("")
-    g, l = bench.gw_core, bench.load_core
-    lines.append(
-        "Pinning (%d cores): the gateway under test (busbar `--workers 1`, the floor, LiteLLM "
-        "`--num_workers 1`) on core %d (`taskset -c %d`); the mock, wrk (1 thread, %d keep-alive "
-        "connections, a unique body per request), run.py and its stream-TTFB client share core %d "
-        "(`taskset -c %d`). "
-        "Runs interleaved per case: busbar, floor[, LiteLLM], direct, busbar, floor[, LiteLLM], %d s "
-        "each; ratio = CPU µs/req ÷ the floor's in the same case. busbar;dur = Server-Timing "
-        "(busbar's own time, upstream wait excluded; p99 from ≥100 samples, p99.9 from ≥1000). "
-        "CPU µs/req = utime+stime of the gateway process ÷ requests (direct row: the mock's; stream "
-        "rows: schedstat on-CPU ns). RSS: idle before any load / peak during the case / ~5 s after "
-        "its last run. wrk latency: mean of the runs' p50/p99. Stream rows: %s streamed requests "
-        "per gateway, interleaved with direct; TTFB = request written → first body byte's arrival "
-        "(kernel receive timestamp); \"vs direct\" = median of the paired differences."
-        % (os.cpu_count() or 0, g, g, bench.conns, l, l, bench.duration,
-           r["stream"][0]["n"] if r["stream"] else "N"))
-    if "‡" in marks:
-        lines.append("")
-        lines.append("‡ core %d (mock + wrk) was ≥ 85 %% busy while the gateway's core was not: the "
-                     "gateway had headroom, so this req/s is the load side's limit; compare CPU µs/req."
-                     % bench.load_core)
-    for note in failed_notes + r["notes"]:
-        lines.append("")
-        lines.append("Note: " + note)
-    return "\n".join(lines) + "\n"
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="shorter runs, LiteLLM only at ~1k tokens "
@@ -863,6 +1016,18 @@ def main(argv=None):
                     "SQLite store or a loopback redis-server")
     ap.add_argument("--only", help="comma-separated substrings of case keys to run "
                     "(e.g. openai-openai-4096)")
+    ap.add_argument("--baseline", metavar="REF",
+                    help="also run busbar as of git commit/branch REF (built once in "
+                    "bench/.baseline/<sha>/) as the row busbar@<short sha>, interleaved with the "
+                    "others, with its own ratio to the floor")
+    ap.add_argument("--baseline-build-timeout", type=int, default=900,
+                    help="bound on building the baseline's extensions (seconds)")
+    ap.add_argument("--no-c1", action="store_true",
+                    help="skip the concurrency-1 rows (added latency, Server-Timing at c=1)")
+    ap.add_argument("--no-scaling", action="store_true",
+                    help="skip the scaling rows (busbar --workers 1 and --workers 2)")
+    ap.add_argument("--no-features", action="store_true",
+                    help="skip the features row (keys on SQLite + metrics + access log)")
     ap.add_argument("--install-timeout", type=int, default=420,
                     help="bound on installing LiteLLM the first time (seconds)")
     args = ap.parse_args(argv)
@@ -896,18 +1061,27 @@ def main(argv=None):
         if n:
             bench.results["notes"].append("%s logged %d traceback(s)/error(s) during the run: see %s"
                                           % (st.name, n, pathlib.Path(st.log_path).relative_to(ROOT)))
-    table = render(bench)
-    (bench.out_dir / "table.md").write_text(table)
+    labels = {n: n for n in bench.targets}
+    labels["direct"] = "direct (mock)"
+    if FEATURES in bench.targets:
+        labels[FEATURES] = FEATURES_LABEL
     meta = {"commit": git_head(), "cpu": cpu_model(), "cores": os.cpu_count(),
             "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "duration_s": bench.duration, "rounds": bench.rounds, "connections": bench.conns,
             "gateway_core": bench.gw_core, "load_core": bench.load_core,
+            "all_cores": bench.all_cores,
             "setup_s": round(bench.setup_s, 1), "elapsed_s": round(bench.elapsed, 1),
             "rss_idle_kib": {n: t.rss_idle for n, t in bench.targets.items()},
+            "pss_idle_kib": {n: t.pss_idle for n, t in bench.targets.items()},
+            "labels": labels,
+            "baseline": bench.baseline.meta() if bench.baseline else None,
+            "options": {k: v for k, v in vars(bench.args).items()},
             "not_measured": {n: t.failed for n, t in bench.targets.items() if t.failed}}
-    (bench.out_dir / "results.json").write_text(json.dumps(dict(meta=meta, **bench.results),
-                                                           indent=1, default=str))
+    results = dict(meta=meta, **bench.results)
+    (bench.out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    table = report.render(results)
+    (bench.out_dir / "table.md").write_text(table)
     print(table, end="")
     log("wrote %s and results.json (%.0f s measuring, %.0f s setup)"
         % ((bench.out_dir / "table.md").relative_to(ROOT), bench.elapsed, bench.setup_s))
