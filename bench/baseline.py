@@ -1,6 +1,13 @@
 """--baseline REF: an older busbar, built once in a throwaway tree, benchmarked in the same run.
 
     prepare("main~5", python, log_dir) -> Baseline(sha, short, tree)
+    prepare("HEAD", python, log_dir, patch="bench/ab/no-breaker.patch")   # --baseline-patch
+
+With a patch (--baseline-patch FILE) the exported tree is REF with FILE applied (`git apply`), a
+control built from the same code but one change: bench/ab/no-breaker.patch takes the circuit
+breaker off the happy path, for the before/after of its cost. The tree is then
+bench/.baseline/<sha>-<patch name>-<first 8 hex of the patch's sha256>/ and the row
+busbar@<short sha>+<patch name>.
 
 REF (a commit, branch or tag) is resolved to its full sha; its tree is exported with `git archive`
 into bench/.baseline/<sha>/ (git-ignored; no worktree is registered in the repository) and its
@@ -12,6 +19,7 @@ loaded are that tree's own.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -29,19 +37,25 @@ class BaselineError(Exception):
 
 
 class Baseline:
-    def __init__(self, ref, sha, tree, build_s, reused):
+    def __init__(self, ref, sha, tree, build_s, reused, patch=None):
         self.ref = ref
         self.sha = sha
         self.short = sha[:7]
         self.tree = tree
         self.build_s = build_s
         self.reused = reused
-        self.name = "busbar@" + self.short
+        self.patch = patch          # the patch applied to REF's tree (a path), or None
+        self.name = "busbar@" + self.short + ("+" + _patch_name(patch) if patch else "")
 
     def meta(self):
         return {"ref": self.ref, "sha": self.sha, "short": self.short, "name": self.name,
                 "tree": str(self.tree.relative_to(ROOT)), "build_s": round(self.build_s, 1),
-                "reused": self.reused, "same_code": same_code(self.sha)}
+                "reused": self.reused, "patch": str(self.patch) if self.patch else None,
+                "same_code": False if self.patch else same_code(self.sha)}
+
+
+def _patch_name(patch) -> str:
+    return pathlib.Path(patch).name.rsplit(".", 1)[0]
 
 
 # What makes a busbar different from another: its code and how it is built.
@@ -72,14 +86,21 @@ def resolve(ref: str) -> str:
     return sha
 
 
-def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=print) -> Baseline:
+def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=print,
+            patch=None) -> Baseline:
     sha = resolve(ref)
-    tree = BASE_DIR / sha
+    key = sha
+    if patch is not None:
+        patch = pathlib.Path(patch).resolve()
+        if not patch.is_file():
+            raise BaselineError("--baseline-patch %s: no such file" % patch)
+        key = "%s-%s-%s" % (sha, _patch_name(patch), hashlib.sha256(patch.read_bytes()).hexdigest()[:8])
+    tree = BASE_DIR / key
     if (tree / MARK).exists():
         log("baseline %s (%s): reusing the tree built in %s" % (ref, sha[:7], tree.relative_to(ROOT)))
-        return Baseline(ref, sha, tree, 0.0, True)
+        return Baseline(ref, sha, tree, 0.0, True, patch)
     BASE_DIR.mkdir(exist_ok=True)
-    tmp = BASE_DIR / (".tmp-%s-%d" % (sha, os.getpid()))
+    tmp = BASE_DIR / (".tmp-%s-%d" % (key, os.getpid()))
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     t0 = time.monotonic()
@@ -97,6 +118,13 @@ def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=pr
                 ref, err.decode(errors="replace")[-300:], untar.stderr.decode(errors="replace")[-300:]))
         if not (tmp / "setup.py").exists():
             raise BaselineError("--baseline %s: the tree at %s has no setup.py" % (ref, sha[:7]))
+        if patch is not None:
+            p = subprocess.run(["git", "apply", str(patch)], cwd=str(tmp), capture_output=True,
+                               timeout=60)
+            if p.returncode != 0:
+                raise BaselineError("--baseline-patch %s does not apply to %s: %s" % (
+                    patch.name, sha[:7], p.stderr.decode(errors="replace").strip()[-300:]))
+            log("baseline %s (%s): applied %s" % (ref, sha[:7], patch.name))
         log_path = pathlib.Path(log_dir) / ("baseline-%s-build.log" % sha[:7])
         log("baseline %s (%s): building its extensions in place (bounded at %.0f s; log: %s)"
             % (ref, sha[:7], build_timeout, log_path.relative_to(ROOT)))
@@ -114,7 +142,7 @@ def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=pr
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             raise BaselineError("--baseline %s: building %s's extensions failed (exit %d): %s (log: %s)"
                                 % (ref, sha[:7], p.returncode, " | ".join(tail), log_path))
-        (tmp / MARK).write_text(sha + "\n")
+        (tmp / MARK).write_text(key + "\n")
         if tree.exists():           # a concurrent run built it meanwhile: keep theirs
             shutil.rmtree(tmp, ignore_errors=True)
         else:
@@ -124,7 +152,7 @@ def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=pr
         raise
     build_s = time.monotonic() - t0
     log("baseline %s (%s): built in %.0f s" % (ref, sha[:7], build_s))
-    return Baseline(ref, sha, tree, build_s, False)
+    return Baseline(ref, sha, tree, build_s, False, patch)
 
 
 def loaded_from(pid_list, tree) -> bool:

@@ -1,7 +1,7 @@
 """busbar's benchmark: busbar, the floor and LiteLLM's proxy against the same mock, same load, same run.
 
     .venv/bin/python bench/run.py [--quick] [--duration S] [--connections N] [--no-litellm]
-                                  [--baseline REF] [--no-c1] [--no-scaling] [--no-features]
+                                  [--baseline REF [--baseline-patch FILE]] [--no-c1] [--no-scaling] [--no-features]
 
 Prints markdown tables (with a header line naming the commit, CPU, date and command, and footers
 saying how the cores were shared): the wrk and stream rows (busbar, the baseline with --baseline,
@@ -924,7 +924,8 @@ class Bench:
         if self.baseline_ref:
             try:
                 self.baseline = baseline.prepare(self.baseline_ref, PY, self.log_dir,
-                                                 self.args.baseline_build_timeout, log=log)
+                                                 self.args.baseline_build_timeout, log=log,
+                                                 patch=self.args.baseline_patch)
             except baseline.BaselineError as e:
                 raise SystemExit("bench: %s" % e)
         lite_why = "skipped (--no-litellm)" if self.args.no_litellm else \
@@ -1020,6 +1021,9 @@ def main(argv=None):
                     help="also run busbar as of git commit/branch REF (built once in "
                     "bench/.baseline/<sha>/) as the row busbar@<short sha>, interleaved with the "
                     "others, with its own ratio to the floor")
+    ap.add_argument("--baseline-patch", metavar="FILE",
+                    help="apply FILE (git apply) to --baseline's tree: a control that differs by one "
+                    "change, e.g. bench/ab/no-breaker.patch (the breaker off the happy path)")
     ap.add_argument("--baseline-build-timeout", type=int, default=900,
                     help="bound on building the baseline's extensions (seconds)")
     ap.add_argument("--no-c1", action="store_true",
@@ -1031,6 +1035,8 @@ def main(argv=None):
     ap.add_argument("--install-timeout", type=int, default=420,
                     help="bound on installing LiteLLM the first time (seconds)")
     args = ap.parse_args(argv)
+    if args.baseline_patch and not args.baseline:
+        ap.error("--baseline-patch needs --baseline REF (the tree it is applied to)")
     if sys.platform != "linux":
         sys.exit("bench: needs Linux (/proc, taskset)")
     # This script (the sampler, the TTFB client) stays off the gateway's core.
