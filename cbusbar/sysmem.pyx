@@ -18,3 +18,16 @@ cpdef bint trim():
     """Gives the heap's free pages back to the system (glibc's malloc_trim(0): the top of the heap
     and every whole free page inside it). True when some memory was released."""
     return malloc_trim(0) == 1
+
+
+cdef extern from "malloc.h" nogil:
+    struct mallinfo2:
+        size_t arena       # bytes the main heap took from the system (brk)
+        size_t fordblks    # bytes free in it
+    mallinfo2 c_mallinfo2 "mallinfo2"()
+
+
+cpdef size_t heap_free():
+    """Bytes the heap holds free (glibc's mallinfo2().fordblks): what trim() could give back at
+    most."""
+    return c_mallinfo2().fordblks
