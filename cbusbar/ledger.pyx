@@ -289,6 +289,7 @@ cdef class Ticket:
     cdef readonly long long reserve
     cdef readonly double now
     cdef public object pool
+    cdef public object prices           # the rate card as {model: Price}, for the actual cost
     cdef long long window[MAX_CHECKS]
     cdef long long charge[MAX_CHECKS]
 
@@ -297,6 +298,22 @@ cdef class Ticket:
 
     def windows(self):
         return [self.window[i] for i in range(self.plan.n)]
+
+
+cdef class Pass:
+    """What one key may take on one target, decided once by the gate (pool ACL, rate card
+    coverage, the group chain): the chain's Plan (None: nothing to take), the reservation's
+    Pricing (None: no rate card), the pool, and the card's prices for settlement."""
+    cdef readonly Plan plan
+    cdef readonly Pricing pricing
+    cdef readonly object pool
+    cdef readonly object prices
+
+    def __init__(self, Plan plan, Pricing pricing, pool, prices):
+        self.plan = plan if plan is not None and plan.n else None
+        self.pricing = pricing
+        self.pool = pool
+        self.prices = prices
 
 
 cdef class Admission:
@@ -328,6 +345,22 @@ cdef class Admission:
         if self.roll_at[per] < 0 or self.roll_at[per] == INFINITY:
             return None
         return self.roll_at[per] - now
+
+    def take(self, Pass p, bytes body, spans, codec, bint no_output, double now,
+             int bytes_per_token, fallback):
+        """One request under a Pass: its reservation (Pricing.reserve, when the chain has a
+        budget), then `admit`. None when there is nothing to take."""
+        cdef Plan plan = p.plan
+        cdef long long reserve = 0
+        if plan is None:
+            return None
+        if plan.has_budget and p.pricing is not None:
+            reserve = p.pricing.reserve(body, spans, codec, no_output, bytes_per_token, fallback)
+        t = self.admit(plan, reserve, now)
+        if type(t) is Ticket:
+            (<Ticket>t).pool = p.pool
+            (<Ticket>t).prices = p.prices
+        return t
 
     def admit(self, Plan plan, long long reserve, double now):
         """Every check of `plan` taken at once (FIT: value + charge <= limit for requests, budget,
@@ -366,9 +399,9 @@ cdef class Admission:
             table._unlock()
         return t
 
-    def settle(self, Ticket t, usage, prices, lane):
+    def settle(self, Ticket t, usage, lane):
         """The request's end: a concurrent slot back, its tokens added, the reservation replaced
-        by the actual cost (`prices`: model name -> Price, the rate card; `lane`: the model that
+        by the actual cost (`t.prices`: model name -> Price, the rate card; `lane`: the model that
         answered); each to the bucket only if it still holds the window it was taken in (a window
         that rolled meanwhile keeps its fresh count)."""
         cdef Plan plan = t.plan
@@ -386,6 +419,7 @@ cdef class Admission:
             else:
                 inp, out = usage.input_tokens, usage.output_tokens
                 cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+        prices = t.prices
         if plan.has_budget and prices and lane:
             p = prices.get(lane)
             if p is not None:

@@ -120,8 +120,8 @@ class LocalDirectory:
         return self.groups.get(name)
 
 
-from cbusbar.ledger import (DENIED_FULL, PERIOD_INDEX, Admission, Credentials, Plan,  # noqa: E402
-                            Price, Pricing, UsageRows)
+from cbusbar.ledger import (DENIED_FULL, PERIOD_INDEX, Admission, Credentials, Pass,  # noqa: E402
+                            Plan, Price, Pricing, UsageRows)
 from cbusbar.ledger import Ticket as LocalTicket  # noqa: E402
 
 
@@ -247,6 +247,9 @@ class Gate:
         self._plans = {}            # (group, pool) -> its Plan (local stores), while these hold:
         self._plan_gov = None
         self._plan_version = None
+        self._passes = {}           # (KeyRecord, Target) -> its Pass (local stores), while:
+        self._pass_gov = None
+        self._pass_version = None
 
     # ------------------------------------------------------------------ who
     def enter(self, ex, gov, cont):
@@ -356,6 +359,28 @@ class Gate:
 
     # ------------------------------------------------------------------ may it start
     def admit(self, ex, gov, cont):
+        # A (key, target) pair this worker admitted before, under the same config and directory:
+        # its Pass (cbusbar.ledger) holds every decision that does not change per request, so
+        # only the reservation and the limits are taken, in C. The rest takes `_admit`.
+        d = self.directory
+        if gov is self._pass_gov and d.version == self._pass_version:
+            p = self._passes.get((ex.principal, ex.target))
+            if p is not None:
+                now = time.time()
+                t = self.ledger.admission.take(p, ex.req.body, ex.spans, ex.ingress,
+                                               ex.op is not None, now, BYTES_PER_TOKEN,
+                                               requested_max_tokens)
+                if t is None:
+                    cont()
+                elif t.__class__ is LocalTicket:
+                    ex.ticket = t
+                    cont()
+                else:
+                    self._refused(ex, p.plan, t, now)
+                return
+        return self._admit(ex, gov, cont)
+
+    def _admit(self, ex, gov, cont):
         key = ex.principal
         target = ex.target
         pool = target.name
@@ -377,42 +402,41 @@ class Gate:
                          priced.unpriced)
                 return
         group = key.group
+        d = self.directory
         if group is None:
+            if not d.remote:
+                self._keep_pass(gov, key, target, Pass(None, None, pool, None))
             cont()
             return
-        d = self.directory
         if d.remote:
             self.loop.create_task(self._admit_remote(ex, gov, group, pool, cont))
             return
-        plan = None
-        if gov is self._plan_gov and d.version == self._plan_version:
-            plan = self._plans.get((group, pool))
-        if plan is None:
-            plan = self.local_plan(gov, group, pool)
+        plan = self.local_plan(gov, group, pool)
         if plan.__class__ is Denial:
             return self.deny(ex, plan)
-        if not plan.n:
-            cont()
-            return
-        now = time.time()
-        reserve = 0
-        if plan.has_budget and priced is not None:
-            reserve = priced.pricing.reserve(ex.req.body, ex.spans, ex.ingress, ex.op is not None,
-                                             BYTES_PER_TOKEN, requested_max_tokens)
-        adm = self.ledger.admission
-        t = adm.admit(plan, reserve, now)
-        if t.__class__ is LocalTicket:
-            t.pool = pool
-            ex.ticket = t
-            cont()
-        elif t == DENIED_FULL:
+        p = Pass(plan, priced.pricing if priced is not None else None, pool,
+                 self.card_prices(card) if card is not None else None)
+        self._keep_pass(gov, ex.principal, ex.target, p)
+        return self.admit(ex, gov, cont)
+
+    def _keep_pass(self, gov, key, target, p):
+        d = self.directory
+        if gov is not self._pass_gov or d.version != self._pass_version or \
+                len(self._passes) >= CHAIN_CACHE_MAX:
+            self._passes = {}
+            self._pass_gov = gov
+            self._pass_version = d.version
+        self._passes[(key, target)] = p
+
+    def _refused(self, ex, plan, t, now):
+        if t == DENIED_FULL:
             log.error("governance: the shared limit table is full (limits.max_limit_buckets); "
                       "refusing admission")
             self._unavailable(ex)
-        else:
-            bucket, kind, amount, per, name = plan.chain[t]
-            self.deny(ex, denial_of((bucket, kind, amount, None, None,
-                                     adm.roll(PERIOD_INDEX[per], now), name, per)))
+            return
+        bucket, kind, amount, per, name = plan.chain[t]
+        self.deny(ex, denial_of((bucket, kind, amount, None, None,
+                                 self.ledger.admission.roll(PERIOD_INDEX[per], now), name, per)))
 
     async def _admit_remote(self, ex, gov, group, pool, cont):
         """Redis: the group chain from the worker's cache (a read on a miss), then one admission
@@ -619,8 +643,7 @@ class Gate:
                                 out, cr, cw)
             return
         if ticket is not None:
-            ledger.admission.settle(ticket, usage, self.card_prices(gov.rate_card)
-                                    if ticket.plan.has_budget else None, lane_name)
+            ledger.admission.settle(ticket, usage, lane_name)
             pool = ticket.pool
         else:
             pool = ex.target.name if ex.target else None

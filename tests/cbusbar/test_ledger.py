@@ -7,8 +7,8 @@ import random
 
 from cbusbar.framing import scan_top
 from cbusbar.ir import Usage
-from cbusbar.ledger import (DENIED_FULL, PERIOD_INDEX, Admission, Credentials, LimitTable, Plan,
-                            Price, Pricing, Ticket, UsageRows)
+from cbusbar.ledger import (DENIED_FULL, PERIOD_INDEX, Admission, Credentials, LimitTable, Pass,
+                            Plan, Price, Pricing, Ticket, UsageRows)
 
 from busbar.engine.translate import CODECS
 from busbar.governance.gate import requested_max_tokens
@@ -44,13 +44,14 @@ def test_all_or_nothing_and_each_kinds_rule():
     # concurrency full once the budget fits again
     assert adm.admit(plan, 10, T0) == 2
     # settlement: the slot back, the reservation replaced by the cost, tokens post-paid
-    prices = {"m": Price(Rate(input=1.0, output=2.0))}      # 1000 / 2000 nano per token
-    adm.settle(t1, Usage(0, 0, 0, 0, 0), prices, "m")
+    t1.prices = {"m": Price(Rate(input=1.0, output=2.0))}   # 1000 / 2000 nano per token
+    adm.settle(t1, Usage(0, 0, 0, 0, 0), "m")
     assert [_value(table, plan, i, T0) for i in range(4)] == [2, 40, 1, 0]
     t3 = adm.admit(plan, 10, T0)
     assert isinstance(t3, Ticket)
     assert adm.admit(plan, 0, T0) == 0                       # 3 requests this minute
-    adm.settle(t3, Usage(30, 25, 0, 0, 0), {}, "m")          # unpriced lane: costs 0
+    t3.prices = {}
+    adm.settle(t3, Usage(30, 25, 0, 0, 0), "m")              # unpriced lane: costs 0
     assert [_value(table, plan, i, T0) for i in range(4)] == [3, 40, 1, 55]
     # tokens: post-paid, so at 55 >= 50 the next request is refused (in the next minute)
     assert adm.admit(plan, 0, T0 + 60) == 3
@@ -65,11 +66,33 @@ def test_windows_roll_and_settlement_keeps_the_fresh_count():
     assert abs(adm.roll(PERIOD_INDEX["minute"], T0 + 59.6) - 0.4) < 1e-6
     t2 = adm.admit(plan, 0, T0 + 60.1)                       # a new minute
     assert isinstance(t2, Ticket)
-    adm.settle(t, Usage(7, 0, 0, 0, 0), None, "m")           # taken in the old window: dropped
+    adm.settle(t, Usage(7, 0, 0, 0, 0), "m")                 # taken in the old window: dropped
     assert _value(table, plan, 1, T0 + 60.1) == 0
-    adm.settle(t2, Usage(7, 5, 0, 0, 0), None, "m")
+    adm.settle(t2, Usage(7, 5, 0, 0, 0), "m")
     assert _value(table, plan, 1, T0 + 60.1) == 12
     assert adm.roll(PERIOD_INDEX[None], T0) is None
+
+
+def test_a_pass_takes_its_reservation_and_carries_pool_and_prices():
+    table = LimitTable(64)
+    adm = Admission(table, window)
+    codec = CODECS["anthropic"]
+    body = b'{"model":"m","max_tokens":10,"messages":[]}'
+    spans = scan_top(body, codec.SCAN_KEYS)
+    prices = {"m": Price(Rate(1.0, 2.0))}
+    plan = Plan(_chain(("budget_usd", 10 ** 9, "month"), ("requests", 5, "minute")))
+    p = Pass(plan, Pricing([(prices["m"], 4096)]), "pool-a", prices)
+    t = adm.take(p, body, spans, codec, False, T0, 3, requested_max_tokens)
+    est = len(body) // 3 + 1
+    assert t.reserve == Rate(1.0, 2.0).nano(est, 10) and t.pool == "pool-a" and t.prices is prices
+    assert _value(table, plan, 0, T0) == t.reserve
+    adm.settle(t, Usage(3, 4, 0, 0, 0), "m")
+    assert _value(table, plan, 0, T0) == Rate(1.0, 2.0).nano(3, 4)
+    # no limits to take: admitted without a ticket
+    assert adm.take(Pass(Plan(()), None, "pool-a", None), body, spans, codec, False, T0, 3,
+                    requested_max_tokens) is None
+    assert adm.take(Pass(None, None, "pool-a", None), body, spans, codec, False, T0, 3,
+                    requested_max_tokens) is None
 
 
 def test_a_full_table_refuses():
