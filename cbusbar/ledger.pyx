@@ -15,6 +15,7 @@ import mmap
 import os
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
+from cpython.mem cimport PyObject_Free, PyObject_Malloc
 from libc.stdint cimport int64_t, uint64_t
 
 from cbusbar.ir cimport Usage
@@ -290,14 +291,21 @@ cdef class Ticket:
     cdef readonly double now
     cdef public object pool
     cdef public object prices           # the rate card as {model: Price}, for the actual cost
-    cdef long long window[MAX_CHECKS]
-    cdef long long charge[MAX_CHECKS]
+    # plan.n windows then plan.n charges, in one small block: inline arrays for MAX_CHECKS made
+    # the object 1 KiB, past pymalloc's 512 bytes (a malloc and a memset per request).
+    cdef long long* window
+    cdef long long* charge
+
+    def __dealloc__(self):
+        if self.window != NULL:
+            PyObject_Free(self.window)
+            self.window = NULL
 
     def charges(self):
-        return [self.charge[i] for i in range(self.plan.n)]
+        return [self.charge[i] for i in range(self.plan.n)] if self.window != NULL else []
 
     def windows(self):
-        return [self.window[i] for i in range(self.plan.n)]
+        return [self.window[i] for i in range(self.plan.n)] if self.window != NULL else []
 
 
 cdef class Pass:
@@ -371,6 +379,10 @@ cdef class Admission:
         cdef long long* b
         cdef long long* found[MAX_CHECKS]
         cdef LimitTable table = self.table
+        t.window = <long long*>PyObject_Malloc(sizeof(long long) * 2 * (n if n > 0 else 1))
+        if t.window == NULL:
+            raise MemoryError()
+        t.charge = t.window + n
         t.plan = plan
         t.reserve = reserve
         t.now = now
@@ -411,6 +423,8 @@ cdef class Admission:
         cdef LimitTable table = self.table
         cdef Usage u
         cdef Price price
+        if t.window == NULL:
+            raise ValueError("not a ticket Admission.admit made")
         if usage is not None:
             if isinstance(usage, Usage):
                 u = <Usage>usage

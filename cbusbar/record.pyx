@@ -30,7 +30,7 @@ cdef extern from *:
 DEF MAX_SLOTS = 16
 
 
-cdef class Slots:
+cdef class SlotReader:
     """Reads the named __slots__ members of instances of exactly `tp` at their offsets (as
     CPython's LOAD_ATTR_SLOT does), instead of a getattr each (~150 instructions: the type's
     method cache, the descriptor, its getter); anything else, an unset slot included, through
@@ -63,14 +63,14 @@ cdef class Slots:
 _EX_FIELDS = ("request_id", "proto", "target", "attempts", "stream", "client_status", "usage",
               "req", "t_end", "bytes_out", "conn", "principal", "denied")
 _ATT_FIELDS = ("lane", "t_connected", "t_end")
-cdef Slots _ex = None
-cdef Slots _att = None
+cdef SlotReader _ex = None
+cdef SlotReader _att = None
 
 
-cdef Slots _slots_of(Slots cur, obj, tuple names):
+cdef SlotReader _slots_of(SlotReader cur, obj, tuple names):
     if cur is not None and Py_TYPE(obj) == cur.tp:
         return cur
-    return Slots(type(obj), names)
+    return SlotReader(type(obj), names)
 
 
 cdef class RequestRecord:
@@ -101,8 +101,8 @@ cdef class RequestRecord:
 def record_of(ex, outcome):
     """The RequestRecord of an Exchange that just finished (its `t_end` set)."""
     global _ex, _att
-    cdef Slots X = _slots_of(_ex, ex, _EX_FIELDS)
-    cdef Slots A
+    cdef SlotReader X = _slots_of(_ex, ex, _EX_FIELDS)
+    cdef SlotReader A
     cdef RequestRecord r = RequestRecord.__new__(RequestRecord)
     cdef long long up = 0, t, t_end
     _ex = X
