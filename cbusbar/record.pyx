@@ -6,6 +6,7 @@ Built in C: the Python `Exchange.record` it replaces made a slotted object with 
 stores, a loop over the attempts and a handful of int objects, ~5k instructions a request
 (callgrind, bench/inproc.py); the hooks then read it back one attribute lookup at a time. Here the
 exchange is read once and the record's fields are C slots the C hooks read directly."""
+from cpython.dict cimport PyDict_GetItem
 from cpython.list cimport PyList_AsTuple
 from cpython.object cimport PyObject, PyTypeObject, Py_TYPE
 
@@ -63,8 +64,17 @@ cdef class SlotReader:
 _EX_FIELDS = ("request_id", "proto", "target", "attempts", "stream", "client_status", "usage",
               "req", "t_end", "bytes_out", "conn", "principal", "denied")
 _ATT_FIELDS = ("lane", "t_connected", "t_end")
+_ONE = ("name",)
+_T0 = ("t0",)
 cdef SlotReader _ex = None
 cdef SlotReader _att = None
+cdef SlotReader _target = None      # Target.name
+cdef SlotReader _req = None         # Request.t0
+# lane -> (its name, upstream model, provider protocol): a Lane's model never changes (a reload
+# that changes a model makes a new Lane), so the three lookups through Model and Provider objects
+# (plain attributes, ~150 instructions each) are made once per lane. Bounded: cleared when full.
+cdef dict _lanes = {}
+DEF LANES_MAX = 4096
 
 
 cdef SlotReader _slots_of(SlotReader cur, obj, tuple names):
@@ -100,9 +110,10 @@ cdef class RequestRecord:
 
 def record_of(ex, outcome):
     """The RequestRecord of an Exchange that just finished (its `t_end` set)."""
-    global _ex, _att
+    global _ex, _att, _target, _req
     cdef SlotReader X = _slots_of(_ex, ex, _EX_FIELDS)
     cdef SlotReader A
+    cdef PyObject* hit
     cdef RequestRecord r = RequestRecord.__new__(RequestRecord)
     cdef long long up = 0, t, t_end
     _ex = X
@@ -110,16 +121,24 @@ def record_of(ex, outcome):
     r.request_id = X.get(ex, 0)
     r.ingress = X.get(ex, 1)
     target = X.get(ex, 2)
-    r.target = target.name if target is not None else None
+    if target is not None:
+        _target = _slots_of(_target, target, _ONE)
+        r.target = _target.get(target, 0)
     r.attempts = PyList_AsTuple(atts)
     if atts:
         A = _slots_of(_att, atts[0], _ATT_FIELDS)
         _att = A
         lane = A.get(atts[len(atts) - 1], 0)
-        r.lane = lane.name
-        model = lane.model
-        r.model = model.upstream_model
-        r.egress = model.provider.protocol
+        hit = PyDict_GetItem(_lanes, lane)
+        if hit == NULL:
+            model = lane.model
+            names = (lane.name, model.upstream_model, model.provider.protocol)
+            if len(_lanes) >= LANES_MAX:
+                _lanes.clear()
+            _lanes[lane] = names
+        else:
+            names = <tuple>hit
+        r.lane, r.model, r.egress = names
         for a in atts:
             t = A.get(a, 1)
             if t:
@@ -128,7 +147,9 @@ def record_of(ex, outcome):
     r.status = X.get(ex, 5)
     r.outcome = outcome
     r.usage = X.get(ex, 6)
-    r.t0 = X.get(ex, 7).t0
+    req = X.get(ex, 7)
+    _req = _slots_of(_req, req, _T0)
+    r.t0 = _req.get(req, 0)
     t_end = r.t_end = X.get(ex, 8)
     r.upstream_ns = up
     t = t_end - r.t0 - up
