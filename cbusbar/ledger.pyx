@@ -15,7 +15,10 @@ import mmap
 import os
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
+from cpython.mem cimport PyObject_Free, PyObject_Malloc
 from libc.stdint cimport int64_t, uint64_t
+
+from cbusbar.ir cimport Usage
 
 cdef extern from *:
     """
@@ -208,3 +211,456 @@ cdef class LimitTable:
             if self.p[HEADER + STRIDE * i] != 0:
                 n += 1
         return n
+
+
+# ---------------------------------------------------------------------------- admission plans
+# What busbar/governance/gate.py's local path hands over per request: a Plan (one group chain's
+# limits for one pool, built once and cached by the gate) and the reservation; what comes back
+# is a Ticket (the windows and charges taken) or the index of the check that refused. Built in C
+# so a request costs no tuple per check and no Python call per step: the tuple path (plan(),
+# LocalLedger.admit, settle) was ~20k instructions of the ~64k the keys added (callgrind,
+# bench/inproc.py --keys sqlite).
+
+cdef extern from *:
+    """
+    #include <math.h>
+    /* No fused multiply-add: the result must be Python's, bit for bit. */
+    __attribute__((optimize("fp-contract=off")))
+    static long long bb_nano(double rin, double rout, double rcr, double rcw,
+                             long long i, long long o, long long cr, long long cw) {
+        double x = (double)i * rin + (double)o * rout;
+        x = x + (double)cr * rcr;
+        x = x + (double)cw * rcw;
+        return (long long)nearbyint(1000.0 * x);
+    }
+    """
+    long long bb_nano(double rin, double rout, double rcr, double rcw,
+                      long long i, long long o, long long cr, long long cw) nogil
+
+
+# Limit kinds (busbar/governance/model.py LIMIT_KINDS) and periods (PERIODS; NONE: concurrent).
+cdef enum:
+    K_REQUESTS = 0
+    K_TOKENS = 1
+    K_BUDGET = 2
+    K_CONCURRENT = 3
+    MAX_CHECKS = 64
+    N_PERIODS = 6
+
+_KINDS = {"requests": K_REQUESTS, "tokens": K_TOKENS, "budget_usd": K_BUDGET,
+          "concurrent": K_CONCURRENT}
+PERIOD_INDEX = {None: 0, "minute": 1, "hour": 2, "day": 3, "month": 4, "total": 5}
+
+cdef extern from "<math.h>" nogil:
+    double INFINITY
+
+
+cdef class Plan:
+    """The checks of one group chain for one pool, in order: bucket, kind, limit, period.
+    `chain` is the gate's tuple of (bucket key, kind, amount, per, group name), kept for refusals
+    (which check, which group) and for the stores that take tuples (Redis)."""
+    cdef readonly int n
+    cdef readonly bint has_budget
+    cdef readonly tuple chain
+    cdef uint64_t hash[MAX_CHECKS]
+    cdef int kind[MAX_CHECKS]
+    cdef long long limit[MAX_CHECKS]
+    cdef int per[MAX_CHECKS]
+
+    def __init__(self, tuple chain):
+        cdef int i
+        if len(chain) > MAX_CHECKS:
+            raise ValueError("too many checks")
+        self.chain = chain
+        self.n = len(chain)
+        self.has_budget = False
+        for i, (bucket, kind, amount, per, _name) in enumerate(chain):
+            self.hash[i] = _h(bucket)
+            self.kind[i] = _KINDS[kind]
+            self.limit[i] = amount
+            self.per[i] = PERIOD_INDEX[per]
+            if self.kind[i] == K_BUDGET:
+                self.has_budget = True
+
+
+cdef class Ticket:
+    """What one admission took: the window of each check and its charge (the reservation for a
+    budget). Settled once, at the request's end."""
+    cdef readonly Plan plan
+    cdef readonly long long reserve
+    cdef readonly double now
+    cdef public object pool
+    cdef public object prices           # the rate card as {model: Price}, for the actual cost
+    # plan.n windows then plan.n charges, in one small block: inline arrays for MAX_CHECKS made
+    # the object 1 KiB, past pymalloc's 512 bytes (a malloc and a memset per request).
+    cdef long long* window
+    cdef long long* charge
+
+    def __dealloc__(self):
+        if self.window != NULL:
+            PyObject_Free(self.window)
+            self.window = NULL
+
+    def charges(self):
+        return [self.charge[i] for i in range(self.plan.n)] if self.window != NULL else []
+
+    def windows(self):
+        return [self.window[i] for i in range(self.plan.n)] if self.window != NULL else []
+
+
+cdef class Pass:
+    """What one key may take on one target, decided once by the gate (pool ACL, rate card
+    coverage, the group chain): the chain's Plan (None: nothing to take), the reservation's
+    Pricing (None: no rate card), the pool, and the card's prices for settlement."""
+    cdef readonly Plan plan
+    cdef readonly Pricing pricing
+    cdef readonly object pool
+    cdef readonly object prices
+
+    def __init__(self, Plan plan, Pricing pricing, pool, prices):
+        self.plan = plan if plan is not None and plan.n else None
+        self.pricing = pricing
+        self.pool = pool
+        self.prices = prices
+
+
+cdef class Admission:
+    """One worker's admission against the shared LimitTable: the current window of each period
+    (recomputed when it rolls, through `window_of(per, now)`: busbar/governance/model.py window)."""
+    cdef readonly LimitTable table
+    cdef object window_of
+    cdef tuple periods
+    cdef long long wid[N_PERIODS]
+    cdef double roll_at[N_PERIODS]      # when the window rolls; INFINITY: never; -1: not known
+
+    def __init__(self, LimitTable table, window_of):
+        cdef int i
+        self.table = table
+        self.window_of = window_of
+        self.periods = tuple(sorted(PERIOD_INDEX, key=PERIOD_INDEX.get))
+        for i in range(N_PERIODS):
+            self.roll_at[i] = -1
+
+    cdef inline long long _window(self, int per, double now) except? -1:
+        if self.roll_at[per] < 0 or now >= self.roll_at[per]:
+            wid, roll = self.window_of(self.periods[per], now)
+            self.wid[per] = wid
+            self.roll_at[per] = INFINITY if roll is None else now + roll
+        return self.wid[per]
+
+    def roll(self, int per, double now):
+        """Seconds until the window of period index `per` rolls (None: never), as of `now`."""
+        if self.roll_at[per] < 0 or self.roll_at[per] == INFINITY:
+            return None
+        return self.roll_at[per] - now
+
+    def take(self, Pass p, bytes body, spans, codec, bint no_output, double now,
+             int bytes_per_token, fallback):
+        """One request under a Pass: its reservation (Pricing.reserve, when the chain has a
+        budget), then `admit`. None when there is nothing to take."""
+        cdef Plan plan = p.plan
+        cdef long long reserve = 0
+        if plan is None:
+            return None
+        if plan.has_budget and p.pricing is not None:
+            reserve = p.pricing.reserve(body, spans, codec, no_output, bytes_per_token, fallback)
+        t = self.admit(plan, reserve, now)
+        if type(t) is Ticket:
+            (<Ticket>t).pool = p.pool
+            (<Ticket>t).prices = p.prices
+        return t
+
+    def admit(self, Plan plan, long long reserve, double now):
+        """Every check of `plan` taken at once (FIT: value + charge <= limit for requests, budget,
+        concurrent; BELOW: value < limit for tokens), or none. A Ticket, or the index of the first
+        check that refused, or DENIED_FULL."""
+        cdef Ticket t = Ticket.__new__(Ticket)
+        cdef int i, n = plan.n, k
+        cdef long long* b
+        cdef long long* found[MAX_CHECKS]
+        cdef LimitTable table = self.table
+        t.window = <long long*>PyObject_Malloc(sizeof(long long) * 2 * (n if n > 0 else 1))
+        if t.window == NULL:
+            raise MemoryError()
+        t.charge = t.window + n
+        t.plan = plan
+        t.reserve = reserve
+        t.now = now
+        for i in range(n):
+            t.window[i] = self._window(plan.per[i], now)
+            k = plan.kind[i]
+            t.charge[i] = reserve if k == K_BUDGET else (0 if k == K_TOKENS else 1)
+        table._lock()
+        try:
+            for i in range(n):
+                b = table._find(plan.hash[i], True)
+                if b == NULL:
+                    return DENIED_FULL
+                if b[1] != t.window[i]:
+                    b[1] = t.window[i]
+                    b[2] = 0
+                if plan.kind[i] == K_TOKENS:
+                    if b[2] >= plan.limit[i]:
+                        return i
+                elif b[2] + t.charge[i] > plan.limit[i]:
+                    return i
+                found[i] = b
+            for i in range(n):
+                found[i][2] += t.charge[i]
+        finally:
+            table._unlock()
+        return t
+
+    def settle(self, Ticket t, usage, lane):
+        """The request's end: a concurrent slot back, its tokens added, the reservation replaced
+        by the actual cost (`t.prices`: model name -> Price, the rate card; `lane`: the model that
+        answered); each to the bucket only if it still holds the window it was taken in (a window
+        that rolled meanwhile keeps its fresh count)."""
+        cdef Plan plan = t.plan
+        cdef int i, k
+        cdef long long d, inp = 0, out = 0, cr = 0, cw = 0, cost = 0
+        cdef long long* b
+        cdef LimitTable table = self.table
+        cdef Usage u
+        cdef Price price
+        if t.window == NULL:
+            raise ValueError("not a ticket Admission.admit made")
+        if usage is not None:
+            if isinstance(usage, Usage):
+                u = <Usage>usage
+                inp, out, cr, cw = u.input_tokens, u.output_tokens, u.cache_read_tokens, \
+                    u.cache_write_tokens
+            else:
+                inp, out = usage.input_tokens, usage.output_tokens
+                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+        prices = t.prices
+        if plan.has_budget and prices and lane:
+            p = prices.get(lane)
+            if p is not None:
+                price = <Price?>p
+                cost = bb_nano(price.input, price.output, price.cache_read, price.cache_write,
+                               inp, out, cr, cw)
+        table._lock()
+        try:
+            for i in range(plan.n):
+                k = plan.kind[i]
+                if k == K_REQUESTS:
+                    continue
+                elif k == K_CONCURRENT:
+                    d = -1
+                elif k == K_TOKENS:
+                    d = inp + out
+                else:
+                    d = cost - t.charge[i]
+                if d == 0:
+                    continue
+                b = table._find(plan.hash[i], False)
+                if b != NULL and b[1] == t.window[i]:
+                    b[2] += d
+        finally:
+            table._unlock()
+
+
+# ---------------------------------------------------------------------------- prices
+# The rate card's arithmetic in C, for the reservation (worst case over a target's lanes) and the
+# settlement (the actual cost): busbar/governance/model.py Rate.nano exactly, the same double
+# operations in the same order, rounded half to even as Python's round() (nearbyint in the
+# default rounding mode), without a Python call, a float object and an int-to-float conversion
+# per term.
+
+cdef class Price:
+    """A Rate (USD per million tokens) for C: `nano(...)` is Rate.nano."""
+    cdef readonly double input, output, cache_read, cache_write
+
+    def __init__(self, rate):
+        self.input = rate.input
+        self.output = rate.output
+        self.cache_read = rate.cache_read
+        self.cache_write = rate.cache_write
+
+    cpdef long long nano(self, long long input_tokens, long long output_tokens,
+                         long long cache_read=0, long long cache_write=0):
+        return bb_nano(self.input, self.output, self.cache_read, self.cache_write,
+                       input_tokens, output_tokens, cache_read, cache_write)
+
+
+cdef bint _digits(bytes body, Py_ssize_t start, Py_ssize_t stop, long long* out):
+    """body[start:stop] is 1-11 ASCII digits (bytes.isdigit, and shorter than 12): its value."""
+    cdef Py_ssize_t n = stop - start, i
+    cdef const unsigned char* s
+    cdef long long v = 0
+    if n < 1 or n >= 12 or start < 0 or stop > len(body):
+        return False
+    s = <const unsigned char*><const char*>body + start
+    for i in range(n):
+        if s[i] < 48 or s[i] > 57:
+            return False
+        v = v * 10 + (s[i] - 48)
+    out[0] = v
+    return True
+
+
+cdef class Pricing:
+    """A target's lanes for the budget reservation: each priced lane's rate and output cap when
+    the caller set none (its model's default_max_tokens, else the gateway's)."""
+    cdef int n
+    cdef double rin[MAX_CHECKS]
+    cdef double rout[MAX_CHECKS]
+    cdef long long out_default[MAX_CHECKS]
+
+    def __init__(self, lanes):
+        """lanes: [(Price, default output tokens)], the lanes without a rate left out."""
+        cdef Price p
+        self.n = 0
+        for p, out in lanes[:MAX_CHECKS]:
+            self.rin[self.n] = p.input
+            self.rout[self.n] = p.output
+            self.out_default[self.n] = out
+            self.n += 1
+
+    def reserve(self, bytes body, spans, codec, bint no_output, int bytes_per_token, fallback):
+        """The budget reservation of a request: its input estimated from the body's size, its
+        output cap read where the codec says it lives (codec.MAX_TOKENS_PATH, top-level members
+        of `spans`, the body's one scan; a nested path: `fallback(codec, body, spans)`, the gate's
+        requested_max_tokens), each lane's default without one."""
+        cdef long long est_in = len(body) // bytes_per_token + 1
+        cdef long long max_out = 0
+        if no_output:
+            return self.worst(est_in, 0, True)
+        paths = codec.MAX_TOKENS_PATH
+        for path in paths:
+            if len(path) != 1:
+                max_out = fallback(codec, body, spans) or 0
+                break
+            sp = spans.get(path[0]) if spans is not None else None
+            if sp is not None and _digits(body, sp[0], sp[1], &max_out):
+                break
+        return self.worst(est_in, max_out, False)
+
+    cpdef long long worst(self, long long est_in, long long max_out, bint no_output):
+        """The dearest lane's cost of est_in input tokens and max_out output tokens (0: each
+        lane's default; no_output: none, as for embeddings)."""
+        cdef int i
+        cdef long long worst = 0, out, c
+        for i in range(self.n):
+            out = 0 if no_output else (max_out if max_out else self.out_default[i])
+            c = bb_nano(self.rin[i], self.rout[i], 0.0, 0.0, est_in, out, 0, 0)
+            if c > worst:
+                worst = c
+        return worst
+
+
+# ---------------------------------------------------------------------------- the gate's caches
+cdef extern from "<time.h>" nogil:
+    ctypedef long time_t
+    struct timespec:
+        time_t tv_sec
+        long tv_nsec
+    int CLOCK_REALTIME
+    int clock_gettime(int clk, timespec *tp)
+
+
+cdef class Credentials:
+    """Tokens whose MAC busbar/governance/gate.py already verified, by the raw header value they
+    came in: Authorization (a Bearer value) in `by_auth`; x-api-key or x-goog-api-key, when there
+    is no Authorization header, in `by_key` (where credential() looks, in its order). Each maps
+    to (key id, exp, generation, signing key)."""
+    cdef public dict by_auth
+    cdef public dict by_key
+
+    def __init__(self):
+        self.by_auth = {}
+        self.by_key = {}
+
+    def accept(self, headers, signing_key, dict keys, double now):
+        """The KeyRecord of a remembered token, if it is still good (not expired, the key's
+        generation, active, not past its own expiry); else None (the gate's whole path decides)."""
+        v = headers.get(b"authorization")
+        if v is not None:
+            c = self.by_auth.get(v)
+        else:
+            v = headers.get(b"x-api-key")
+            if v is None:
+                v = headers.get(b"x-goog-api-key")
+            c = self.by_key.get(v) if v is not None else None
+        if c is None:
+            return None
+        kid, exp, gen, sk = <tuple>c
+        if sk is not signing_key or (exp is not None and exp <= now):
+            return None
+        rec = keys.get(kid)
+        if rec is None or rec.gen != gen or rec.state != "active":
+            return None
+        exp = rec.expires
+        if exp is not None and exp <= now:
+            return None
+        return rec
+
+    def remember(self, headers, tuple claims, int cap):
+        v = headers.get(b"authorization")
+        if v is not None:
+            if v[:7].lower() != b"bearer ":
+                return
+            cache = self.by_auth
+        else:
+            v = headers.get(b"x-api-key")
+            if v is None:
+                v = headers.get(b"x-goog-api-key")
+            if v is None:
+                return
+            cache = self.by_key
+        if len(cache) >= cap:
+            cache.clear()
+        cache[v] = claims
+
+
+cdef class UsageRows:
+    """Usage summed per (day, key, group, model, pool): `rows` maps each to [requests, input,
+    output, cache read, cache write]. `add` dates the row itself (UTC day, `day_of(now)` once a
+    day) and calls `schedule()` when the first row of a batch arrives (busbar/governance/gate.py
+    UsageBatcher flushes)."""
+    cdef public dict rows
+    cdef public object handle
+    cdef object day_of
+    cdef long long day_n
+    cdef object day
+
+    def __init__(self, day_of):
+        self.rows = {}
+        self.handle = None
+        self.day_of = day_of
+        self.day_n = -1
+        self.day = None
+
+    def schedule(self):
+        raise NotImplementedError
+
+    def add(self, key_id, group, model, pool, usage):
+        cdef timespec ts
+        cdef long long inp = 0, out = 0, cr = 0, cw = 0
+        cdef Usage u
+        clock_gettime(CLOCK_REALTIME, &ts)
+        if ts.tv_sec // 86400 != self.day_n:
+            self.day = self.day_of(<double>ts.tv_sec + <double>ts.tv_nsec * 1e-9)
+            self.day_n = ts.tv_sec // 86400
+        if usage is not None:
+            if isinstance(usage, Usage):
+                u = <Usage>usage
+                inp, out, cr, cw = u.input_tokens, u.output_tokens, u.cache_read_tokens, \
+                    u.cache_write_tokens
+            else:
+                inp, out = usage.input_tokens, usage.output_tokens
+                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+        k = (self.day, key_id, group, model, pool)
+        cur = self.rows.get(k)
+        if cur is None:
+            self.rows[k] = [1, inp, out, cr, cw]
+        else:
+            row = <list>cur
+            row[0] += 1
+            row[1] += inp
+            row[2] += out
+            row[3] += cr
+            row[4] += cw
+        if self.handle is None:
+            self.schedule()

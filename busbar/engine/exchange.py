@@ -27,9 +27,9 @@ from cbusbar.framing import FramingError, scan_top, splice
 from busbar.engine import operations
 from busbar.engine import route as R
 from busbar.engine.records import (
-    Attempt, RequestRecord, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
+    Attempt, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
-    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR)
+    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, record_of)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
@@ -933,7 +933,7 @@ class Exchange:
             self.ticket = None
         hooks = site.finish_hooks
         if hooks:
-            rec = self.record(outcome)
+            rec = record_of(self, outcome)      # the RequestRecord, built in C
             for h in hooks:
                 try:
                     h(rec)
@@ -946,39 +946,6 @@ class Exchange:
         self.chunks = None
         self.cr = None
         conn.exchange_done(keep_alive and req.keep_alive and outcome != O_CLIENT_GONE)
-
-    def record(self, outcome) -> RequestRecord:
-        r = RequestRecord()
-        r.request_id = self.request_id
-        r.ingress = self.proto
-        r.target = self.target.name if self.target is not None else None
-        atts = self.attempts
-        r.attempts = tuple(atts)
-        if atts:
-            last = atts[-1].lane
-            r.lane = last.name
-            r.model = last.model.upstream_model
-            r.egress = last.model.provider.protocol
-        r.stream = self.stream
-        r.status = self.client_status
-        r.outcome = outcome
-        r.usage = self.usage
-        r.t0 = self.req.t0
-        r.t_end = self.t_end
-        up = 0
-        for a in atts:
-            if a.t_connected:
-                up += a.t_end - a.t_connected
-        r.upstream_ns = up
-        r.busbar_ns = max(0, self.t_end - self.req.t0 - up)
-        r.bytes_out = self.bytes_out
-        r.client = getattr(self.conn, "peer", None)
-        key = self.principal
-        if key is not None:
-            r.key_id = key.id
-            r.group = key.group
-        r.denied = self.denied
-        return r
 
 
 def _log_hook_failure(hook):

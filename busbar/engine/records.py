@@ -4,8 +4,12 @@
 Everything that happens at the end of an attempt (circuit breaker, per-lane metrics, attempt spans)
 or of a request (budget settlement, access log, request-log sinks, counters, the request span)
 hangs off these two objects, through the hooks of the site that served the request, so it is
-written once. Plain slotted objects: building one costs a few hundred nanoseconds."""
+written once. `Attempt` is a plain slotted object (the exchange fills it as the attempt goes);
+`RequestRecord` is a cdef class with typed slots, built in C from the exchange by `record_of`
+(cbusbar/record.pyx), which the C hooks (access log, metrics) read without attribute lookups."""
 from __future__ import annotations
+
+from cbusbar.record import RequestRecord, record_of  # noqa: F401  (re-exported)
 
 # Attempt.fault: what ended an attempt. None = the upstream answered and the answer was read whole.
 F_CONNECT = "connect"           # refused, unreachable, TLS failure, connect timeout
@@ -59,48 +63,3 @@ class Attempt:
     def __repr__(self):
         return "<Attempt %s status=%d fault=%s %s>" % (
             self.lane.name if self.lane else "-", self.status, self.fault, self.reason or "")
-
-
-class RequestRecord:
-    """One request, as it ended. `usage` is an ir.Usage or None when the answer carried none."""
-
-    __slots__ = ("request_id", "ingress", "egress", "target", "lane", "model", "stream", "status",
-                 "outcome", "attempts", "usage", "t0", "t_end", "busbar_ns", "upstream_ns",
-                 "bytes_out", "client", "key_id", "group", "denied")
-
-    def __init__(self):
-        self.request_id = None
-        self.ingress = None
-        self.egress = None
-        self.target = None
-        self.lane = None
-        self.model = None
-        self.stream = False
-        self.status = 0
-        self.outcome = None
-        self.attempts = ()
-        self.usage = None
-        self.t0 = 0
-        self.t_end = 0
-        self.busbar_ns = 0
-        self.upstream_ns = 0
-        self.bytes_out = 0
-        self.client = None
-        self.key_id = None      # governance: the virtual key's id (never its token) and group
-        self.group = None
-        self.denied = None      # governance: the gate that refused it (observability GATES)
-
-    def as_dict(self) -> dict:
-        u = self.usage
-        return {
-            "request_id": self.request_id, "ingress": self.ingress, "egress": self.egress,
-            "target": self.target, "lane": self.lane, "model": self.model, "stream": self.stream,
-            "status": self.status, "outcome": self.outcome,
-            "attempts": [{"lane": a.lane.name if a.lane else None, "status": a.status,
-                          "fault": a.fault, "reason": a.reason} for a in self.attempts],
-            "usage": None if u is None else {
-                "input_tokens": u.input_tokens, "output_tokens": u.output_tokens,
-                "cache_read_tokens": u.cache_read_tokens, "cache_write_tokens": u.cache_write_tokens,
-                "reasoning_tokens": u.reasoning_tokens},
-            "busbar_us": self.busbar_ns // 1000, "upstream_us": self.upstream_ns // 1000,
-        }

@@ -12,8 +12,12 @@ The engine calls three things, all from busbar/engine/exchange.py:
   the reservation becomes the actual cost, tokens are added, and the usage row goes to the store.
 
 With a local store (memory, SQLite) every step is synchronous: keys and groups are pushed to each
-worker by the parent, counters are in shared memory (cbusbar/ledger.pyx). With Redis, a key not yet
-cached and the admission are one round trip each (busbar/governance/redis_store.py).
+worker by the parent, counters are in shared memory (cbusbar/ledger.pyx). The steps a request takes
+every time are in C there too: a token already verified is accepted by `Credentials`, the group
+chain's limits for a pool are one cached `Plan` that `Admission` takes at once with the reservation
+`Pricing` computes, settlement and the usage rows (`UsageRows`) likewise; Python here decides what
+is cached and answers every refusal. With Redis, a key not yet cached and the admission are one
+round trip each (busbar/governance/redis_store.py).
 """
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ import time
 
 from cbusbar.framing import FramingError, scan_top
 
-from .model import (C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, Denial,
+from .model import (C_CHARGE, C_GROUP, C_KIND, C_PER, C_ROLL, Denial,
                     Usage, bucket_key, day_of, verify_token, window)
 
 log = logging.getLogger("busbar.governance")
@@ -116,28 +120,20 @@ class LocalDirectory:
         return self.groups.get(name)
 
 
-from cbusbar.ledger import BELOW, DENIED_FULL, FIT, OK  # noqa: E402
+from cbusbar.ledger import (DENIED_FULL, PERIOD_INDEX, Admission, Credentials, Pass,  # noqa: E402
+                            Plan, Price, Pricing, UsageRows)
+from cbusbar.ledger import Ticket as LocalTicket  # noqa: E402
 
 
 class LocalLedger:
+    """The shared-memory LimitTable of a local store (cbusbar/ledger.pyx), taken through
+    `admission`: a group chain's checks as one Plan, a LocalTicket back."""
+
     remote = False
 
     def __init__(self, table):
         self.table = table
-
-    def admit(self, checks, now):
-        r = self.table.admit([(c[C_BUCKET], c[C_WINDOW], BELOW if c[C_KIND] == "tokens" else FIT,
-                               c[C_LIMIT], c[C_CHARGE]) for c in checks])
-        if r == OK:
-            return None
-        if r == DENIED_FULL:
-            log.error("governance: the shared limit table is full (limits.max_limit_buckets); "
-                      "refusing admission")
-            return "unavailable"
-        return denial_of(checks[r])
-
-    def settle(self, checks, deltas, usage):
-        self.table.settle([(c[C_BUCKET], c[C_WINDOW], d) for c, d in zip(checks, deltas) if d])
+        self.admission = Admission(table, window)
 
 
 def requested_max_tokens(codec, body: bytes, spans) -> int | None:
@@ -172,30 +168,19 @@ def denial_of(c) -> Denial:
     return Denial(c[C_KIND], c[C_GROUP], c[C_PER], ra)
 
 
-class UsageBatcher:
+class UsageBatcher(UsageRows):
     """Sums usage rows per (day, key, group, model, pool) and hands them on every flush interval:
-    to the parent over the worker's usage channel, or (in the parent) straight to the store."""
+    to the parent over the worker's usage channel, or (in the parent) straight to the store.
+    `add(key_id, group, model, pool, usage)` is cbusbar.ledger.UsageRows (in C, dated there)."""
 
     def __init__(self, loop, flush_secs, sink):
+        super().__init__(day_of)
         self.loop = loop
         self.flush_secs = flush_secs
         self.sink = sink            # callable(list[Usage]) -> None (may schedule a task)
-        self.rows = {}
-        self.handle = None
 
-    def add(self, day, key_id, group, model, pool, inp, out, cr, cw):
-        k = (day, key_id, group, model, pool)
-        cur = self.rows.get(k)
-        if cur is None:
-            self.rows[k] = [1, inp, out, cr, cw]
-        else:
-            cur[0] += 1
-            cur[1] += inp
-            cur[2] += out
-            cur[3] += cr
-            cur[4] += cw
-        if self.handle is None:
-            self.handle = self.loop.call_later(self.flush_secs, self.flush)
+    def schedule(self):
+        self.handle = self.loop.call_later(self.flush_secs, self.flush)
 
     def flush(self):
         self.handle = None
@@ -206,6 +191,27 @@ class UsageBatcher:
                 self.sink(rows)
             except Exception:
                 log.exception("governance: usage batch of %d rows lost", len(rows))
+
+
+class _Priced:
+    """A target's lanes against one rate card: the first lane without a rate (refused), and the
+    reservation's prices (cbusbar.ledger.Pricing)."""
+
+    __slots__ = ("card", "default", "unpriced", "pricing")
+
+    def __init__(self, card, default, lanes, prices):
+        self.card = card
+        self.default = default
+        self.unpriced = None
+        priced = []
+        for lane in lanes:
+            price = prices.get(lane.name)
+            if price is None:
+                if self.unpriced is None:
+                    self.unpriced = lane.name
+                continue
+            priced.append((price, lane.model.default_max_tokens or default))
+        self.pricing = Pricing(priced)
 
 
 # Denial -> the busbar_admission_denied_total gate it counts under
@@ -233,11 +239,33 @@ class Gate:
         self._chains = {}           # (group, pool) -> the chain's limits, while _stamp holds
         self._stamp = None
         self._windows = {}          # per -> (window id, when it rolls)
-        self._verified = {}         # token -> (key id, exp, gen): MACs already checked
-        self._day = (0, "")
+        self._verified = {}         # token -> (key id, exp, gen, signing key): MACs checked
+        self.credentials = Credentials()    # the same, by the raw header they came in (enter)
+        self._targets = {}          # Target -> its _Priced (rate card coverage, reservation)
+        self._card = None           # the last rate card seen, and its Prices (card_prices)
+        self._card_prices = None
+        self._plans = {}            # (group, pool) -> its Plan (local stores), while these hold:
+        self._plan_gov = None
+        self._plan_version = None
+        self._passes = {}           # (KeyRecord, Target) -> its Pass (local stores), while:
+        self._pass_gov = None
+        self._pass_version = None
 
     # ------------------------------------------------------------------ who
     def enter(self, ex, gov, cont):
+        # A token already verified, under the header the SDK put it in, for a key the local
+        # directory holds and that is still good: accepted in C (cbusbar.ledger.Credentials).
+        # Anything else (a first sight, a refusal, SigV4, Redis) takes `_enter`, the whole path.
+        d = self.directory
+        if not d.remote:
+            rec = self.credentials.accept(ex.req.headers, gov.signing_key, d.keys, time.time())
+            if rec is not None:
+                ex.principal = rec
+                cont()
+                return
+        return self._enter(ex, gov, cont)
+
+    def _enter(self, ex, gov, cont):
         kind, value = credential(ex.req)
         now = time.time()
         if kind == "token":
@@ -256,6 +284,7 @@ class Gate:
                 if len(self._verified) >= TOKEN_CACHE_MAX:
                     self._verified = {}
                 self._verified[token] = claims
+            self.credentials.remember(ex.req.headers, claims, TOKEN_CACHE_MAX)
             kid, exp, gen, _ = claims
             if exp is not None and exp <= now:
                 return self._refuse(ex)
@@ -330,6 +359,28 @@ class Gate:
 
     # ------------------------------------------------------------------ may it start
     def admit(self, ex, gov, cont):
+        # A (key, target) pair this worker admitted before, under the same config and directory:
+        # its Pass (cbusbar.ledger) holds every decision that does not change per request, so
+        # only the reservation and the limits are taken, in C. The rest takes `_admit`.
+        d = self.directory
+        if gov is self._pass_gov and d.version == self._pass_version:
+            p = self._passes.get((ex.principal, ex.target))
+            if p is not None:
+                now = time.time()
+                t = self.ledger.admission.take(p, ex.req.body, ex.spans, ex.ingress,
+                                               ex.op is not None, now, BYTES_PER_TOKEN,
+                                               requested_max_tokens)
+                if t is None:
+                    cont()
+                elif t.__class__ is LocalTicket:
+                    ex.ticket = t
+                    cont()
+                else:
+                    self._refused(ex, p.plan, t, now)
+                return
+        return self._admit(ex, gov, cont)
+
+    def _admit(self, ex, gov, cont):
         key = ex.principal
         target = ex.target
         pool = target.name
@@ -340,28 +391,52 @@ class Gate:
             ex.error(status, "permission", ACL_MESSAGE)
             return
         card = gov.rate_card
+        priced = None
         if card is not None:
-            for lane in target.lanes:
-                if lane.name not in card:
-                    ex.error(400, "invalid_request", "no configured rate for model '%s'" % lane.name)
-                    return
+            priced = self._targets.get(target)
+            if priced is None or priced.card is not card or \
+                    priced.default != ex.snap.limits.default_max_tokens:
+                priced = self.priced(ex, card)
+            if priced.unpriced is not None:
+                ex.error(400, "invalid_request", "no configured rate for model '%s'" %
+                         priced.unpriced)
+                return
         group = key.group
+        d = self.directory
         if group is None:
+            if not d.remote:
+                self._keep_pass(gov, key, target, Pass(None, None, pool, None))
             cont()
             return
-        d = self.directory
         if d.remote:
             self.loop.create_task(self._admit_remote(ex, gov, group, pool, cont))
             return
-        now = time.time()
-        checks, reserve, why = self.plan(ex, gov, group, pool, now, d.group)
-        if why is not None:
-            return self.deny(ex, why)
-        if not checks:
-            cont()
+        plan = self.local_plan(gov, group, pool)
+        if plan.__class__ is Denial:
+            return self.deny(ex, plan)
+        p = Pass(plan, priced.pricing if priced is not None else None, pool,
+                 self.card_prices(card) if card is not None else None)
+        self._keep_pass(gov, ex.principal, ex.target, p)
+        return self.admit(ex, gov, cont)
+
+    def _keep_pass(self, gov, key, target, p):
+        d = self.directory
+        if gov is not self._pass_gov or d.version != self._pass_version or \
+                len(self._passes) >= CHAIN_CACHE_MAX:
+            self._passes = {}
+            self._pass_gov = gov
+            self._pass_version = d.version
+        self._passes[(key, target)] = p
+
+    def _refused(self, ex, plan, t, now):
+        if t == DENIED_FULL:
+            log.error("governance: the shared limit table is full (limits.max_limit_buckets); "
+                      "refusing admission")
+            self._unavailable(ex)
             return
-        r = self.ledger.admit(checks, now)
-        self._admitted(ex, r, checks, reserve, now, pool, cont)
+        bucket, kind, amount, per, name = plan.chain[t]
+        self.deny(ex, denial_of((bucket, kind, amount, None, None,
+                                 self.ledger.admission.roll(PERIOD_INDEX[per], now), name, per)))
 
     async def _admit_remote(self, ex, gov, group, pool, cont):
         """Redis: the group chain from the worker's cache (a read on a miss), then one admission
@@ -414,6 +489,7 @@ class Gate:
             ex.crash(exc)
 
     def _admitted(self, ex, r, checks, reserve, now, pool, cont):
+        """Redis: the admission script's answer."""
         if r is None:
             ex.ticket = Ticket(checks, reserve, now, pool)
             cont()
@@ -485,27 +561,53 @@ class Gate:
             self._chains = {}
         return out
 
+    def local_plan(self, gov, group_name, pool):
+        """The group chain's limits for `pool` as a cbusbar.ledger.Plan (or the chain's Denial),
+        cached with the chains."""
+        d = self.directory
+        if gov is not self._plan_gov or d.version != self._plan_version:
+            self._plans = {}
+            self._plan_gov = gov
+            self._plan_version = d.version
+        k = (group_name, pool)
+        p = self._plans.get(k)
+        if p is None:
+            chain = self.chain(gov, group_name, pool, d.group)
+            p = chain if chain.__class__ is Denial else Plan(chain)
+            if len(self._plans) >= CHAIN_CACHE_MAX:
+                self._plans = {}
+            self._plans[k] = p
+        return p
+
+    def priced(self, ex, card):
+        """The target's _Priced for this rate card and gateway default, cached per target."""
+        target = ex.target
+        default = ex.snap.limits.default_max_tokens
+        p = self._targets.get(target)
+        if p is None or p.card is not card or p.default != default:
+            p = _Priced(card, default, target.lanes, self.card_prices(card))
+            if len(self._targets) >= CHAIN_CACHE_MAX:
+                self._targets = {}
+            self._targets[target] = p
+        return p
+
+    def card_prices(self, card):
+        """{model: cbusbar.ledger.Price} of a rate card, made once per card."""
+        if card is not self._card:
+            self._card_prices = {name: Price(rate) for name, rate in card.items()} \
+                if card is not None else None
+            self._card = card
+        return self._card_prices
+
     def reservation(self, ex, gov) -> int:
         """Worst case: the input estimate plus max_tokens (or the lanes' default) at the dearest
         rate among the target's lanes."""
         card = gov.rate_card
         if not card:
             return 0
-        body = ex.req.body
-        est_in = len(body) // BYTES_PER_TOKEN + 1
-        max_out = None
-        if ex.op is None:
-            max_out = requested_max_tokens(ex.ingress, body, ex.spans)
-        worst = 0
-        for lane in ex.target.lanes:
-            rate = card.get(lane.name)
-            if rate is None:
-                continue
-            out = max_out or lane.model.default_max_tokens or ex.snap.limits.default_max_tokens
-            if ex.op is not None:
-                out = 0
-            worst = max(worst, rate.nano(est_in, out))
-        return worst
+        return self.priced(ex, card).pricing.reserve(ex.req.body, ex.spans, ex.ingress,
+                                                     ex.op is not None, BYTES_PER_TOKEN,
+                                                     requested_max_tokens)
 
     def deny(self, ex, why: Denial):
         ex.denied = DENIED_GATE.get(why.reason or why.kind, "rate_limit")
@@ -530,21 +632,29 @@ class Gate:
 
     # ------------------------------------------------------------------ after
     def settle(self, ex, ticket, gov, rec_key, lane_name, usage, status):
-        checks = ticket.checks if ticket is not None else ()
-        inp = out = cr = cw = 0
-        if usage is not None:
-            inp, out = usage.input_tokens, usage.output_tokens
-            cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
-        pool = ticket.pool if ticket is not None else (ex.target.name if ex.target else None)
-        now = time.time()
-        dn = int(now // 86400)
-        day = self._day
-        if day[0] != dn:
-            day = self._day = (dn, day_of(now))
-        # (bucket, window, delta) per check whose counter moves at the end
+        ledger = self.ledger
+        if ledger.remote:
+            inp = out = cr = cw = 0
+            if usage is not None:
+                inp, out = usage.input_tokens, usage.output_tokens
+                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+            pool = ticket.pool if ticket is not None else (ex.target.name if ex.target else None)
+            self._settle_remote(ticket, gov, rec_key, lane_name, pool, day_of(time.time()), inp,
+                                out, cr, cw)
+            return
+        if ticket is not None:
+            ledger.admission.settle(ticket, usage, lane_name)
+            pool = ticket.pool
+        else:
+            pool = ex.target.name if ex.target else None
+        if self.batcher is not None:
+            self.batcher.add(rec_key.id, rec_key.group, lane_name, pool, usage)
+
+    def _settle_remote(self, ticket, gov, rec_key, lane_name, pool, day, inp, out, cr, cw):
+        # (check, delta) per check whose counter moves at the end
         moves = []
         cost = None
-        for c in checks:
+        for c in (ticket.checks if ticket is not None else ()):
             k = c[C_KIND]
             if k == "requests":
                 continue
@@ -560,16 +670,9 @@ class Gate:
                 d = cost - c[C_CHARGE]
             if d:
                 moves.append((c, d))
-        ledger = self.ledger
-        if ledger.remote:
-            ledger.settle([c for c, _ in moves], [d for _, d in moves],
-                          Usage(day[1], rec_key.id, rec_key.group, lane_name, pool, 1, inp, out,
-                                cr, cw))
-            return
-        if moves:
-            ledger.table.settle([(c[C_BUCKET], c[C_WINDOW], d) for c, d in moves])
-        if self.batcher is not None:
-            self.batcher.add(day[1], rec_key.id, rec_key.group, lane_name, pool, inp, out, cr, cw)
+        self.ledger.settle([c for c, _ in moves], [d for _, d in moves],
+                           Usage(day, rec_key.id, rec_key.group, lane_name, pool, 1, inp, out,
+                                 cr, cw))
 
 
 def _undo(checks):

@@ -16,9 +16,10 @@ worker into its own region every PUBLISH_SECS and summed on scrape.
 """
 from __future__ import annotations
 
-import bisect
 import os
 import time
+
+from cbusbar.metrics import Counting
 
 from busbar.engine import records as R
 
@@ -87,14 +88,11 @@ def _names(config):
     return sorted(set(config.pools) | set(models)), sorted(pairs), models
 
 
-_bisect = bisect.bisect_left
 _OUT_I = {o: i for i, o in enumerate(OUTCOMES)}
 _DISP_I = {d: i for i, d in enumerate(DISPOSITIONS)}
 _ING_I = {p: i for i, p in enumerate(INGRESS)}
 _REQ_BOUNDS_NS = [int(b * 1e9) for b in REQUEST_BUCKETS_S]
 _UP_BOUNDS_NS = [int(b * 1e9) for b in UPSTREAM_BUCKETS_S]
-_RB_SUM = len(REQUEST_BUCKETS_S) + 1    # a histogram row: the buckets, +Inf, then the sum (ns)
-_UB_SUM = len(UPSTREAM_BUCKETS_S) + 1
 
 
 class Layout:
@@ -109,7 +107,7 @@ class Layout:
         self.pools = pools + [UNRESOLVED]       # index = position; names are only ever appended
         self.pairs = pairs
         self.lanes = lanes
-        self.cache_epoch = 0
+        self.caches = []        # every Metrics' slot-bases cache, emptied by adopt()
         self.P = len(self.pools) + max(SPARE_POOLS_MIN, len(self.pools))
         self.PL = len(pairs) + max(SPARE_PAIRS_MIN, len(pairs))
         self.M = len(lanes) + max(SPARE_LANES_MIN, len(lanes))
@@ -180,11 +178,12 @@ class Layout:
                 len(plan["lanes"]) >= len(self.lanes):
             self.pools, self.pairs, self.lanes = list(plan["pools"]), list(plan["pairs"]), list(plan["lanes"])
             self._index()
-            self.cache_epoch += 1       # cached slot bases may map a new name to "unresolved"
+            for c in self.caches:       # cached slot bases may map a new name to "unresolved"
+                c.clear()
 
 
 class Metrics:
-    """One worker's view of the shared counters, and the two hooks that count."""
+    """One worker's view of the shared counters, and the finish hook that counts into them."""
 
     def __init__(self, layout: Layout, counters):
         self.L = layout
@@ -192,8 +191,12 @@ class Metrics:
         self.add = counters.add
         self.worker = -1
         self.site = None
-        self.cache = {}         # (ingress, target, lane) -> slot bases (on_finish)
-        self.epoch = layout.cache_epoch
+        self.cache = {}         # (ingress, target, lane) -> slot bases (cbusbar.metrics.Bases)
+        layout.caches.append(self.cache)
+        # The finish hook, in C (cbusbar/metrics.pyx).
+        self.on_finish = Counting(self, counters, _REQ_BOUNDS_NS, _UP_BOUNDS_NS, _OUT_I, _ING_I,
+                                  layout.gate_i, layout.translations, layout.admission,
+                                  R.O_SHED).on_finish
 
     def attach(self, site):
         """Claims this worker's region and starts publishing its gauges."""
@@ -237,8 +240,9 @@ class Metrics:
 
     def _bases(self, key):
         """Slot bases of one (ingress, target, lane): the requests row, the two histograms, the
-        failovers row, the tokens (-1: no pair), and the ingress index. Cached per key, cleared
-        when a reload adds names (`Layout.adopt`)."""
+        failovers row, the tokens (-1: no pair), the ingress index, and the attempts slot (-1: no
+        pair). cbusbar.metrics caches them per key (`keep`); a reload that adds names empties the
+        cache (`Layout.adopt`)."""
         L = self.L
         ingress, target, lane = key
         p = L.pool_i.get(target or UNRESOLVED)
@@ -247,60 +251,13 @@ class Metrics:
         i = L.ing_i.get(ingress or "none", L.ing_i["none"])
         ip = i * L.P + p
         k = L.pair_i.get((target, lane)) if lane is not None else None
-        b = (L.requests + ip * len(OUTCOMES), L.req_hist + ip * L.rb, L.up_hist + p * L.ub,
-             L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i,
-             -1 if k is None else L.attempts + k)
-        if L.cache_epoch != self.epoch:
-            self.cache.clear()
-            self.epoch = L.cache_epoch
-        if len(self.cache) < CACHE_MAX:
-            self.cache[key] = b
-        return b
+        return (L.requests + ip * len(OUTCOMES), L.req_hist + ip * L.rb, L.up_hist + p * L.ub,
+                L.failovers + p * len(DISPOSITIONS), -1 if k is None else L.tokens + k * 3, i,
+                -1 if k is None else L.attempts + k)
 
-    def on_finish(self, rec):
-        key = (rec.ingress, rec.target, rec.lane)
-        b = self.cache.get(key)
-        if b is None or self.epoch != self.L.cache_epoch:
-            b = self._bases(key)
-        req, hist, uph, fo, tok, i, att = b
-        add = self.add
-        outcome = rec.outcome
-        add(req + _OUT_I.get(outcome, 0), 1)
-        ns = rec.busbar_ns
-        add(hist + _bisect(_REQ_BOUNDS_NS, ns), 1)
-        add(hist + _RB_SUM, ns)
-        up = rec.upstream_ns
-        if up:
-            add(uph + _bisect(_UP_BOUNDS_NS, up), 1)
-            add(uph + _UB_SUM, up)
-        # Attempts are counted here, at the request's end, not by an attempt hook: one hook call
-        # less per attempt (~0.5 µs in the server under load).
-        atts = rec.attempts
-        if len(atts) == 1 and atts[0].fault is None:
-            if att >= 0:
-                add(att, 1)
-        elif atts:
-            self._attempts(rec.target, atts, fo)
-        eg = rec.egress
-        if eg is not None and eg != rec.ingress:
-            j = _ING_I.get(eg)
-            if j is not None:
-                add(self.L.translations + i * len(INGRESS) + j, 1)
-        u = rec.usage
-        if u is not None and tok >= 0:
-            x = u.input_tokens
-            if x:
-                add(tok, x)
-            x = u.output_tokens
-            if x:
-                add(tok + 1, x)
-            x = u.cache_read_tokens
-            if x:
-                add(tok + 2, x)
-        if outcome == "shed":       # R.O_SHED
-            add(self.L.admission, 1)
-        elif rec.denied is not None:
-            add(self.L.admission + self.L.gate_i.get(rec.denied, 0), 1)
+    def keep(self, key, bases):
+        if len(self.cache) < CACHE_MAX:
+            self.cache[key] = bases
 
     def dropped(self, sink: str, n: int = 1):
         try:

@@ -55,6 +55,20 @@ def test_the_line_is_fields_exactly():
     assert json.loads(bytes(buf.take()))["time"] == "2025-12-03T12:21:08.542Z"
 
 
+def test_every_escape_at_every_offset():
+    # The line copies eight bytes at once while none needs escaping: a character that does, at any
+    # offset of a long or short field, must still be escaped as JSON does.
+    now = 1764764467.0429
+    for special in ('"', "\\", "\n", "\x00", "\x1f", "\x7f", "é", "\u2028"):
+        for n in range(0, 20):
+            for at in range(n + 1):
+                text = "a" * at + special + "b" * (n - at)
+                buf = LineBuffer(1 << 20)
+                append_line(buf, _rec(target=text, lane=text[::-1]), now)
+                got = json.loads(bytes(buf.take()))
+                assert got["pool"] == text and got["lane"] == text[::-1]
+
+
 def test_buffer_take_done_and_limit():
     buf = LineBuffer(1000)
     assert buf.take() is None

@@ -1,0 +1,284 @@
+"""busbar (or the floor) and a keep-alive client in one process: CPU or instructions per request,
+for repeatable figures on a shared machine.
+
+bench/run.py measures the gateway's CPU from outside under wrk; on this 2-core machine, with another
+engineer's runs beside it, its figures move by ±10 %. Here the gateway runs in this process on
+uvloop (`busbar.server.gateway.serve`, with its real hooks: access log, metrics, virtual keys), a
+client on the same loop sends the bench's small Anthropic → Anthropic request over `--conns`
+keep-alive connections (each body unique, as bench/load.lua makes them), and the mock answers from
+its own process (`busbar.cli mock --require-auth`, not counted). The client's own cost is the same
+for every configuration, so differences between rows are the gateway's.
+
+    .venv/bin/python bench/inproc.py [--gateway busbar|floor] [--observe off|on|access|metrics]
+                                     [--keys off|sqlite] [--n 20000] [--warm 2000] [--conns 8]
+        CPU µs per request (process time over the measured requests), busbar;dur p50
+    .venv/bin/python bench/inproc.py --callgrind [same options]
+        instructions per request: runs itself under callgrind twice (N and 2N requests after the
+        same warm-up) and prints the difference / N, so start-up, imports and warm-up cancel out.
+        --keep DIR keeps the two callgrind files (callgrind_annotate DIR/cg.2n.out | head -60).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(BENCH)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, BENCH)
+
+import payloads  # noqa: E402
+import procs  # noqa: E402
+
+
+def start_mock(port):
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.Popen([sys.executable, "-m", "busbar.cli", "mock", "--port", str(port),
+                          "--require-auth"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+    why = procs.wait_http(port, p, "/healthz", 30)
+    if why:
+        p.kill()
+        raise SystemExit("inproc: mock %s" % why)
+    return p
+
+
+class Client(asyncio.Protocol):
+    """One keep-alive connection sending requests one after another; `done` when `n` answered."""
+
+    def __init__(self, head, tail, path, headers, n, tag, stats):
+        self.prefix = b"POST %s HTTP/1.1\r\nHost: bench\r\n%sContent-Length: " % (path, headers)
+        self.head, self.tail = head, tail
+        self.n = n
+        self.tag = tag
+        self.stats = stats
+        self.sent = 0
+        self.buf = b""
+        self.done = asyncio.get_event_loop().create_future()
+
+    def connection_made(self, transport):
+        self.transport = transport
+        self.send()
+
+    def send(self):
+        self.sent += 1
+        body = self.head + b"%dx%d" % (self.tag, self.sent) + self.tail
+        self.transport.write(self.prefix + b"%d\r\n\r\n" % len(body) + body)
+
+    def data_received(self, data):
+        buf = self.buf + data
+        while True:
+            i = buf.find(b"\r\n\r\n")
+            if i < 0:
+                break
+            head = buf[:i]
+            m = re.search(rb"(?i)content-length: *(\d+)", head)
+            n = int(m.group(1))
+            if len(buf) < i + 4 + n:
+                break
+            if not head.startswith(b"HTTP/1.1 200"):
+                self.done.set_exception(RuntimeError(head[:200].decode("latin-1")))
+                return
+            t = re.search(rb"busbar;dur=([0-9.]+)", head)
+            if t is not None:
+                self.stats.append(float(t.group(1)))
+            buf = buf[i + 4 + n:]
+            if self.sent < self.n:
+                self.send()
+            elif not self.done.done():
+                self.done.set_result(None)
+        self.buf = buf
+
+    def connection_lost(self, exc):
+        if not self.done.done():
+            self.done.set_exception(RuntimeError("connection lost: %r" % (exc,)))
+
+
+async def drive(loop, port, args, token):
+    template = payloads.body("anthropic", "ant-model", 100)
+    head, tail = template.split(payloads.MARK.encode())
+    hdrs = payloads.headers("anthropic")
+    if token:
+        hdrs.pop("x-api-key", None)
+        hdrs["Authorization"] = "Bearer " + token
+    hb = b"".join(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in hdrs.items())
+    path = payloads.path("anthropic", "ant-model").encode()
+
+    async def phase(n, tag):
+        per = max(1, n // args.conns)
+        stats = []
+        clients = []
+        for c in range(args.conns):
+            _, cl = await loop.create_connection(
+                lambda c=c: Client(head, tail, path, hb, per, tag * 1000 + c, stats), "127.0.0.1", port)
+            clients.append(cl)
+        t0, c0 = time.perf_counter(), time.process_time()
+        await asyncio.gather(*(cl.done for cl in clients))
+        t1, c1 = time.perf_counter(), time.process_time()
+        for cl in clients:
+            cl.transport.close()
+        return per * args.conns, t1 - t0, c1 - c0, sorted(stats)
+
+    await phase(args.warm, 1)
+    n, wall, cpu, stats = await phase(args.n, 2)
+    out = {"requests": n, "wall_s": wall, "cpu_us_per_req": cpu / n * 1e6,
+           "dur_p50_us": stats[len(stats) // 2] * 1000 if stats else None}
+    print("inproc: %s observe=%s keys=%s: %d requests, %.1f CPU µs/req (client included), "
+          "%.0f req/s, busbar;dur p50 %s µs" % (
+              args.gateway, args.observe, args.keys, n, out["cpu_us_per_req"], n / wall,
+              "%.1f" % out["dur_p50_us"] if stats else "-"), flush=True)
+
+
+def mint(loop, admin_port, admin_token):
+    import http.client
+    import json
+
+    def call():
+        c = http.client.HTTPConnection("127.0.0.1", admin_port, timeout=30)
+        c.request("POST", "/api/v1/admin/keys", json.dumps({"name": "bench", "group": "bench"}),
+                  {"Authorization": "Bearer " + admin_token, "Content-Type": "application/json"})
+        r = c.getresponse()
+        body = r.read()
+        if r.status != 201:
+            raise SystemExit("inproc: minting the key failed: %d %s" % (r.status, body[:200]))
+        return json.loads(body)["token"]
+    return loop.run_in_executor(None, call)
+
+
+def run_busbar(args, mock_port):
+    import run as benchrun
+    from busbar import config as cfgmod
+    from busbar.server.gateway import serve
+    port = procs.free_port()
+    env = {"BENCH_MOCK_KEY": "sk-bench-upstream",
+           "BENCH_MOCK_AWS": "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"}
+    tmp = tempfile.mkdtemp(prefix="inproc-")
+    o = args.observe
+    observe = "observability: {access_log: %s, metrics: %s}\n" % (
+        '"%s"' % os.path.join(tmp, "access.jsonl") if o in ("on", "access") else "off",
+        "true" if o in ("on", "metrics") else "false")
+    fake = types.SimpleNamespace(args=types.SimpleNamespace(keys=args.keys), log_dir=_Dir(tmp))
+    keys = benchrun.Bench.keys_config(fake, env)
+    admin = "" if args.keys != "off" else 'admin_listen: "127.0.0.1:%d"\n' % fake.admin_port
+    text = benchrun.BUSBAR_CONFIG.format(port=port, mock=mock_port) + observe + keys + admin
+    os.environ.update(env)
+    os.environ.setdefault("BUSBAR_LOG", "WARNING")
+    config = cfgmod.load(text=text, env=dict(os.environ))
+    if args.dilate != 1:
+        # Under callgrind a request takes ~50 times as long: periodic work (gauges, the status
+        # page's samples, the spend refresh, the usage flush) would be counted 50 times too often.
+        from busbar.governance import plane
+        from busbar.observability import metrics, routes
+        metrics.PUBLISH_SECS *= args.dilate
+        routes.SAMPLE_SECS *= args.dilate
+        plane.SPEND_REFRESH_SECS *= args.dilate
+        if config.governance is not None:
+            config.governance.store.flush_secs *= args.dilate
+
+    async def extra(loop):
+        async def go():
+            try:
+                token = None
+                if args.keys != "off":
+                    token = await mint(loop, fake.admin_port, fake.admin_token)
+                await drive(loop, port, args, token)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)
+        loop.create_task(go())
+
+    serve(config, workers=1, extra=extra)
+
+
+class _Dir:
+    def __init__(self, path):
+        self.path = path
+
+    def __truediv__(self, name):
+        return os.path.join(self.path, name)
+
+
+def run_floor(args, mock_port):
+    import uvloop
+    import floor
+    from busbar.upstream.pool import UpstreamPool
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    pool = UpstreamPool(loop, connect_timeout=10, max_idle_per_host=256, idle_timeout=90)
+    key = ("http", "127.0.0.1", mock_port)
+    host = b"127.0.0.1:%d" % mock_port
+    port = procs.free_port()
+    server = loop.run_until_complete(loop.create_server(
+        lambda: floor.Floor(pool, key, host), "127.0.0.1", port, backlog=4096))
+    loop.run_until_complete(drive(loop, port, args, None))
+    server.close()
+    pool.close()
+
+
+# How much slower a request runs under callgrind (measured: ~50x); periodic work is spaced out by
+# as much there (see run_busbar).
+DILATE = 50
+
+
+def callgrind(args, argv):
+    """Instructions per request: N and 2N requests under callgrind, the difference / N."""
+    keep = args.keep or tempfile.mkdtemp(prefix="inproc-cg-")
+    os.makedirs(keep, exist_ok=True)
+    totals = []
+    base = [a for a in argv if a != "--callgrind"]
+    for tag, n in (("n", args.n), ("2n", 2 * args.n)):
+        out = os.path.join(keep, "cg.%s.out" % tag)
+        cmd = ["valgrind", "--tool=callgrind", "--callgrind-out-file=" + out,
+               sys.executable, os.path.abspath(__file__)] + base + [
+            "--n", str(n), "--mock-port", str(args.mock_port), "--dilate", str(DILATE)]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        m = re.search(r"Collected : (\d+)", r.stderr)
+        if r.returncode != 0 or m is None:
+            sys.exit("inproc: callgrind run failed:\n" + r.stdout[-2000:] + r.stderr[-2000:])
+        totals.append(int(m.group(1)))
+    per = (totals[1] - totals[0]) / args.n
+    print("inproc: %s observe=%s keys=%s: %.0f instructions/request (callgrind, (2N - N) / N, "
+          "N=%d, client included; files in %s)" % (args.gateway, args.observe, args.keys, per,
+                                                   args.n, keep), flush=True)
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gateway", choices=("busbar", "floor"), default="busbar")
+    ap.add_argument("--observe", choices=("off", "on", "access", "metrics"), default="off")
+    ap.add_argument("--keys", choices=("off", "sqlite"), default="off")
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--warm", type=int, default=2000)
+    ap.add_argument("--conns", type=int, default=8)
+    ap.add_argument("--callgrind", action="store_true")
+    ap.add_argument("--keep")
+    ap.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--dilate", type=float, default=1, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    mock = None
+    if not args.mock_port:
+        args.mock_port = procs.free_port()
+        mock = start_mock(args.mock_port)
+    try:
+        if args.callgrind:
+            callgrind(args, argv)
+        elif args.gateway == "floor":
+            run_floor(args, args.mock_port)
+        else:
+            run_busbar(args, args.mock_port)
+    finally:
+        if mock is not None:
+            mock.terminate()
+            mock.wait()
+
+
+if __name__ == "__main__":
+    main()

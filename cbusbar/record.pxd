@@ -1,0 +1,26 @@
+# cython: language_level=3
+"""The request record (busbar/engine/records.py re-exports it): typed slots, so the C consumers at
+the request's end (cbusbar/accesslog.pyx, cbusbar/metrics.pyx) read them without an attribute
+lookup each."""
+
+cdef class RequestRecord:
+    cdef public object request_id
+    cdef public object ingress          # the ingress protocol's name, or None
+    cdef public object egress           # the last attempt's lane protocol, or None
+    cdef public object target           # the pool or model name asked for, or None
+    cdef public object lane             # the last attempt's lane (model) name, or None
+    cdef public object model            # the last attempt's upstream model, or None
+    cdef public bint stream
+    cdef public long long status        # what the client was answered (0: nothing)
+    cdef public object outcome          # records.O_*
+    cdef public object attempts         # tuple of records.Attempt
+    cdef public object usage            # an ir.Usage, or None when the answer carried none
+    cdef public long long t0            # perf_counter_ns at the request's start and end
+    cdef public long long t_end
+    cdef public long long busbar_ns
+    cdef public long long upstream_ns
+    cdef public long long bytes_out
+    cdef public object client           # the peer address
+    cdef public object key_id           # governance: the virtual key's id (never its token)
+    cdef public object group
+    cdef public object denied           # governance: the gate that refused it (observability GATES)
