@@ -85,6 +85,15 @@ SIZES = [("~8 tok / ~100 B", 100), ("~1k tok / ~4 KB", 4096), ("~12k tok / ~32 K
 ONE_K = SIZES[1]
 
 
+def _knows(tree, key: str) -> bool:
+    """Whether the busbar in `tree` (None: this one) has the config key `key` (its config loader
+    names it)."""
+    if tree is None:
+        return True
+    folder = pathlib.Path(tree) / "busbar" / "config"
+    return any(('"%s"' % key) in p.read_text(errors="replace") for p in folder.glob("*.py"))
+
+
 class Case:
     def __init__(self, ingress, egress, size, litellm):
         self.ingress = ingress
@@ -308,16 +317,20 @@ class Bench:
         """The environment of every process the run starts (a copy: callers may change it)."""
         return dict(self.base_env)
 
-    def busbar_config(self, port, admin_port, observe, keys, tag):
+    def busbar_config(self, port, admin_port, observe, keys, tag, tree=None):
         """The config of one busbar instance: the six lanes on the mock, Server-Timing on, its own
         admin port (a default one could be taken by anything else on the machine), the access log
-        and metrics per `observe`, virtual keys per `keys`, TLS when --tls."""
+        and metrics per `observe`, virtual keys per `keys`, TLS when --tls. For a --baseline tree
+        from before a section existed (no admin listener, no access log), the section is left out
+        when it would only say what that busbar did anyway."""
         o = observe
         text = BUSBAR_CONFIG.format(port=port, mock=self.mock_port)
-        text += "admin_listen: \"127.0.0.1:%d\"\n" % admin_port
-        text += "observability: {access_log: %s, metrics: %s}\n" % (
-            '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") else "off",
-            "true" if o in ("on", "metrics") else "false")
+        if _knows(tree, "admin_listen"):
+            text += "admin_listen: \"127.0.0.1:%d\"\n" % admin_port
+        if o != "off" or _knows(tree, "observability"):
+            text += "observability: {access_log: %s, metrics: %s}\n" % (
+                '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") else "off",
+                "true" if o in ("on", "metrics") else "false")
         text += self.keys_config(keys, tag)
         if self.tls_files:
             text += "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % self.tls_files
@@ -329,7 +342,7 @@ class Bench:
         tag = name.replace("@", "-").replace("+", "-").replace(" ", "-")
         port, admin_port = procs.free_port(), procs.free_port()
         cfg = self.log_dir / ("%s.yaml" % tag)
-        cfg.write_text(self.busbar_config(port, admin_port, observe, keys, tag))
+        cfg.write_text(self.busbar_config(port, admin_port, observe, keys, tag, tree))
         env = self.env()            # after the config: keys_config puts its secrets in it
         if tree is not None:
             env["PYTHONPATH"] = str(tree)
