@@ -9,6 +9,23 @@ import sys
 from busbar import __version__
 
 
+class _Formatter(argparse.HelpFormatter):
+    """argparse's formatter with the terminal width read here: argparse imports shutil for it
+    (and shutil bz2 and lzma), ~0.5 MiB a serving process kept for a --help it never prints."""
+
+    def __init__(self, prog, **kw):
+        if kw.get("width") is None:
+            try:
+                cols = int(os.environ["COLUMNS"])
+            except (KeyError, ValueError):
+                try:
+                    cols = os.get_terminal_size(sys.stdout.fileno()).columns
+                except (OSError, ValueError, AttributeError):
+                    cols = 80
+            kw["width"] = max(cols, 20) - 2     # as argparse does
+        super().__init__(prog, **kw)
+
+
 def _split_listen(value: str):
     """--listen HOST:PORT, checked as the config's `listen:` is (one line on error)."""
     from busbar.config import ConfigError
@@ -68,22 +85,23 @@ def cmd_mock(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="busbar", description="An LLM gateway.")
+    p = argparse.ArgumentParser(prog="busbar", description="An LLM gateway.",
+                                formatter_class=_Formatter)
     p.add_argument("--version", "-V", action="version", version="busbar " + __version__)
     sub = p.add_subparsers(dest="cmd")
-    s = sub.add_parser("serve", help="run the gateway")
+    s = sub.add_parser("serve", help="run the gateway", formatter_class=_Formatter)
     s.add_argument("--config", help="config file (default: $BUSBAR_CONFIG, else ./config.yaml)")
     s.add_argument("--listen", help="listen address HOST:PORT (overrides the config)")
     s.add_argument("--workers", type=int, help="worker processes (default: cores)")
     s.add_argument("--demo", action="store_true",
                    help="serve the embedded demo config on the built-in mock provider")
     s.set_defaults(func=cmd_serve)
-    v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid")
+    v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid", formatter_class=_Formatter)
     v.add_argument("--config")
     v.add_argument("--offline", action="store_true",
                    help="lint without the environment: secret references and ${VAR} need not be set (CI)")
     v.set_defaults(func=cmd_validate)
-    m = sub.add_parser("mock", help="run the built-in mock provider alone")
+    m = sub.add_parser("mock", help="run the built-in mock provider alone", formatter_class=_Formatter)
     m.add_argument("--port", type=int, default=8089)
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--require-auth", action="store_true")
