@@ -313,9 +313,10 @@ cpdef dict scan_top(bytes body, tuple keys):
     body is not a JSON object. A key spelled with escapes is not matched (the caller falls back)."""
     cdef const unsigned char* p = body
     cdef Py_ssize_t n = len(body)
-    cdef Py_ssize_t i, ks, ke, vs
+    cdef Py_ssize_t i, ks, ke, vs, kn
     cdef bint esc
     cdef dict found = {}
+    cdef object key
     i = _ws(p, 0, n)
     if i >= n or p[i] != 123:
         raise FramingError("not a JSON object")
@@ -342,9 +343,13 @@ cpdef dict scan_top(bytes body, tuple keys):
         if i < 0:
             raise FramingError("bad value")
         if not esc:
-            key = body[ks:ke]
-            if key in keys:
-                found[key] = (vs, i)
+            # Compared in place: a bytes object per top-level key was most of a small body's
+            # scan (callgrind: anthropic.read_usage on a ~550-byte answer, 19.7k instructions).
+            for key in keys:
+                kn = len(<bytes>key)
+                if kn == ke - ks and memcmp(p + ks, <const char*><bytes>key, kn) == 0:
+                    found[key] = (vs, i)
+                    break
         i = _ws(p, i, n)
         if i >= n:
             raise FramingError("unterminated object")
