@@ -346,6 +346,8 @@ cpdef dict scan_top(bytes body, tuple keys):
             # Compared in place: a bytes object per top-level key was most of a small body's
             # scan (callgrind: anthropic.read_usage on a ~550-byte answer, 19.7k instructions).
             for key in keys:
+                if type(key) is not bytes:
+                    continue        # only bytes keys can match (as `key in keys` did)
                 kn = len(<bytes>key)
                 if kn == ke - ks and memcmp(p + ks, <const char*><bytes>key, kn) == 0:
                     found[key] = (vs, i)

@@ -200,3 +200,13 @@ def test_top_field_parses_one_top_level_value():
     assert F.top_field(body, b"missing") is None
     with pytest.raises(F.FramingError):
         F.top_field(b"[1]", b"usage")
+
+
+def test_scan_top_matches_whole_keys_only():
+    from cbusbar.framing import scan_top
+    body = b'{"model":"x","usage":{"model":1},"m":2,"mo\\u0064el":3,"models":[4]}'
+    got = scan_top(body, (b"usage", "model", b"m", b"mo", b"model"))
+    # a str key never matches; a prefix or a longer key is another key; an escaped spelling is
+    # not matched; a nested member of the same name is not a top-level one
+    assert got == {b"usage": (21, 32), b"m": (37, 38), b"model": (9, 12)}
+    assert body[9:12] == b'"x"' and body[21:32] == b'{"model":1}'
