@@ -24,7 +24,6 @@ import json
 import math
 import os
 import pathlib
-import platform
 import resource
 import secrets
 import shlex
@@ -163,28 +162,6 @@ def pct(sorted_vals, p):
         return None
     k = max(0, min(len(sorted_vals) - 1, math.ceil(p / 100.0 * len(sorted_vals)) - 1))
     return sorted_vals[k]
-
-
-def git_head():
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (head or "unknown") + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 def children_cpu_s():
@@ -1103,7 +1080,7 @@ def main(argv=None):
     labels["direct"] = "direct (mock)"
     if FEATURES in bench.targets:
         labels[FEATURES] = FEATURES_LABEL
-    meta = {"commit": git_head(), "cpu": cpu_model(), "cores": os.cpu_count(),
+    meta = {"commit": procs.git_head(), "cpu": procs.cpu_model(), "cores": os.cpu_count(),
             "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
             "duration_s": bench.duration, "rounds": bench.rounds, "connections": bench.conns,

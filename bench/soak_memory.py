@@ -374,29 +374,6 @@ class Load:
 
 # --------------------------------------------------------------------------------------- the soak
 
-def git_head():
-    import subprocess
-    try:
-        head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-        return (head or "unknown") + ("+dirty" if dirty else "")
-    except OSError:
-        return "unknown"
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
-
-
 def evaluate(samples, t_idle_end, t_load_start, t_load_end, rss_max_kib, back_pct=20.0):
     """The soak's figures from (t, pss, rss, processes) samples: idle = median PSS/RSS of the
     samples before the load; peak = max during the load (through its end); after = the first
@@ -603,7 +580,7 @@ def main(argv=None):
                             "p99": 1000 * lat[int(len(lat) * 0.99)] if lat else None},
              "busbar_cpu_s": (cpu1 - cpu0) / procs.CLK_TCK}
         t0 = sampler.samples[0][0]
-        meta = {"commit": git_head(), "cpu": cpu_model(), "cores": os.cpu_count(),
+        meta = {"commit": procs.git_head(), "cpu": procs.cpu_model(), "cores": os.cpu_count(),
                 "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "workers": args.workers or "default (one per core)", "diagnose": args.diagnose,
