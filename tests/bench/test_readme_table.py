@@ -3,24 +3,11 @@ figure changed by hand in README.md, or a published run not regenerated into it,
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
-import pathlib
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _module(name):
-    spec = importlib.util.spec_from_file_location("bench_" + name, ROOT / "bench" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return mod
+from tests.bench import ROOT, bench_module as _module
 
 
 readme = _module("readme")

@@ -2,25 +2,12 @@
 scaling, soak, #13 targets); the helpers that make those figures compute what they say."""
 from __future__ import annotations
 
-import importlib.util
 import os
 import pathlib
-import sys
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def _module(name):
-    spec = importlib.util.spec_from_file_location("bench_" + name, ROOT / "bench" / (name + ".py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "bench"))
-    return mod
+from tests.bench import ROOT, bench_module as _module
 
 
 report = _module("report")
