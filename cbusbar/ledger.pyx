@@ -59,6 +59,21 @@ cdef inline uint64_t _h(object key):
     return h if h != 0 else 1
 
 
+
+cdef inline int _tokens(object usage, long long* inp, long long* out, long long* cr,
+                        long long* cw) except -1:
+    """The four token counts of an ir.Usage (typed reads), or of any object with those
+    attributes."""
+    cdef Usage u
+    if isinstance(usage, Usage):
+        u = <Usage>usage
+        inp[0], out[0], cr[0], cw[0] = u.input_tokens, u.output_tokens, u.cache_read_tokens, \
+            u.cache_write_tokens
+    else:
+        inp[0], out[0] = usage.input_tokens, usage.output_tokens
+        cr[0], cw[0] = usage.cache_read_tokens, usage.cache_write_tokens
+    return 0
+
 cdef class LimitTable:
     cdef object mm
     cdef Py_buffer view
@@ -421,18 +436,11 @@ cdef class Admission:
         cdef long long d, inp = 0, out = 0, cr = 0, cw = 0, cost = 0
         cdef long long* b
         cdef LimitTable table = self.table
-        cdef Usage u
         cdef Price price
         if t.window == NULL:
             raise ValueError("not a ticket Admission.admit made")
         if usage is not None:
-            if isinstance(usage, Usage):
-                u = <Usage>usage
-                inp, out, cr, cw = u.input_tokens, u.output_tokens, u.cache_read_tokens, \
-                    u.cache_write_tokens
-            else:
-                inp, out = usage.input_tokens, usage.output_tokens
-                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+            _tokens(usage, &inp, &out, &cr, &cw)
         prices = t.prices
         if plan.has_budget and prices and lane:
             p = prices.get(lane)
@@ -638,19 +646,12 @@ cdef class UsageRows:
     def add(self, key_id, group, model, pool, usage):
         cdef timespec ts
         cdef long long inp = 0, out = 0, cr = 0, cw = 0
-        cdef Usage u
         clock_gettime(CLOCK_REALTIME, &ts)
         if ts.tv_sec // 86400 != self.day_n:
             self.day = self.day_of(<double>ts.tv_sec + <double>ts.tv_nsec * 1e-9)
             self.day_n = ts.tv_sec // 86400
         if usage is not None:
-            if isinstance(usage, Usage):
-                u = <Usage>usage
-                inp, out, cr, cw = u.input_tokens, u.output_tokens, u.cache_read_tokens, \
-                    u.cache_write_tokens
-            else:
-                inp, out = usage.input_tokens, usage.output_tokens
-                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+            _tokens(usage, &inp, &out, &cr, &cw)
         k = (self.day, key_id, group, model, pool)
         cur = self.rows.get(k)
         if cur is None:
