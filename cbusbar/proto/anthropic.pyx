@@ -120,13 +120,9 @@ cdef AnthropicShape SHAPE = AnthropicShape()
 # Helpers
 
 
-cdef str _random_b62(int n):
-    return ids.b62(n)
-
-
 cpdef str mint_id():
     """A native message id: msg_01 followed by 22 base62 characters, like Anthropic's."""
-    return "msg_01" + _random_b62(22)
+    return "msg_01" + ids.b62(22)
 
 
 cdef object _citation(object c):
@@ -1024,7 +1020,7 @@ cdef dict _w_response_block(ir.Block b):
                 d["citations"] = cs
         return d
     if b.kind == ir.B_TOOL_USE:
-        return {"type": "tool_use", "id": b.id or ("toolu_" + _random_b62(24)), "name": b.name or "",
+        return {"type": "tool_use", "id": b.id or ("toolu_" + ids.b62(24)), "name": b.name or "",
                 "input": _tool_input(b.input)}
     if b.kind == ir.B_THINKING:
         if b.redacted:
@@ -1504,7 +1500,7 @@ cdef class StreamEncoder:
             cb = None           # TEXT_START
         elif block.kind == ir.B_TOOL_USE:
             kind = K_TOOL
-            cb = {"type": "tool_use", "id": block.id or ("toolu_" + _random_b62(24)),
+            cb = {"type": "tool_use", "id": block.id or ("toolu_" + ids.b62(24)),
                   "name": block.name or "", "input": {}}
         elif block.kind == ir.B_THINKING and block.redacted:
             kind = K_REDACTED

@@ -128,18 +128,13 @@ cdef dict KIND_OF_ERROR = {
 }
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Helpers
 
 
-cdef str _random_id(str prefix, int length):
-    return prefix + ids.b62(length)
-
-
 cpdef str mint_id():
     """A native response id: `chatcmpl-` and 29 base62 characters, as OpenAI's own."""
-    return _random_id("chatcmpl-", 29)
+    return "chatcmpl-" + ids.b62(29)
 
 
 cpdef str upstream_path(str model, bint stream):
@@ -1029,7 +1024,7 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
                 continue
             c = call
             kind = str_or_none(c.get("type")) or "function"
-            id = str_or_none(c.get("id")) or _random_id("call_", 24)
+            id = str_or_none(c.get("id")) or "call_" + ids.b62(24)
             if kind == "custom" and isinstance(c.get("custom"), dict):
                 fn = c["custom"]
                 out.append(_tool_use(id, str_or_none(fn.get("name")) or "", str_or_none(fn.get("input")) or ""))
@@ -1040,7 +1035,7 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
     v = msg.get("function_call")
     if isinstance(v, dict):
         fn = v
-        out.append(_tool_use(_random_id("call_", 24), str_or_none(fn.get("name")) or "",
+        out.append(_tool_use("call_" + ids.b62(24), str_or_none(fn.get("name")) or "",
                              _parse_arguments(fn.get("arguments"))))
     return out
 
@@ -1517,7 +1512,7 @@ cdef class StreamDecoder:
             key = id if id else self.last_tool
         index = self.tools.get(key) if key is not None else None
         if index is None:
-            id = id or _random_id("call_", 24)
+            id = id or "call_" + ids.b62(24)
             index = self.seq.tool_start(out, id, str_or_none(fn.get("name")) or "")
             if key is None:
                 key = id
