@@ -153,7 +153,7 @@ class Target:
         cells = self.cells
         if len(lanes) == 1:
             lane = lanes[0]
-            if lane in exclude or not (lane.limit is None or lane.has_permit()):
+            if lane in exclude or not self.eligible(lane):
                 return None
             if cells is not None:
                 cell = cells[0]
