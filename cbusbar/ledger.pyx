@@ -641,7 +641,9 @@ cdef class UsageRows:
         self.day = None
 
     def schedule(self):
-        raise NotImplementedError
+        """The subclass's hook, called with the first row of a batch: arm the flush
+        (UsageBatcher.schedule does, on its event loop). UsageRows alone has no loop to arm."""
+        raise NotImplementedError("UsageRows.schedule is the subclass's (UsageBatcher's)")
 
     def add(self, key_id, group, model, pool, usage):
         cdef timespec ts

@@ -294,7 +294,8 @@ class Probe:
             self.prober.inflight.pop(self.name, None)
 
     def pause_upstream(self):
-        pass
+        """The upstream pool's back-pressure call: a probe has no client to wait for, so its
+        one-token answer is read at once."""
 
     def resume_upstream(self):
-        pass
+        """See pause_upstream: nothing was paused."""
