@@ -165,9 +165,11 @@ def run_busbar(args, mock_port):
     observe = "observability: {access_log: %s, metrics: %s}\n" % (
         '"%s"' % os.path.join(tmp, "access.jsonl") if o in ("on", "access") else "off",
         "true" if o in ("on", "metrics") else "false")
-    fake = types.SimpleNamespace(args=types.SimpleNamespace(keys=args.keys), log_dir=_Dir(tmp))
-    keys = benchrun.Bench.keys_config(fake, env)
-    admin = "" if args.keys != "off" else 'admin_listen: "127.0.0.1:%d"\n' % fake.admin_port
+    # The slice of bench/run.py's Bench that keys_config reads (sqlite only: no redis here).
+    fake = types.SimpleNamespace(base_env=env, log_dir=_Dir(tmp), redis_url=None, redis_db=0,
+                                 admin_port=procs.free_port())
+    keys = benchrun.Bench.keys_config(fake, args.keys, "inproc")
+    admin = 'admin_listen: "127.0.0.1:%d"\n' % fake.admin_port
     text = benchrun.BUSBAR_CONFIG.format(port=port, mock=mock_port) + observe + keys + admin
     os.environ.update(env)
     os.environ.setdefault("BUSBAR_LOG", "WARNING")
