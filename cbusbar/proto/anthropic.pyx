@@ -19,7 +19,7 @@ from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, sse_event, top_field
+from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
 from cbusbar cimport jsonget
 from cbusbar cimport jsonspan
 from cbusbar.jsonspan cimport Marks
@@ -914,19 +914,29 @@ cpdef str upstream_path(str model, bint stream):
 
 cdef ir.Usage _read_usage_obj(object u):
     """An Anthropic usage object -> IR usage (input becomes the total: + cache read + cache write)."""
-    cdef ir.Usage usage = ir.Usage.__new__(ir.Usage)
     cdef object det
     if not isinstance(u, dict):
+        return _usage_from(None, None, None, None, None, False)
+    det = u.get("output_tokens_details")
+    return _usage_from(u.get("input_tokens"), u.get("output_tokens"), u.get("cache_read_input_tokens"),
+                       u.get("cache_creation_input_tokens"),
+                       det.get("thinking_tokens") if isinstance(det, dict) else None, True)
+
+
+cdef ir.Usage _usage_from(object inp, object out, object cache_read, object cache_write,
+                          object thinking, bint is_object):
+    """The one mapping of Anthropic's usage counts, from its dict (_read_usage_obj) or read in
+    place (read_usage): input_tokens excludes both cache buckets, the IR's input includes them."""
+    cdef ir.Usage usage = ir.Usage.__new__(ir.Usage)
+    if not is_object:
         usage.input_known = False
         return usage
-    usage.cache_read_tokens = count(u.get("cache_read_input_tokens"))
-    usage.cache_write_tokens = count(u.get("cache_creation_input_tokens"))
-    usage.input_tokens = count(u.get("input_tokens")) + usage.cache_read_tokens + usage.cache_write_tokens
-    usage.output_tokens = count(u.get("output_tokens"))
-    det = u.get("output_tokens_details")
-    if isinstance(det, dict):
-        usage.reasoning_tokens = count(det.get("thinking_tokens"))
-    usage.input_known = u.get("input_tokens") is not None
+    usage.cache_read_tokens = count(cache_read)
+    usage.cache_write_tokens = count(cache_write)
+    usage.input_tokens = count(inp) + usage.cache_read_tokens + usage.cache_write_tokens
+    usage.output_tokens = count(out)
+    usage.reasoning_tokens = count(thinking)
+    usage.input_known = inp is not None
     return usage
 
 
@@ -1045,13 +1055,27 @@ cpdef bytes write_response(ir.Response resp):
     })
 
 
+cdef tuple _USAGE_KEY = (b"usage",)
+cdef tuple _USAGE_NAMES = (b"input_tokens", b"output_tokens", b"cache_read_input_tokens",
+                           b"cache_creation_input_tokens", b"output_tokens_details")
+cdef tuple _USAGE_DETAIL_NAMES = (b"thinking_tokens",)
+
+
 cpdef ir.Usage read_usage(bytes body):
-    """Usage of a buffered same-protocol body without parsing the content: only the `usage` field's
-    bytes are parsed."""
+    """Usage of a buffered same-protocol body without parsing the content: the body is validated
+    and the `usage` counts read in place (framing.members), no dict built."""
+    cdef list v
+    cdef object span, det
     try:
-        return _read_usage_obj(top_field(body, b"usage"))
+        span = scan_top(body, _USAGE_KEY).get(b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON) from None
+    v = members(body, span, _USAGE_NAMES) if span is not None else None
+    if v is None:
+        return _usage_from(None, None, None, None, None, False)
+    det = v[4]
+    det = members(body, det, _USAGE_DETAIL_NAMES)[0] if type(det) is tuple else None
+    return _usage_from(v[0], v[1], v[2], v[3], det, True)
 
 
 # ---------------------------------------------------------------------------------------------

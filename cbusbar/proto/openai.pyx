@@ -37,7 +37,7 @@ from cbusbar.ir cimport (
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, scan_top, splice, top_field
+from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, members, scan_top, splice
 from cbusbar cimport jsonget
 from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, string_end, text_literal,
                                text_value, ws)
@@ -907,26 +907,34 @@ cdef bytes _dump_body(dict body):
 
 
 cdef Usage _usage_of(object u):
-    """An OpenAI `usage` object -> IR usage. prompt_tokens already counts cached tokens, which is
-    the IR's convention."""
-    cdef Usage out
+    """An OpenAI `usage` object -> IR usage."""
     cdef dict d
-    cdef object details
+    cdef object details, cached = None, write = None, reasoning = None
     if not isinstance(u, dict):
         return _unknown_usage()
     d = u
-    out = Usage()
-    out.input_tokens = count(d.get("prompt_tokens"))
-    out.output_tokens = count(d.get("completion_tokens"))
     details = d.get("prompt_tokens_details")
     if isinstance(details, dict):
-        out.cache_read_tokens = count(details.get("cached_tokens"))
-        out.cache_write_tokens = count(details.get("cache_write_tokens"))
-    elif "prompt_cache_hit_tokens" in d:  # DeepSeek reports its cache hits beside the details
-        out.cache_read_tokens = count(d.get("prompt_cache_hit_tokens"))
+        cached = details.get("cached_tokens")
+        write = details.get("cache_write_tokens")
+    else:   # DeepSeek reports its cache hits beside the details
+        cached = d.get("prompt_cache_hit_tokens")
     details = d.get("completion_tokens_details")
     if isinstance(details, dict):
-        out.reasoning_tokens = count(details.get("reasoning_tokens"))
+        reasoning = details.get("reasoning_tokens")
+    return _usage_from(d.get("prompt_tokens"), d.get("completion_tokens"), cached, write, reasoning)
+
+
+cdef Usage _usage_from(object prompt, object completion, object cached, object cache_write,
+                       object reasoning):
+    """The one mapping of OpenAI's usage counts, from its dict (_usage_of) or read in place
+    (read_usage). prompt_tokens already counts cached tokens, which is the IR's convention."""
+    cdef Usage out = Usage()
+    out.input_tokens = count(prompt)
+    out.output_tokens = count(completion)
+    out.cache_read_tokens = count(cached)
+    out.cache_write_tokens = count(cache_write)
+    out.reasoning_tokens = count(reasoning)
     return out
 
 
@@ -1134,13 +1142,34 @@ cpdef bytes write_response(Response resp):
     })
 
 
+cdef tuple _USAGE_KEY = (b"usage",)
+cdef tuple _USAGE_NAMES = (b"prompt_tokens", b"completion_tokens", b"prompt_tokens_details",
+                           b"prompt_cache_hit_tokens", b"completion_tokens_details")
+cdef tuple _PROMPT_DETAIL_NAMES = (b"cached_tokens", b"cache_write_tokens")
+cdef tuple _COMPLETION_DETAIL_NAMES = (b"reasoning_tokens",)
+
+
 cpdef Usage read_usage(bytes body):
-    """Usage of a same-protocol buffered body, parsing only the `usage` value."""
+    """Usage of a same-protocol buffered body: the body is validated and the `usage` counts read
+    in place (framing.members), no dict built."""
+    cdef list v, dv
+    cdef object span, cached, write = None, reasoning = None
     try:
-        usage = top_field(body, b"usage")
+        span = scan_top(body, _USAGE_KEY).get(b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON)
-    return _unknown_usage() if usage is None else _usage_of(usage)
+    v = members(body, span, _USAGE_NAMES) if span is not None else None
+    if v is None:
+        return _unknown_usage()
+    if type(v[2]) is tuple:
+        dv = members(body, v[2], _PROMPT_DETAIL_NAMES)
+        cached = dv[0]
+        write = dv[1]
+    else:
+        cached = v[3]
+    if type(v[4]) is tuple:
+        reasoning = members(body, v[4], _COMPLETION_DETAIL_NAMES)[0]
+    return _usage_from(v[0], v[1], cached, write, reasoning)
 
 
 # ---------------------------------------------------------------------------------------------
