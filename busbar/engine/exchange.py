@@ -545,15 +545,14 @@ class Exchange:
         self.rtt = t - self.t_send
         self.status = status
         self.up_headers = headers
-        deadlines = self.site.deadlines
         if status < 200 or status >= 300:
             self.mode = M_ERROR
             self.chunks = []
             # An error body has its own short bound: the status already says what happened.
-            deadlines.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
+            self.site.deadlines.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
             return
-        # A 2xx body, or a stream up to its first byte to the client, counts against the attempt.
-        deadlines.arm(self, self._attempt_secs())
+        # A 2xx body, or a stream up to its first byte to the client, counts against the attempt:
+        # the deadline armed when the attempt started keeps running (not re-armed here).
         codec = self.codec
         if self.stream:
             ct = _header(headers, b"content-type")
