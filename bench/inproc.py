@@ -16,6 +16,12 @@ for every configuration, so differences between rows are the gateway's.
         instructions per request: runs itself under callgrind twice (N and 2N requests after the
         same warm-up) and prints the difference / N, so start-up, imports and warm-up cancel out.
         --keep DIR keeps the two callgrind files (callgrind_annotate DIR/cg.2n.out | head -60).
+    .venv/bin/python bench/inproc.py --opcodes [same options] [--lines FILE:FUNC,...]
+        Python bytecodes executed per request in each function of busbar/ (sys.settrace opcode
+        events over the warm-up and the measured requests, client excluded): where the
+        interpreter's share of a request goes, which callgrind shows only as one
+        _PyEval_EvalFrameDefault line. --lines adds a per-line count for the functions named
+        (e.g. engine/exchange.py:attempt). The tracer slows the run ~20 times; counts, not time.
 """
 from __future__ import annotations
 
@@ -191,12 +197,64 @@ def run_busbar(args, mock_port):
                 token = None
                 if args.keys != "off":
                     token = await mint(loop, fake.admin_port, fake.admin_token)
-                await drive(loop, port, args, token)
+                if args.opcodes:
+                    with Opcodes(args.lines) as counter:
+                        await drive(loop, port, args, token)
+                    counter.report(args.warm + args.n)
+                else:
+                    await drive(loop, port, args, token)
             finally:
                 os.kill(os.getpid(), signal.SIGTERM)
         loop.create_task(go())
 
     serve(config, workers=1, extra=extra)
+
+
+class Opcodes:
+    """Counts the bytecodes each busbar/ function executes (sys.settrace with opcode events) while
+    it is entered: the client's own frames (bench/) are not traced."""
+
+    def __init__(self, lines):
+        import collections
+        self.counts = collections.Counter()
+        self.lines = collections.Counter()
+        self.want = set(x for x in (lines or "").split(",") if x)
+
+    def _trace(self, frame, event, arg):
+        fn = frame.f_code.co_filename
+        i = fn.rfind("/busbar/")
+        if i < 0 or "/bench/" in fn:
+            return None
+        key = "%s:%s" % (fn[i + 8:], frame.f_code.co_name)
+        frame.f_trace_opcodes = True
+        frame.f_trace_lines = False
+        counts, lines, per_line = self.counts, self.lines, key in self.want
+
+        def local(frame, event, arg):
+            if event == "opcode":
+                counts[key] += 1
+                if per_line:
+                    lines[(key, frame.f_lineno or 0)] += 1
+            return local
+        return local
+
+    def __enter__(self):
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc):
+        sys.settrace(None)
+
+    def report(self, requests):
+        total = sum(self.counts.values())
+        print("inproc: %.0f Python bytecodes per request in busbar/ (%d requests traced)" % (
+            total / requests, requests))
+        for key, v in self.counts.most_common():
+            if v / requests < 0.5:
+                break
+            print("%8.1f  %s" % (v / requests, key))
+        for (key, line), v in sorted(self.lines.items()):
+            print("%8.1f  %s line %d" % (v / requests, key, line))
 
 
 class _Dir:
@@ -261,6 +319,8 @@ def main(argv=None):
     ap.add_argument("--warm", type=int, default=2000)
     ap.add_argument("--conns", type=int, default=8)
     ap.add_argument("--callgrind", action="store_true")
+    ap.add_argument("--opcodes", action="store_true")
+    ap.add_argument("--lines", help="with --opcodes: FILE:FUNC[,FILE:FUNC] counted per line")
     ap.add_argument("--keep")
     ap.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--dilate", type=float, default=1, help=argparse.SUPPRESS)
