@@ -21,7 +21,7 @@ from busbar.engine.status import status_line
 from busbar.engine.translate import CODECS
 from busbar import observability
 from busbar.server.dispatch import dispatch
-from busbar.server.http import HttpConnection
+from busbar.server.http import BodyBudget, HttpConnection
 from busbar.upstream.pool import UpstreamPool
 
 log = logging.getLogger("busbar")
@@ -138,6 +138,9 @@ class Gateway:
                                  idle_timeout=lim.upstream_pool_idle_timeout_secs)
         self.deadlines = Deadlines(loop, _resolution(config))
         self.connections = set()
+        # Request-body bytes held by this worker's connections, bounded by
+        # limits.inflight_body_bytes (busbar/server/http.py).
+        self.bodies = BodyBudget(self)
         self.inflight = 0
         self.draining = False
         self.translations = {}
