@@ -101,6 +101,15 @@ class Limits:
     # another worker idles at most this long; 16 ms keeps a waiting worker at ~60 wake-ups a
     # second (busbar/reliability/queue.py). Nothing polls while nobody waits.
     queue_poll_max_ms: int = 16
+    # Request-body bytes one worker holds at once (received and not yet answered, plus bodies being
+    # received); over it the worker stops reading from its clients until half of it is free, so
+    # the excess waits in the kernel's socket buffers instead of the heap (back-pressure, no
+    # errors; busbar/server/http.py BodyBudget). Envoy's per_connection_buffer_limit_bytes (1 MiB)
+    # bounds each connection, not their sum; nginx spills bodies over client_body_buffer_size to
+    # disk. 32 MiB is one largest body (request_body_max_bytes) or ~220 bodies of 150 KB, which
+    # still fill two cores; a body larger than the budget is served alone. Measured under
+    # bench/soak_memory.py: see the commit that set it. 0 turns it off.
+    inflight_body_bytes: int = 32 * _MiB
 
 
 # limits keys whose value must be an integer >= their floor (0 allowed only where it means "off").
@@ -113,6 +122,7 @@ LIMIT_INT_FLOORS: dict[str, int] = {
     "default_max_tokens": 1,
     "error_body_max_bytes": 1,
     "queue_poll_max_ms": 1,
+    "inflight_body_bytes": 0,
 }
 # limits keys that are durations in seconds, > 0.
 LIMIT_SECONDS: tuple[str, ...] = (
