@@ -372,6 +372,9 @@ class Exchange:
             extra += self.site.trace_header(self)
         self.data = eg.request(path, body, stream, extra)
         self.site.deadlines.arm(self, self._attempt_secs())
+        # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
+        # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
+        self.t_send = _perf_ns()
         self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
 
     def _attempt_secs(self) -> float:
@@ -403,7 +406,9 @@ class Exchange:
         self.mode = M_NONE
         self.chunks = None
         self.size = 0
-        self.t_send = att.t_connected = _perf_ns()
+        att.t_connected = t = _perf_ns()
+        if conn.idle_since:     # reused (a fresh connection's is 0.0): nothing to wait for
+            self.t_send = t
         data = self.data
         self.data = None
         conn.send(self, data)

@@ -6,6 +6,7 @@ import os
 import ssl
 import subprocess
 import threading
+import time
 
 import pytest
 
@@ -116,4 +117,51 @@ def test_responses_from_a_tls_upstream_take_no_page_fault(tls_upstream, tmp_path
         assert minflt() - before < 100, minflt() - before
         c.close()
     finally:
+        stop(proc)
+
+
+class SlowHandshake(TlsCapture):
+    """An upstream whose TLS handshake starts 0.4 s after the TCP accept."""
+
+    def _conn(self, c):
+        import time
+        time.sleep(0.4)
+        super()._conn(c)
+
+
+def test_a_fresh_connection_is_upstream_time_not_busbars(tls_upstream, tmp_path):
+    """Server-Timing's busbar;dur excludes the upstream's time: a connect and handshake the pool
+    has to make for the request (0.4 s here) is the upstream's, not busbar's."""
+    _, cert = tls_upstream
+    cap = SlowHandshake(tls_upstream[0].ctx)
+    port = free_port()
+    cfg = tmp_path / "slow.yaml"
+    cfg.write_text(f"""
+listen: "127.0.0.1:{port}"
+providers:
+  o: {{protocol: openai, base_url: "https://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
+models:
+  up-model: {{provider: o}}
+advanced:
+  response_headers: {{server_timing: true}}
+""")
+    e = env()
+    e["SSL_CERT_FILE"] = str(cert)
+    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
+                            cwd=ROOT, env=e)
+    try:
+        wait_http(port, proc)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        t0 = time.monotonic()
+        c.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "up-model", "messages": [{"role": "user", "content": "tls"}]}),
+            {"content-type": "application/json"})
+        r = c.getresponse()
+        assert r.status == 200 and r.read() == OPENAI_REPLY
+        assert time.monotonic() - t0 >= 0.4             # the handshake did wait
+        dur_ms = float(r.getheader("Server-Timing").split("dur=")[1])
+        assert dur_ms < 100, dur_ms                      # and it is not counted as busbar's
+        c.close()
+    finally:
+        cap.stopped = True
         stop(proc)
