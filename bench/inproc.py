@@ -80,28 +80,25 @@ class Client(asyncio.Protocol):
         self.transport.write(self.prefix + b"%d\r\n\r\n" % len(body) + body)
 
     def data_received(self, data):
-        buf = self.buf + data
-        while True:
-            i = buf.find(b"\r\n\r\n")
-            if i < 0:
-                break
-            head = buf[:i]
-            m = re.search(rb"(?i)content-length: *(\d+)", head)
-            n = int(m.group(1))
-            if len(buf) < i + 4 + n:
-                break
+        answers, self.buf = procs.take_responses(self.buf + data)
+        for head, body in answers:
             if not head.startswith(b"HTTP/1.1 200"):
-                self.done.set_exception(RuntimeError(head[:200].decode("latin-1")))
+                self.done.set_exception(RuntimeError((head + b" | " + body[:300]).decode("latin-1")))
                 return
-            t = re.search(rb"busbar;dur=([0-9.]+)", head)
-            if t is not None:
-                self.stats.append(float(t.group(1)))
-            buf = buf[i + 4 + n:]
+            self.answered(head)
             if self.sent < self.n:
-                self.send()
+                self.next()
             elif not self.done.done():
                 self.done.set_result(None)
-        self.buf = buf
+
+    def answered(self, head):
+        """An answer's head arrived (200): keeps its busbar;dur."""
+        t = re.search(rb"busbar;dur=([0-9.]+)", head)
+        if t is not None:
+            self.stats.append(float(t.group(1)))
+
+    def next(self):
+        self.send()
 
     def connection_lost(self, exc):
         if not self.done.done():

@@ -9,6 +9,7 @@ way: the honest total of a process tree. Every process started here is remembere
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -346,3 +347,24 @@ def cpu_model():
         pass
     import platform
     return platform.processor() or "unknown CPU"
+
+
+_CONTENT_LENGTH = re.compile(rb"(?i)\r\ncontent-length: *(\d+)")
+
+
+def take_responses(buf: bytes):
+    """The whole Content-Length-framed HTTP/1.1 responses at the front of `buf` (the bench
+    clients' framing): ([(head, body), ...], the bytes left over)."""
+    out = []
+    while True:
+        i = buf.find(b"\r\n\r\n")
+        if i < 0:
+            break
+        head = buf[:i]
+        m = _CONTENT_LENGTH.search(head)
+        n = int(m.group(1)) if m else 0
+        if len(buf) < i + 4 + n:
+            break
+        out.append((head, buf[i + 4:i + 4 + n]))
+        buf = buf[i + 4 + n:]
+    return out, buf

@@ -103,6 +103,7 @@ sys.path.insert(0, str(BENCH))
 try:
     import uvloop
 
+    import inproc  # noqa: E402
     import payloads  # noqa: E402
     import procs  # noqa: E402
     import run as benchrun  # noqa: E402
@@ -399,19 +400,14 @@ def log(msg):
     print("[tail %s] %s" % (time.strftime("%H:%M:%S"), msg), file=sys.stderr, flush=True)
 
 
-def pct(vals, p):
-    """Nearest-rank percentile of an ascending list (bench/run.py's)."""
-    if not vals:
-        return None
-    k = max(0, min(len(vals) - 1, math.ceil(p / 100.0 * len(vals)) - 1))
-    return vals[k]
+pct = benchrun.pct     # nearest-rank percentile of an ascending list
 
 
 # --------------------------------------------------------------------------------------- the load
 
-class Client(asyncio.Protocol):
-    """One keep-alive connection, one request at a time; keeps each answer's busbar;dur (µs) and
-    its latency (µs, from the write to the whole response)."""
+class Client(inproc.Client):
+    """One keep-alive connection, one request at a time (bench/inproc.py's client); keeps each
+    answer's busbar;dur (µs) and its latency (µs, from the write to the whole response)."""
 
     def __init__(self, prefix, head, tail, n, tag, gap, out):
         self.prefix, self.head, self.tail = prefix, head, tail
@@ -430,42 +426,19 @@ class Client(asyncio.Protocol):
             self.done.set_result(None)
 
     def send(self):
-        self.sent += 1
-        body = self.head + b"%dx%d" % (self.tag, self.sent) + self.tail
         self.t = time.perf_counter_ns()
-        self.transport.write(self.prefix + b"%d\r\n\r\n" % len(body) + body)
+        super().send()
 
-    def data_received(self, data):
-        buf = self.buf + data
-        while True:
-            i = buf.find(b"\r\n\r\n")
-            if i < 0:
-                break
-            head = buf[:i]
-            m = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
-            n = int(m.group(1)) if m else 0
-            if len(buf) < i + 4 + n:
-                break
-            lat = (time.perf_counter_ns() - self.t) / 1000
-            if not head.startswith(b"HTTP/1.1 200"):
-                self.done.set_exception(RuntimeError(
-                    (head + b" | " + buf[i + 4:i + 4 + min(n, 300)]).decode("latin-1")))
-                return
-            t = re.search(rb"busbar;dur=([0-9.]+)", head)
-            self.out.append((float(t.group(1)) * 1000 if t else -1.0, lat))
-            buf = buf[i + 4 + n:]
-            if self.sent < self.n:
-                if self.gap:
-                    self.loop.call_later(self.gap, self.send)
-                else:
-                    self.send()
-            elif not self.done.done():
-                self.done.set_result(None)
-        self.buf = buf
+    def answered(self, head):
+        lat = (time.perf_counter_ns() - self.t) / 1000
+        t = re.search(rb"busbar;dur=([0-9.]+)", head)
+        self.out.append((float(t.group(1)) * 1000 if t else -1.0, lat))
 
-    def connection_lost(self, exc):
-        if not self.done.done():
-            self.done.set_exception(RuntimeError("connection lost: %r" % (exc,)))
+    def next(self):
+        if self.gap:
+            self.loop.call_later(self.gap, self.send)
+        else:
+            self.send()
 
 
 async def load(port, case, conns, n, gap, tag):

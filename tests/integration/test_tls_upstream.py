@@ -42,7 +42,7 @@ def tls_upstream(tmp_path_factory):
     cap.stopped = True
 
 
-def _gateway(tmp_path, cap, extra_env):
+def _gateway(tmp_path, cap, extra_env, extra_config=""):
     port = free_port()
     cfg = tmp_path / "tls.yaml"
     cfg.write_text(f"""
@@ -51,7 +51,7 @@ providers:
   o: {{protocol: openai, base_url: "https://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
 models:
   up-model: {{provider: o}}
-""")
+""" + extra_config)
     e = env()
     e.update(extra_env)
     proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
@@ -124,7 +124,6 @@ class SlowHandshake(TlsCapture):
     """An upstream whose TLS handshake starts 0.4 s after the TCP accept."""
 
     def _conn(self, c):
-        import time
         time.sleep(0.4)
         super()._conn(c)
 
@@ -134,23 +133,13 @@ def test_a_fresh_connection_is_upstream_time_not_busbars(tls_upstream, tmp_path)
     has to make for the request (0.4 s here) is the upstream's, not busbar's."""
     _, cert = tls_upstream
     cap = SlowHandshake(tls_upstream[0].ctx)
-    port = free_port()
-    cfg = tmp_path / "slow.yaml"
-    cfg.write_text(f"""
-listen: "127.0.0.1:{port}"
-providers:
-  o: {{protocol: openai, base_url: "https://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
-models:
-  up-model: {{provider: o}}
-advanced:
-  response_headers: {{server_timing: true}}
-""")
-    e = env()
-    e["SSL_CERT_FILE"] = str(cert)
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
-                            cwd=ROOT, env=e)
     try:
-        wait_http(port, proc)
+        port, proc = _gateway(tmp_path, cap, {"SSL_CERT_FILE": str(cert)},
+                              "advanced: {response_headers: {server_timing: true}}\n")
+    except BaseException:
+        cap.stopped = True
+        raise
+    try:
         c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
         t0 = time.monotonic()
         c.request("POST", "/v1/chat/completions", json.dumps(

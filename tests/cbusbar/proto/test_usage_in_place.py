@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from cbusbar.framing import FramingError, members, scan_top
+from cbusbar.framing import members, scan_top
 from cbusbar.ir import CodecError
 from cbusbar.proto import anthropic, openai
 
