@@ -140,10 +140,13 @@ def plan_cases(quick: bool):
 
 STREAM_CASES = [("openai", "openai"), ("anthropic", "openai")]
 
-# The features row (busbar with virtual keys on a SQLite store, metrics and the access log) runs on
-# these cases next to the plain busbar row.
+# The features rows run on these cases next to the plain busbar row: busbar with metrics and the
+# access log (what observability costs, issue #11), and busbar with virtual keys on a SQLite store
+# as well (issue #13's features row).
 FEATURES = "busbar+features"
 FEATURES_LABEL = "busbar, keys (SQLite) + metrics + access log"
+OBSERVE = "busbar+observe"
+OBSERVE_LABEL = "busbar, metrics + access log"
 FEATURES_CASES = ("anthropic-anthropic-100",)
 
 # The scaling rows: busbar with --workers 1 and --workers 2 on these cases, unpinned.
@@ -304,8 +307,8 @@ class Bench:
         self.mock_port = None
         self.baseline_ref = args.baseline
         self.baseline = None            # baseline.Baseline with --baseline
-        # The features row: busbar with keys (SQLite), metrics and the access log, on the small
-        # same-protocol case, unless the main busbar has features on already.
+        # The features rows: busbar with metrics and the access log, and with keys (SQLite) too, on
+        # the small same-protocol case, unless the main busbar has features on already.
         self.features = (args.keys == "off" and args.observe == "off" and not args.no_features)
 
     # ---------------------------------------------------------------- processes
@@ -376,7 +379,8 @@ class Bench:
             floor_tls = ["--tls-cert", str(cert), "--tls-key", str(key)]
         tls = bool(self.tls_files)
         # The gateways: busbar as configured by --observe/--keys; the baseline (--baseline) with the
-        # same config; busbar with every feature on for the features row; the floor.
+        # same config; busbar with metrics + access log, and with every feature on, for the features
+        # rows; the floor.
         try:
             self.targets["busbar"] = self.start_busbar("busbar", self.args.observe, self.args.keys)
         except StartError as e:
@@ -399,6 +403,7 @@ class Bench:
             self.targets[b.name] = t
         if self.features:
             try:
+                self.targets[OBSERVE] = self.start_busbar(OBSERVE, "on", "off")
                 self.targets[FEATURES] = self.start_busbar(FEATURES, "on", "sqlite")
             except StartError as e:
                 raise SystemExit("bench: %s" % e)
@@ -677,12 +682,12 @@ class Bench:
         if self.baseline is not None:
             names.append(self.baseline.name)
         if self.features and case is not None and case.key in FEATURES_CASES:
-            names.append(FEATURES)
+            names += [OBSERVE, FEATURES]
         return names + ["floor"]
 
     def run_c1(self, case, names, path, template):
         """Concurrency 1: `n` requests per gateway sent one at a time, interleaved request by
-        request (direct, busbar, [baseline, features,] floor, direct, ...), each gateway on its
+        request (direct, busbar, [baseline, observe, features,] floor, direct, ...), each gateway on its
         own keep-alive connection. After each request the client waits until that gateway and the
         mock are idle, so no request overlaps another's leftover work. Latency = request written
         -> arrival of the response's first body byte (kernel receive timestamp; these answers are
@@ -903,7 +908,7 @@ class Bench:
         per = self.duration + 0.4
         extra = 1 if self.baseline_ref else 0
         runs = sum(self.rounds * (2 + extra + (1 if c.litellm else 0)
-                                  + (1 if self.features and c.key in FEATURES_CASES else 0)) + 1
+                                  + (2 if self.features and c.key in FEATURES_CASES else 0)) + 1
                    for c in cases)
         c1 = 0.0
         if not self.args.no_c1 and not self.args.tls:
@@ -1040,7 +1045,7 @@ def main(argv=None):
     ap.add_argument("--no-scaling", action="store_true",
                     help="skip the scaling rows (busbar --workers 1 and --workers 2)")
     ap.add_argument("--no-features", action="store_true",
-                    help="skip the features row (keys on SQLite + metrics + access log)")
+                    help="skip the features rows (metrics + access log; keys on SQLite + both)")
     ap.add_argument("--install-timeout", type=int, default=420,
                     help="bound on installing LiteLLM the first time (seconds)")
     args = ap.parse_args(argv)
@@ -1080,6 +1085,8 @@ def main(argv=None):
     labels["direct"] = "direct (mock)"
     if FEATURES in bench.targets:
         labels[FEATURES] = FEATURES_LABEL
+    if OBSERVE in bench.targets:
+        labels[OBSERVE] = OBSERVE_LABEL
     meta = {"commit": procs.git_head(), "cpu": procs.cpu_model(), "cores": os.cpu_count(),
             "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -36,10 +36,10 @@ def _c1(added, dur=None, n=1000):
 
 def _results(with_baseline=True):
     dur = {"samples": 5000, "p50": 20.0, "p99": 50.0, "p999": 55.0}
-    names = ["busbar"] + (["busbar@abc1234"] if with_baseline else []) + ["busbar+features",
-                                                                          "floor", "direct"]
-    rows = {"busbar": _row(36.0, dur), "busbar+features": _row(50.0, dur), "floor": _row(30.0),
-            "direct": _row(20.0)}
+    names = ["busbar"] + (["busbar@abc1234"] if with_baseline else []) + [
+        "busbar+observe", "busbar+features", "floor", "direct"]
+    rows = {"busbar": _row(36.0, dur), "busbar+observe": _row(35.0, dur),
+            "busbar+features": _row(50.0, dur), "floor": _row(30.0), "direct": _row(20.0)}
     if with_baseline:
         rows["busbar@abc1234"] = _row(45.0, dur)
     rows = {n: rows[n] for n in names}
@@ -68,7 +68,8 @@ def _results(with_baseline=True):
             "date": "2026-12-03T15:00:00+00:00", "duration_s": 1, "connections": 32,
             "gateway_core": 0, "load_core": 1, "all_cores": "0,1",
             "rss_idle_kib": {n: 30000 for n in names},
-            "labels": {"busbar+features": "busbar, keys (SQLite) + metrics + access log"},
+            "labels": {"busbar+features": "busbar, keys (SQLite) + metrics + access log",
+                       "busbar+observe": "busbar, metrics + access log"},
             "baseline": ({"ref": "main~3", "sha": "abc1234" + "0" * 33, "short": "abc1234",
                           "name": "busbar@abc1234"} if with_baseline else None)}
     return {"meta": meta, "cases": [case, x], "stream": [stream], "scaling": [sc], "notes": []}
@@ -197,3 +198,12 @@ def test_baseline_same_code():
         pytest.skip("a shallow clone has no first commit to compare with")
     first = baseline._git("rev-list", "--max-parents=0", "HEAD").stdout.decode().split()[0]
     assert baseline.same_code(first) is False
+
+
+def test_observe_row_is_labelled_and_in_the_targets():
+    """Issue #11: the access log and metrics cost, a row with them on beside the plain one."""
+    text = report.render(_results())
+    assert "| 1.17× |" in _line(text, "| busbar, metrics + access log |")      # 35 / 30
+    t = _line(text, "issue #11: metrics and the access log on")
+    assert "1.17×" in t and "plain busbar in the same case: 1.20×" in t and "| met |" in t
+    assert "busbar+observe, busbar+features" in text        # in the interleaving order footer
