@@ -42,7 +42,7 @@ from cbusbar.ir import CodecError
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.eventstream import EventStreamError
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport DEFAULT_MAX_FRAME, top_field
+from cbusbar.framing cimport DEFAULT_MAX_FRAME, members, scan_top
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
@@ -192,15 +192,23 @@ cdef Usage _unknown_usage():
 
 
 cdef Usage _usage_of(object raw):
-    cdef Usage u = Usage.__new__(Usage)
+    """A Converse `usage` object -> IR usage (not an object: zeros, input not known)."""
     cdef dict d
     if not isinstance(raw, dict):
-        return u
+        return Usage.__new__(Usage)
     d = raw
-    u.cache_read_tokens = count(d.get("cacheReadInputTokens"))
-    u.cache_write_tokens = count(d.get("cacheWriteInputTokens"))
-    u.input_tokens = count(d.get("inputTokens")) + u.cache_read_tokens + u.cache_write_tokens
-    u.output_tokens = count(d.get("outputTokens"))
+    return _usage_from(d.get("inputTokens"), d.get("outputTokens"), d.get("cacheReadInputTokens"),
+                       d.get("cacheWriteInputTokens"))
+
+
+cdef Usage _usage_from(object inp, object out, object cache_read, object cache_write):
+    """The one mapping of Converse usage counts, from its dict (_usage_of) or read in place
+    (read_usage): inputTokens excludes both cache buckets, the IR's input includes them."""
+    cdef Usage u = Usage.__new__(Usage)
+    u.cache_read_tokens = count(cache_read)
+    u.cache_write_tokens = count(cache_write)
+    u.input_tokens = count(inp) + u.cache_read_tokens + u.cache_write_tokens
+    u.output_tokens = count(out)
     u.input_known = True
     return u
 
@@ -923,13 +931,26 @@ cpdef bytes write_response(Response resp):
     return orjson.dumps(body)
 
 
+cdef tuple _USAGE_KEY = (b"usage",)
+cdef tuple _USAGE_NAMES = (b"inputTokens", b"outputTokens", b"cacheReadInputTokens",
+                           b"cacheWriteInputTokens")
+
+
 cpdef Usage read_usage(bytes body):
-    """Usage of a same-protocol buffered body, parsing only the `usage` value."""
+    """Usage of a same-protocol buffered body: the body is validated and the `usage` counts read
+    in place (framing.members), no dict built."""
+    cdef object span
+    cdef list v
     try:
-        usage = top_field(body, b"usage")
+        span = scan_top(body, _USAGE_KEY).get(b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON)
-    return _unknown_usage() if usage is None else _usage_of(usage)
+    if span is None or body[<Py_ssize_t>span[0]] == 110:       # absent or null
+        return _unknown_usage()
+    v = members(body, span, _USAGE_NAMES)
+    if v is None:
+        return _usage_of(None)
+    return _usage_from(v[0], v[1], v[2], v[3])
 
 
 # ---------------------------------------------------------------------------------------------

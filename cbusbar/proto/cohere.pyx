@@ -26,7 +26,7 @@ import orjson
 from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, sse_event, top_field
+from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
 from cbusbar.ir import CodecError
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
@@ -34,7 +34,7 @@ from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
     Shape, as_dict, as_str, opt_bool, opt_int, opt_number, opt_str, req_list,
-    J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS,
+    J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, count,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
@@ -596,35 +596,25 @@ cpdef str upstream_path(str model, bint stream):
 # Response and usage (buffered)
 
 
-cdef long long _count(object v):
-    """A token count from an upstream body: anything that is not a sane non-negative number
-    counts as 0 rather than raising (a bad count must not fail a response already paid for)."""
-    cdef double d
-    if isinstance(v, bool):
-        return 0
-    if isinstance(v, int):
-        return v if 0 <= v <= 9223372036854775807 else 0
-    if isinstance(v, float):
-        d = v
-        return <long long>d if 0.0 <= d < 9.2e18 else 0
-    return 0
-
-
 cdef Usage _read_usage_obj(object usage):
     """Cohere reports `tokens` (what the model processed) and `billed_units` (what is charged,
     without Cohere's own prompt scaffolding). The IR counts tokens; billed units are the fallback."""
+    cdef object tokens = _get(usage, "tokens")
+    cdef object billed = _get(usage, "billed_units")
+    return _usage_from(_get(tokens, "input_tokens"), _get(tokens, "output_tokens"),
+                       _get(billed, "input_tokens"), _get(billed, "output_tokens"),
+                       _get(usage, "cached_tokens"))
+
+
+cdef Usage _usage_from(object t_in, object t_out, object b_in, object b_out, object cached):
+    """The one mapping of Cohere's usage counts, from its dict (_read_usage_obj) or read in place
+    (read_usage); each count as jsonget.count() reads it (negative, huge or not a number: 0)."""
     cdef Usage u = Usage.__new__(Usage)
-    tokens = _get(usage, "tokens")
-    billed = _get(usage, "billed_units")
-    inp = _get(tokens, "input_tokens")
-    if inp is None:
-        inp = _get(billed, "input_tokens")
-    out = _get(tokens, "output_tokens")
-    if out is None:
-        out = _get(billed, "output_tokens")
-    u.input_tokens = _count(inp)
-    u.output_tokens = _count(out)
-    u.cache_read_tokens = _count(_get(usage, "cached_tokens"))
+    cdef object inp = t_in if t_in is not None else b_in
+    cdef object out = t_out if t_out is not None else b_out
+    u.input_tokens = count(inp)
+    u.output_tokens = count(out)
+    u.cache_read_tokens = count(cached)
     u.input_known = inp is not None
     return u
 
@@ -810,18 +800,27 @@ cpdef bytes write_response(Response resp):
     })
 
 
+cdef tuple _USAGE_KEY = (b"usage",)
+cdef tuple _USAGE_NAMES = (b"tokens", b"billed_units", b"cached_tokens")
+cdef tuple _COUNT_NAMES = (b"input_tokens", b"output_tokens")
+cdef list _NO_COUNTS = [None, None]
+
+
 cpdef Usage read_usage(bytes body):
-    """Usage of a buffered Cohere body without parsing the whole of it."""
-    cdef Usage u
+    """Usage of a buffered Cohere body: the body is validated and the `usage` counts read in place
+    (framing.members), no dict built."""
+    cdef object span
+    cdef list v, t, b
     try:
-        usage = top_field(body, b"usage")
+        span = scan_top(body, _USAGE_KEY).get(b"usage")
     except FramingError:
         raise CodecError(BAD_UPSTREAM)
-    if usage is None:
-        u = Usage()
-        u.input_known = False
-        return u
-    return _read_usage_obj(usage)
+    v = members(body, span, _USAGE_NAMES) if span is not None else None
+    if v is None:
+        return _read_usage_obj(None)
+    t = members(body, v[0], _COUNT_NAMES) if type(v[0]) is tuple else _NO_COUNTS
+    b = members(body, v[1], _COUNT_NAMES) if type(v[1]) is tuple else _NO_COUNTS
+    return _usage_from(t[0], t[1], b[0], b[1], v[2])
 
 
 # ---------------------------------------------------------------------------------------------

@@ -13,14 +13,14 @@ import orjson
 from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, sse_event, top_field
+from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
 from cbusbar.ir import CodecError, kind_of_status
 from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
 from cbusbar.jsonget cimport (
-    OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT,
+    OpenAIShape, as_dict, as_list, as_str, opt_bool, opt_int, opt_number, opt_str, J_CONTENT, count,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
@@ -632,27 +632,36 @@ cpdef bytes write_request(Request req):
 # Response and usage (buffered)
 
 
-cdef long long _int_field(object d, str key):
-    cdef object v
-    if type(d) is not dict:
-        return 0
-    v = (<dict>d).get(key)
-    if type(v) is int:
-        return v
-    return 0
+cdef object _member(object d, str key):
+    return (<dict>d).get(key) if type(d) is dict else None
 
 
 cdef Usage _usage(object u):
+    """A Responses `usage` object -> IR usage: absent or null, input not known; a value that is
+    not an object counts as zeros."""
+    cdef object itd, otd
+    if u is None:
+        return Usage(input_known=False)
+    if type(u) is not dict:
+        return _usage_from(None, None, None, None, None)
+    itd = (<dict>u).get("input_tokens_details")
+    otd = (<dict>u).get("output_tokens_details")
+    return _usage_from((<dict>u).get("input_tokens"), (<dict>u).get("output_tokens"),
+                       _member(itd, "cached_tokens"), _member(itd, "cache_write_tokens"),
+                       _member(otd, "reasoning_tokens"))
+
+
+cdef Usage _usage_from(object inp, object out, object cached, object cache_write,
+                       object reasoning):
+    """The one mapping of Responses usage counts, from its dict (_usage) or read in place
+    (read_usage); each count as jsonget.count() reads it (negative, huge or not a number: 0)."""
     cdef Usage usage = Usage.__new__(Usage)
     usage.input_known = True
-    if type(u) is not dict:
-        return usage
-    usage.input_tokens = _int_field(u, "input_tokens")
-    usage.output_tokens = _int_field(u, "output_tokens")
-    usage.cache_read_tokens = _int_field((<dict>u).get("input_tokens_details"), "cached_tokens")
-    usage.cache_write_tokens = _int_field((<dict>u).get("input_tokens_details"),
-                                          "cache_write_tokens")
-    usage.reasoning_tokens = _int_field((<dict>u).get("output_tokens_details"), "reasoning_tokens")
+    usage.input_tokens = count(inp)
+    usage.output_tokens = count(out)
+    usage.cache_read_tokens = count(cached)
+    usage.cache_write_tokens = count(cache_write)
+    usage.reasoning_tokens = count(reasoning)
     return usage
 
 
@@ -817,13 +826,34 @@ cpdef Response read_response(bytes body):
     return resp
 
 
+cdef tuple _USAGE_KEY = (b"usage",)
+cdef tuple _USAGE_NAMES = (b"input_tokens", b"output_tokens", b"input_tokens_details",
+                           b"output_tokens_details")
+cdef tuple _INPUT_DETAIL_NAMES = (b"cached_tokens", b"cache_write_tokens")
+cdef tuple _OUTPUT_DETAIL_NAMES = (b"reasoning_tokens",)
+
+
 cpdef Usage read_usage(bytes body):
-    cdef object u
+    """Usage of a same-protocol buffered body: the body is validated and the `usage` counts read
+    in place (framing.members), no dict built."""
+    cdef object span, cached = None, write = None, reasoning = None
+    cdef list v, d
     try:
-        u = top_field(body, b"usage")
+        span = scan_top(body, _USAGE_KEY).get(b"usage")
     except FramingError:
         raise CodecError(UPSTREAM_NOT_JSON) from None
-    return _usage(u) if u is not None else Usage(input_known=False)
+    if span is None or body[<Py_ssize_t>span[0]] == 110:       # absent or null
+        return _usage(None)
+    v = members(body, span, _USAGE_NAMES)
+    if v is None:
+        return _usage_from(None, None, None, None, None)
+    if type(v[2]) is tuple:
+        d = members(body, v[2], _INPUT_DETAIL_NAMES)
+        cached = d[0]
+        write = d[1]
+    if type(v[3]) is tuple:
+        reasoning = members(body, v[3], _OUTPUT_DETAIL_NAMES)[0]
+    return _usage_from(v[0], v[1], cached, write, reasoning)
 
 
 cdef str _item_id(str prefix, str base, int index):

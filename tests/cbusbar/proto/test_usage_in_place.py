@@ -1,5 +1,5 @@
-"""The same-protocol usage readers that read counts in place (framing.members) agree with the
-codec's dict reader (read_response's usage) on every shape a usage object can take: missing,
+"""The same-protocol usage readers that read counts in place (framing.members: anthropic, openai,
+responses, bedrock, cohere) agree with the codec's dict reader (read_response's usage) on every shape a usage object can take: missing,
 null, float, negative, huge, string and boolean counts, details that are not objects, escaped
 member names, whitespace, unknown members around the known ones."""
 import json
@@ -9,7 +9,7 @@ import pytest
 
 from cbusbar.framing import members, scan_top
 from cbusbar.ir import CodecError
-from cbusbar.proto import anthropic, openai
+from cbusbar.proto import anthropic, bedrock, cohere, openai, responses
 
 ODD = [None, 0, 1, 7, 255, 256, 70000, 2 ** 62, 2 ** 63 - 1, 2 ** 63, 2 ** 70, -3, 12.9, 1e30,
        -0.5, 1.5e3, "9", True, False, [1], {"x": 1}]
@@ -80,6 +80,45 @@ def test_openai_read_usage_matches_the_dict_reader():
         _check(openai, OAI, u)
 
 
+RESP = {"id": "resp_1", "object": "response", "created_at": 1, "status": "completed", "model": "m",
+        "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": "x", "annotations": []}]}]}
+BED = {"output": {"message": {"role": "assistant", "content": [{"text": "x"}]}},
+       "stopReason": "end_turn", "metrics": {"latencyMs": 1}}
+COH = {"id": "c1", "finish_reason": "COMPLETE",
+       "message": {"role": "assistant", "content": [{"type": "text", "text": "x"}]}}
+
+
+def test_responses_read_usage_matches_the_dict_reader():
+    rng = random.Random(3)
+    details = {"input_tokens_details": ["cached_tokens", "cache_write_tokens"],
+               "output_tokens_details": ["reasoning_tokens"]}
+    for u in _usage_objects(rng, ["input_tokens", "output_tokens", "total_tokens"], details):
+        _check(responses, RESP, u)
+    for u in (None, 5, "usage", [1, 2], {}):
+        _check(responses, RESP, u)
+
+
+def test_bedrock_read_usage_matches_the_dict_reader():
+    rng = random.Random(4)
+    names = ["inputTokens", "outputTokens", "cacheReadInputTokens", "cacheWriteInputTokens",
+             "totalTokens"]
+    for u in _usage_objects(rng, names, {}):
+        _check(bedrock, BED, u)
+    for u in (None, 5, "usage", [1, 2], {}):
+        _check(bedrock, BED, u)
+
+
+def test_cohere_read_usage_matches_the_dict_reader():
+    rng = random.Random(5)
+    details = {"tokens": ["input_tokens", "output_tokens"],
+               "billed_units": ["input_tokens", "output_tokens"]}
+    for u in _usage_objects(rng, ["cached_tokens"], details):
+        _check(cohere, COH, u)
+    for u in (None, 5, "usage", [1, 2], {}):
+        _check(cohere, COH, u)
+
+
 def test_members_reads_in_place():
     body = b'{"a": 1, "usage" : {"x": 12, "y": null, "z": {"q": 3}, "w": "s", "x\\u0061": 5, "v": 2.9e1}}'
     span = scan_top(body, (b"usage",))[b"usage"]
@@ -96,7 +135,7 @@ def test_members_reads_in_place():
 
 
 def test_not_json_is_an_upstream_fault():
-    for codec in (anthropic, openai):
+    for codec in (anthropic, openai, responses, bedrock, cohere):
         for body in (b"", b"{", b'{"usage": {"input_tokens": 1}', b"[]", b'{"usage": 1} x'):
             with pytest.raises(CodecError):
                 codec.read_usage(body)
