@@ -24,7 +24,11 @@ diag-<pid>.jsonl and .txt in the results folder; at the end (after the 30 s samp
 writes them once more, calls malloc_trim(0) and writes them again, and the soak samples the tree's
 PSS after that trim: a diagnostic beside the verdict (which is taken before it), showing how much of
 what stayed is free heap that glibc kept. --tracemalloc adds tracemalloc's top allocation sites
-(it slows busbar down several times, so the load is far lighter then).
+(it slows busbar down several times, so the load is far lighter then). --census gc|trace marks each
+process just before the load and writes census-<pid>.txt at the end: gc object counts by type
+against the mark, the gc's objects sitting in pymalloc pools the mark did not use (by type, with
+samples and referrers), and with 'trace' tracemalloc (started at the mark) the small blocks the load
+left alive, by traceback: what keeps the arenas the load made.
 """
 from __future__ import annotations
 
@@ -82,7 +86,7 @@ def _dump(tag):
         rec["pymalloc"] = _pymalloc()
         with open(os.path.join(_OUT, "diag-%d.jsonl" % pid), "a") as f:
             f.write(json.dumps(rec) + "\n")
-        snap = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
+        snap = tracemalloc.take_snapshot() if tracemalloc.is_tracing() and os.environ.get("BENCH_DIAG_TRACEMALLOC") else None
         with open(os.path.join(_OUT, "diag-%d.txt" % pid), "a") as f:
             f.write("=== %s pid %d t=%.1f ===\n" % (tag, pid, time.time()))
             f.write("gc.get_count() %r\n" % (gc.get_count(),))
@@ -168,6 +172,83 @@ def _smaps():
                 if kind in out:
                     out[kind] += int(parts[1])
     return out
+
+_POOL = 1 << 14     # pymalloc's pool (16 KiB on 64-bit CPython 3.10+; arenas are 1 MiB)
+_MARK = {}
+def _types():
+    import collections
+    c = collections.Counter()
+    for o in gc.get_objects():
+        c[type(o).__qualname__] += 1
+    return c
+def _mark():
+    """Before the load: the types of the gc's objects and the pools they sit in; tracemalloc from
+    here on (with BENCH_DIAG_CENSUS=trace), so a later snapshot holds only what the load left."""
+    gc.collect()
+    _MARK["types"] = _types()
+    _MARK["pools"] = {id(o) & ~(_POOL - 1) for o in gc.get_objects()}
+    if os.environ.get("BENCH_DIAG_CENSUS") == "trace" and not tracemalloc.is_tracing():
+        tracemalloc.start(12)
+def _census():
+    """After the load: what it left alive: type counts against the mark, the gc's objects that sit
+    in pools the mark did not use (the ones that pin arenas the load made), and tracemalloc's
+    small (pymalloc) blocks allocated since the mark, by traceback."""
+    if "types" not in _MARK:
+        return
+    import collections
+    gc.collect()
+    snap = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
+    now = _types()
+    with open(os.path.join(_OUT, "census-%d.txt" % os.getpid()), "w") as f:
+        f.write("gc objects: mark %d, now %d\n" % (sum(_MARK["types"].values()), sum(now.values())))
+        diff = sorted(((now[k] - _MARK["types"].get(k, 0), k) for k in set(now) | set(_MARK["types"])),
+                      reverse=True)
+        f.write("-- type count growth since the mark (top 40)\n")
+        for d, k in diff[:40]:
+            f.write("  %+7d %s (now %d)\n" % (d, k, now[k]))
+        f.write("-- type count drop (top 10)\n")
+        for d, k in diff[-10:]:
+            f.write("  %+7d %s\n" % (d, k))
+        newp = collections.Counter()
+        newpools = set()
+        samples = collections.defaultdict(list)
+        for o in gc.get_objects():
+            pool = id(o) & ~(_POOL - 1)
+            if pool not in _MARK["pools"]:
+                k = type(o).__qualname__
+                newp[k] += 1
+                newpools.add(pool)
+                if len(samples[k]) < 4:
+                    samples[k].append(o)
+        f.write("-- gc objects in pools unused at the mark: %d in %d pools, by type (top 40)\n"
+                % (sum(newp.values()), len(newpools)))
+        for k, n in newp.most_common(40):
+            f.write("  %7d %s\n" % (n, k))
+            for o in samples[k][:3]:
+                try:
+                    r = repr(o)[:160]
+                except Exception as e:
+                    r = "<repr failed %r>" % (e,)
+                refs = []
+                for rr in gc.get_referrers(o)[:4]:
+                    if rr is samples or rr is samples[k]:
+                        continue
+                    refs.append(type(rr).__qualname__ + (":" + repr(rr)[:80] if isinstance(rr, (dict, list, tuple)) and len(repr(rr)) < 200 else ""))
+                f.write("          %s  <- %s\n" % (r, refs))
+        del samples
+        if snap is not None:
+            traces = [t for t in snap.traces if t.size <= 512]
+            f.write("-- tracemalloc: %d blocks alive allocated since the mark, %d of them <= 512 B (%d B)\n"
+                    % (len(snap.traces), len(traces), sum(t.size for t in traces)))
+            by = collections.defaultdict(lambda: [0, 0])
+            for t in traces:
+                e = by[t.traceback]
+                e[0] += 1
+                e[1] += t.size
+            for tb, (n, b) in sorted(by.items(), key=lambda kv: -kv[1][0])[:40]:
+                f.write("  %6d blocks %8d B\n" % (n, b))
+                for line in tb.format(most_recent_first=True)[:16]:
+                    f.write("      %s\n" % line)
 def _loop():
     n = 0
     while True:
@@ -175,11 +256,21 @@ def _loop():
         n += 1
         if n % 10 == 0:
             _dump("periodic")
+        if "types" not in _MARK and os.path.exists(os.path.join(_OUT, "mark-load")):
+            try:
+                _mark()
+            except Exception as e:
+                _MARK["error"] = repr(e)
         flag = os.path.join(_OUT, "dump-now")
         if os.path.exists(flag):
             seen = os.path.join(_OUT, "dumped-%d" % os.getpid())
             if not os.path.exists(seen):
                 _dump("requested")
+                try:
+                    _census()
+                except Exception as e:
+                    with open(os.path.join(_OUT, "census-%d.err" % os.getpid()), "a") as f:
+                        f.write("%r\n" % (e,))
                 _trim()
                 _dump("after malloc_trim(0)")
                 open(seen, "w").close()
@@ -459,6 +550,11 @@ def main(argv=None):
     ap.add_argument("--tracemalloc", action="store_true",
                     help="with --diagnose: tracemalloc's top allocation sites too (much slower: "
                     "the load is then far lighter)")
+    ap.add_argument("--census", choices=("gc", "trace"),
+                    help="with --diagnose: what the load left alive in each busbar process, "
+                    "against a mark taken just before it (census-<pid>.txt): gc object counts by "
+                    "type, the gc's objects in pymalloc pools unused at the mark; 'trace' also "
+                    "starts tracemalloc at the mark (slower load) for the small blocks' sites")
     args = ap.parse_args(argv)
     if args.after < 31:
         ap.error("--after must be at least 31: the verdict needs the sample 30 s after the load")
@@ -504,6 +600,8 @@ def main(argv=None):
             benv["BENCH_DIAG_DIR"] = str(out_dir)
             if args.tracemalloc:
                 benv["BENCH_DIAG_TRACEMALLOC"] = "1"
+            if args.census:
+                benv["BENCH_DIAG_CENSUS"] = args.census
         argv_bb = [PY, "-m", "busbar.cli", "serve", "--config", str(cfg)]
         if args.workers:
             argv_bb += ["--workers", str(args.workers)]
@@ -532,6 +630,9 @@ def main(argv=None):
         log("idle PSS %.1f MiB over %d processes; load: %d connections, %d s, %d-byte bodies "
             "(Anthropic in, OpenAI lane)" % (sampler.samples[-1][1] / 1024, sampler.samples[-1][3],
                                              args.connections, args.duration, len(template)))
+        if args.census:
+            (out_dir / "mark-load").write_text("1")
+            time.sleep(2.0)
         load = Load(port, path, headers, template, args.connections, args.duration, args.timeout)
         bb.refresh()
         cpu0 = bb.cpu_ticks()
