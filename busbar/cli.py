@@ -26,6 +26,14 @@ class _Formatter(argparse.HelpFormatter):
         super().__init__(prog, **kw)
 
 
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser with _Formatter; its subparsers are _Parsers too (add_subparsers makes
+    parsers of the parent's class)."""
+
+    def __init__(self, *args, formatter_class=_Formatter, **kw):
+        super().__init__(*args, formatter_class=formatter_class, **kw)
+
+
 def _split_listen(value: str):
     """--listen HOST:PORT, checked as the config's `listen:` is (one line on error)."""
     from busbar.config import ConfigError
@@ -85,23 +93,22 @@ def cmd_mock(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="busbar", description="An LLM gateway.",
-                                formatter_class=_Formatter)
+    p = _Parser(prog="busbar", description="An LLM gateway.")
     p.add_argument("--version", "-V", action="version", version="busbar " + __version__)
     sub = p.add_subparsers(dest="cmd")
-    s = sub.add_parser("serve", help="run the gateway", formatter_class=_Formatter)
+    s = sub.add_parser("serve", help="run the gateway")
     s.add_argument("--config", help="config file (default: $BUSBAR_CONFIG, else ./config.yaml)")
     s.add_argument("--listen", help="listen address HOST:PORT (overrides the config)")
     s.add_argument("--workers", type=int, help="worker processes (default: cores)")
     s.add_argument("--demo", action="store_true",
                    help="serve the embedded demo config on the built-in mock provider")
     s.set_defaults(func=cmd_serve)
-    v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid", formatter_class=_Formatter)
+    v = sub.add_parser("validate", help="check a config with no network; exit 0 valid, 1 invalid")
     v.add_argument("--config")
     v.add_argument("--offline", action="store_true",
                    help="lint without the environment: secret references and ${VAR} need not be set (CI)")
     v.set_defaults(func=cmd_validate)
-    m = sub.add_parser("mock", help="run the built-in mock provider alone", formatter_class=_Formatter)
+    m = sub.add_parser("mock", help="run the built-in mock provider alone")
     m.add_argument("--port", type=int, default=8089)
     m.add_argument("--host", default="127.0.0.1")
     m.add_argument("--require-auth", action="store_true")
