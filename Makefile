@@ -12,7 +12,9 @@ $(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
 	touch $@
 
 BUILT := $(VENV)/.built
-CYTHON_SOURCES := $(shell find cbusbar -name '*.pyx' -o -name '*.pxd')
+# cbusbar's sources, and busbar's compiled modules: each .py with an augmenting .pxd beside it.
+CYTHON_SOURCES := $(shell find cbusbar -name '*.pyx' -o -name '*.pxd') \
+	$(foreach p,$(shell find busbar -name '*.pxd'),$(p) $(p:.pxd=.py))
 
 # Compiles every cbusbar extension in place (editable install; no pure-Python fallback). Redone
 # only when a Cython source or the build files change.

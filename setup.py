@@ -7,12 +7,15 @@ from Cython.Build import cythonize
 from setuptools import Extension, setup
 
 sources = sorted(glob.glob("cbusbar/**/*.pyx", recursive=True))
+# busbar's few hot Python modules that carry a typed layout in an augmenting .pxd beside them
+# (busbar/engine/exchange.pxd): compiled from the .py itself.
+sources += sorted(p[:-4] + ".py" for p in glob.glob("busbar/**/*.pxd", recursive=True))
 only = os.environ.get("BUSBAR_EXT")
 if only:
     sources = [s for s in sources if s in only.split(",")]
 
 extensions = [
-    Extension(src[:-4].replace(os.sep, "."), [src], extra_compile_args=["-O2"])
+    Extension(os.path.splitext(src)[0].replace(os.sep, "."), [src], extra_compile_args=["-O2"])
     for src in sources
 ]
 

@@ -273,12 +273,14 @@ if _OUT:
             return loop
         gwmod._install_uvloop = install
 
-        dr_orig = HttpConnection.data_received
-
-        def data_received(self, data):
-            S.dr = _stamp()
-            return dr_orig(self, data)
-        HttpConnection.data_received = data_received
+        # Traced subclasses, put where the gateway makes its connections and exchanges: busbar's
+        # hot classes are compiled (immutable types), so their methods cannot be patched in place;
+        # a Python subclass's overrides are called even from the compiled code (cpdef).
+        class TracedConnection(HttpConnection):
+            def data_received(self, data):
+                S.dr = _stamp()
+                return HttpConnection.data_received(self, data)
+        gwmod.HttpConnection = TracedConnection
 
         up_orig = UpstreamConnection.data_received
 
@@ -321,7 +323,6 @@ if _OUT:
                 # no upstream connection handed over by the time start returns: the pool had no
                 # idle one and is connecting (the connect is inside seg1, t0 .. t_send)
                 r[b + I_CONN] = 1 if self.upconn is None and self.att is not None else 0
-        Exchange.start = start
 
         I_TSEND, I_RTT, I_TUP, I_CUP, I_TANS, I_CANS, I_DUR = (
             IX["t_send"], IX["rtt"], IX["t_up"], IX["cpu_up"], IX["t_ans"], IX["cpu_ans"], IX["dur"])
@@ -360,7 +361,6 @@ if _OUT:
                 r[b + I_MFD] = ru.ru_minflt
                 r[b + I_RDD] = _rdelay()
             return b"Server-Timing: busbar;dur=%%.3f\r\n" %% (dur / 1e6)
-        Exchange._timing = _timing
 
         finish_orig = Exchange.finish
         I_IE, I_TF = IX["infl_end"], IX["t_fin"]
@@ -374,7 +374,13 @@ if _OUT:
             finally:
                 if i is not None:
                     S.req[F * i + I_TF] = perf()
-        Exchange.finish = finish
+
+        class TracedExchange(Exchange):
+            pass
+        TracedExchange.start = start
+        TracedExchange._timing = _timing
+        TracedExchange.finish = finish
+        gwmod.Exchange = TracedExchange
 
     class _Hook(MetaPathFinder):
         def find_spec(self, name, path=None, target=None):

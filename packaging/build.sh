@@ -63,9 +63,11 @@ fi
 # .so would be frozen as it is. Building them is `make build`'s job (it compiles the whole tree).
 stale=()
 while IFS= read -r pyx; do
+    # (busbar's compiled modules are named by their .pxd: the source is the .py beside it)
+    src=$pyx; [[ -f $src ]] || src=${pyx%.pyx}.py
     so=$(ls "${pyx%.pyx}".cpython-*.so 2>/dev/null | head -n1 || true)
-    if [[ -z $so || $so -ot $pyx ]]; then stale+=("$pyx"); fi
-done < <(find cbusbar -name '*.pyx' | sort)
+    if [[ -z $so || $so -ot $src || $so -ot ${pyx%.pyx}.pxd && -f ${pyx%.pyx}.pxd ]]; then stale+=("$src"); fi
+done < <({ find cbusbar -name '*.pyx'; find busbar -name '*.pxd' | sed 's/\.pxd$/.pyx/'; } | sort)
 if ((${#stale[@]})); then
     say "extensions missing or older than their source: ${stale[*]}"
     say "run 'make build' first"
@@ -93,7 +95,7 @@ for attempt in 1 2 3; do
     rm -rf "$SRC"
     mkdir -p "$SRC"
     find busbar cbusbar -not -path '*/__pycache__/*' \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.so' -o -path 'busbar/data/*.yaml' -o -path 'busbar/observability/status.html' \) -print0 \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.so' -o -path 'busbar/data/*.yaml' -o -path 'busbar/observability/status.html' \) -print0 \
         | tar --null -T - -cf - | tar -xf - -C "$SRC"
     after=$("$PY" packaging/inputs.py)
     [[ $after == "$digest" ]] && break

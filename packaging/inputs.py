@@ -18,6 +18,8 @@ STAMP = os.path.join(ROOT, "dist", "busbar.inputs")
 
 PATTERNS = (
     "busbar/**/*.py",
+    "busbar/**/*.pxd",
+    "busbar/**/*.so",
     "busbar/data/*.yaml",
     "cbusbar/**/*.py",
     "cbusbar/**/*.so",

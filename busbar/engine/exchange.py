@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
 """One client request from parse to last byte: route, attempt, fail over, relay or translate.
 
 A state machine driven by callbacks from the ingress connection and the upstream pool; no task per
@@ -92,14 +93,6 @@ def _req_id() -> str:
 
 
 class Exchange:
-    __slots__ = ("site", "conn", "req", "route", "snap", "proto", "ingress", "name", "target",
-                 "stream", "cr", "tried", "attempts", "att", "lane", "egress", "codec", "same",
-                 "upconn", "data", "t_send", "rtt", "mode", "chunks", "size", "tx", "tap",
-                 "tap_error", "forced", "sent", "pending", "_slot", "status", "up_headers",
-                 "last_error", "closed", "model_span", "request_id", "last_model", "usage",
-                 "client_status", "bytes_out", "t_end", "op", "fallbacks", "principal", "ticket",
-                 "denied", "spans", "relay", "queued")
-
     def __init__(self, site, conn, req, route, snap):
         self.site = site
         self.conn = conn

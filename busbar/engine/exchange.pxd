@@ -1,0 +1,52 @@
+# Typed layout of busbar/engine/exchange.py's Exchange when compiled (Cython's augmenting .pxd: the
+# .py stays the source and runs as plain Python when not compiled). The exchange's own attribute
+# reads and writes become struct accesses instead of slot descriptors; every member stays readable
+# and writable from Python (`public`).
+
+cdef class Exchange:
+    cdef public object site, conn, req, route, snap, proto, ingress, name, target
+    cdef public bint stream
+    cdef public object cr, tried, attempts, att, lane, egress, codec
+    cdef public bint same
+    cdef public object upconn, data
+    cdef public long long t_send, rtt
+    cdef public int mode
+    cdef public object chunks
+    cdef public Py_ssize_t size
+    cdef public object tx, tap
+    cdef public bint tap_error
+    cdef public object forced
+    cdef public bint sent
+    cdef public object pending, _slot
+    cdef public int status
+    cdef public object up_headers, last_error
+    cdef public bint closed
+    cdef public object model_span, request_id, last_model, usage
+    cdef public int client_status
+    cdef public long long bytes_out, t_end
+    cdef public object op
+    cdef public int fallbacks
+    cdef public object principal, ticket, denied, spans, relay, queued
+
+    # The request's steps: called from each other as C calls, and from Python (the connection,
+    # the pool, the deadline sweep, the gate) through their Python wrappers.
+    cpdef start(self)
+    cpdef chat(self)
+    cpdef routed(self)
+    cpdef attempt(self, lane=*)
+    cpdef double _attempt_secs(self) except? -1.0
+    cpdef _on_conn(self, conn)
+    cpdef end_attempt(self, fault, reason=*)
+    cpdef fault(self, fault, reason)
+    cpdef on_upstream_headers(self, int status, headers)
+    cpdef on_upstream_body(self, chunk)
+    cpdef bint _collect(self, chunk, Py_ssize_t cap) except -1
+    cpdef on_upstream_complete(self)
+    cpdef rid(self)
+    cpdef bytes _timing(self)
+    cpdef head(self, int status, ctype, Py_ssize_t length, extra=*)
+    cpdef head_chunked(self, int status, ctype, extra=*)
+    cpdef _w(self, data)
+    cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
+    cpdef error(self, int status, kind, message, retry_after=*, outcome=*)
+    cpdef finish(self, outcome, bint keep_alive=*)
