@@ -282,12 +282,18 @@ if _OUT:
                 return HttpConnection.data_received(self, data)
         gwmod.HttpConnection = TracedConnection
 
-        up_orig = UpstreamConnection.data_received
+        class TracedUpstream(UpstreamConnection):
+            def data_received(self, data):
+                S.up = _stamp()
+                return UpstreamConnection.data_received(self, data)
 
-        def up_data_received(self, data):
-            S.up = _stamp()
-            return up_orig(self, data)
-        UpstreamConnection.data_received = up_data_received
+        base_pool = gwmod.UpstreamPool
+
+        class TracedPool(base_pool):
+            def __init__(self, *a, **kw):
+                base_pool.__init__(self, *a, **kw)
+                self.connection_class = TracedUpstream
+        gwmod.UpstreamPool = TracedPool
 
         start_orig = Exchange.start
         I_T0, I_TDR, I_CDR, I_TS, I_CS = IX["t0"], IX["t_dr"], IX["cpu_dr"], IX["t_sent"], IX["cpu_sent"]

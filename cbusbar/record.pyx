@@ -1,6 +1,7 @@
 # cython: language_level=3
-"""One request, as it ended: `RequestRecord`, and `record_of(exchange, outcome)`, which builds it
-from busbar/engine/exchange.py's Exchange at `finish`.
+"""One request, as it ended: `RequestRecord`, and `record_from(outcome, fields...)`, which builds
+it from busbar/engine/exchange.py's Exchange at `finish` (`record_of(exchange, outcome)` reads the
+same fields from any exchange-shaped object).
 
 Built in C: the Python `Exchange.record` it replaces made a slotted object with twenty attribute
 stores, a loop over the attempts and a handful of int objects, ~5k instructions a request
@@ -109,18 +110,31 @@ cdef class RequestRecord:
 
 
 def record_of(ex, outcome):
-    """The RequestRecord of an Exchange that just finished (its `t_end` set)."""
-    global _ex, _att, _target, _req
+    """The RequestRecord of an Exchange-shaped object that just finished (its `t_end` set), read
+    by attribute (the compiled Exchange passes its fields to `record_from` instead)."""
+    global _ex, _req
     cdef SlotReader X = _slots_of(_ex, ex, _EX_FIELDS)
+    _ex = X
+    req = X.get(ex, 7)
+    _req = _slots_of(_req, req, _T0)
+    return record_from(outcome, X.get(ex, 0), X.get(ex, 1), X.get(ex, 2), X.get(ex, 3),
+                       X.get(ex, 4), X.get(ex, 5), X.get(ex, 6), _req.get(req, 0), X.get(ex, 8),
+                       X.get(ex, 9), getattr(X.get(ex, 10), "peer", None), X.get(ex, 11),
+                       X.get(ex, 12))
+
+
+cpdef RequestRecord record_from(outcome, request_id, ingress, target, list atts, bint stream,
+                                long long status, usage, long long t0, long long t_end,
+                                long long bytes_out, client, key, denied):
+    """The RequestRecord of a finished request from its fields: `target` the Target (or None),
+    `atts` its Attempts, `key` the caller's KeyRecord (or None)."""
+    global _att, _target
     cdef SlotReader A
     cdef PyObject* hit
     cdef RequestRecord r = RequestRecord.__new__(RequestRecord)
-    cdef long long up = 0, t, t_end
-    _ex = X
-    cdef list atts = X.get(ex, 3)
-    r.request_id = X.get(ex, 0)
-    r.ingress = X.get(ex, 1)
-    target = X.get(ex, 2)
+    cdef long long up = 0, t
+    r.request_id = request_id
+    r.ingress = ingress
     if target is not None:
         _target = _slots_of(_target, target, _ONE)
         r.target = _target.get(target, 0)
@@ -143,22 +157,19 @@ def record_of(ex, outcome):
             t = A.get(a, 1)
             if t:
                 up += <long long>A.get(a, 2) - t
-    r.stream = X.get(ex, 4)
-    r.status = X.get(ex, 5)
+    r.stream = stream
+    r.status = status
     r.outcome = outcome
-    r.usage = X.get(ex, 6)
-    req = X.get(ex, 7)
-    _req = _slots_of(_req, req, _T0)
-    r.t0 = _req.get(req, 0)
-    t_end = r.t_end = X.get(ex, 8)
+    r.usage = usage
+    r.t0 = t0
+    r.t_end = t_end
     r.upstream_ns = up
-    t = t_end - r.t0 - up
+    t = t_end - t0 - up
     r.busbar_ns = t if t > 0 else 0
-    r.bytes_out = X.get(ex, 9)
-    r.client = getattr(X.get(ex, 10), "peer", None)
-    key = X.get(ex, 11)
+    r.bytes_out = bytes_out
+    r.client = client
     if key is not None:
         r.key_id = key.id
         r.group = key.group
-    r.denied = X.get(ex, 12)
+    r.denied = denied
     return r

@@ -3,8 +3,13 @@
 # reads and writes become struct accesses instead of slot descriptors; every member stays readable
 # and writable from Python (`public`).
 
-cdef class Exchange:
-    cdef public object site, conn, req, route, snap, proto, ingress, name, target
+from busbar.engine.deadlines cimport Deadlines, Timed
+from busbar.engine.request cimport Request
+
+cdef class Exchange(Timed):
+    cdef public object site, conn
+    cdef public Request req
+    cdef public object route, snap, proto, ingress, name, target
     cdef public bint stream
     cdef public object cr, tried, attempts, att, lane, egress, codec
     cdef public bint same
@@ -17,7 +22,8 @@ cdef class Exchange:
     cdef public bint tap_error
     cdef public object forced
     cdef public bint sent
-    cdef public object pending, _slot
+    cdef public object pending
+    cdef public Deadlines wheel     # the site's deadline wheel
     cdef public int status
     cdef public object up_headers, last_error
     cdef public bint closed
@@ -31,6 +37,7 @@ cdef class Exchange:
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.
     cpdef start(self)
+    cpdef on_deadline(self)
     cpdef chat(self)
     cpdef routed(self)
     cpdef attempt(self, lane=*)

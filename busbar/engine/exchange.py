@@ -26,11 +26,12 @@ from cbusbar import ir
 from cbusbar.framing import FramingError, scan_top, splice
 
 from busbar.engine import operations
+from busbar.engine.deadlines import Timed
 from busbar.engine import route as R
 from busbar.engine.records import (
     Attempt, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
-    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, record_of)
+    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, record_from)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
@@ -92,7 +93,7 @@ def _req_id() -> str:
     return "req_%s%08x" % (_RID[0], n & 0xFFFFFFFF)
 
 
-class Exchange:
+class Exchange(Timed):
     def __init__(self, site, conn, req, route, snap):
         self.site = site
         self.conn = conn
@@ -116,6 +117,7 @@ class Exchange:
         self.size = 0
         self.sent = False
         self._slot = None       # the site's deadline slot while a timeout of this request runs
+        self.wheel = site.deadlines
         self.last_error = None
         self.closed = False
         self.rtt = 0
@@ -364,7 +366,7 @@ class Exchange:
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
         self.data = eg.request(path, body, stream, extra)
-        self.site.deadlines.arm(self, self._attempt_secs())
+        self.wheel.arm(self, self._attempt_secs())
         # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
         # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
         self.t_send = _perf_ns()
@@ -444,7 +446,7 @@ class Exchange:
             self.upconn = None
             c.abandon()
         if self._slot is not None:
-            self.site.deadlines.disarm(self)
+            self.wheel.disarm(self)
         lane = self.lane
         if lane is not None:
             self.lane = None
@@ -547,7 +549,7 @@ class Exchange:
             self.mode = M_ERROR
             self.chunks = []
             # An error body has its own short bound: the status already says what happened.
-            self.site.deadlines.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
+            self.wheel.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
             return
         # A 2xx body, or a stream up to its first byte to the client, counts against the attempt:
         # the deadline armed when the attempt started keeps running (not re-armed here).
@@ -860,7 +862,7 @@ class Exchange:
                 # Past the first byte a stream is bounded by the whole-request timeout only.
                 lim = self.snap.limits.upstream_request_timeout_secs
                 left = lim - (_perf_ns() - self.t_send) / 1e9
-                self.site.deadlines.arm(self, left if left > 0.001 else 0.001)
+                self.wheel.arm(self, left if left > 0.001 else 0.001)
         self.bytes_out += len(data)
         self.conn.write(data)
 
@@ -930,7 +932,10 @@ class Exchange:
             self.ticket = None
         hooks = site.finish_hooks
         if hooks:
-            rec = record_of(self, outcome)      # the RequestRecord, built in C
+            # the RequestRecord, built in C
+            rec = record_from(outcome, self.request_id, self.proto, self.target, self.attempts,
+                              self.stream, self.client_status, self.usage, self.req.t0, self.t_end,
+                              self.bytes_out, self.conn.peer, self.principal, self.denied)
             for h in hooks:
                 try:
                     h(rec)

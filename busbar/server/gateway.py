@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 
+from busbar.engine.deadlines import Deadlines
 from busbar.engine.exchange import Exchange, _req_id
 from busbar.engine.snapshot import Snapshot
 from busbar.engine.status import status_line
@@ -25,87 +26,6 @@ from busbar.server.http import BodyBudget, HttpConnection
 from busbar.upstream.pool import UpstreamPool
 
 log = logging.getLogger("busbar")
-
-
-class Deadlines:
-    """Coarse timeouts for every connection and attempt of one gateway process: a timer wheel of
-    `resolution`-second slots swept by one periodic callback, instead of a loop timer armed and
-    cancelled per request (call_later + cancel measured ~1-2 µs each on the hot path; arming here is
-    two dict operations). A deadline fires between its time and one resolution later.
-
-    An owner (HttpConnection, Exchange) has a `_slot` attribute and an `on_deadline()` method; it is
-    in at most one slot, and leaves it when disarmed, so nothing is retained past its deadline.
-
-    Empty slots leave the wheel within `prune_secs` (the sweep drops them): kept until their time
-    (an idle timeout is 75 s), the emptied slots of a burst of connections, some with the table of
-    a thousand owners, held memory long after the burst (bench/soak_memory.py). Dropped by the
-    sweep rather than by each disarm, which would free and rebuild a slot per request when
-    requests come one at a time (callgrind: +2.5k instructions a small request)."""
-
-    __slots__ = ("loop", "resolution", "slots", "swept", "handle", "prune_every", "pruned")
-
-    def __init__(self, loop, resolution: float, prune_secs: float = 1.0):
-        self.loop = loop
-        self.resolution = resolution
-        self.slots = {}        # slot number → {owner: None}
-        self.swept = 0         # every slot up to this number has fired
-        self.handle = None
-        self.prune_every = max(1, int(prune_secs / resolution))    # in slots
-        self.pruned = 0        # the slot number at the last pruning
-
-    def arm(self, owner, secs: float):
-        slot = owner._slot
-        if slot is not None:
-            del slot[owner]
-        now = self.loop.time()
-        # The first slot whose time is at or after the deadline.
-        n = int((now + secs) / self.resolution) + 1
-        slot = self.slots.get(n)
-        if slot is None:
-            slot = self.slots[n] = {}
-            if self.handle is None:
-                # No sweep pending means no other slot exists: the wheel restarts from now.
-                self.swept = self.pruned = int(now / self.resolution)
-                self.handle = self.loop.call_later(self.resolution, self._sweep)
-        slot[owner] = None
-        owner._slot = slot
-
-    @staticmethod
-    def disarm(owner):
-        slot = owner._slot
-        if slot is not None:
-            owner._slot = None
-            del slot[owner]
-
-    def _sweep(self):
-        self.handle = None
-        now = int(self.loop.time() / self.resolution)
-        slots = self.slots
-        n = self.swept
-        while n < now and slots:
-            n += 1
-            slot = slots.pop(n, None)
-            if slot:
-                for owner in list(slot):
-                    if owner._slot is slot:
-                        owner._slot = None
-                        try:
-                            owner.on_deadline()
-                        except Exception:  # one owner's bug must not stop the others' timeouts
-                            log.exception("timeout handler failed")
-        self.swept = now
-        if now - self.pruned >= self.prune_every:
-            self.pruned = now
-            for k in [k for k, slot in slots.items() if not slot]:
-                del slots[k]
-        if slots:
-            self.handle = self.loop.call_later(self.resolution, self._sweep)
-
-    def close(self):
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-        self.slots.clear()
 
 
 def _resolution(config) -> float:

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
 """Ingress HTTP/1.1: an asyncio.Protocol driving httptools.HttpRequestParser directly, no framework.
 
 Keep-alive; pipelined requests are queued and answered strictly in order (one exchange at a time per
@@ -20,12 +21,13 @@ timeout or a cancel, and an answer nobody reads only holds a permit.
 """
 from __future__ import annotations
 
-import asyncio
 import operator
 import time
 
 import httptools
 
+from busbar.engine.deadlines import Timed
+from busbar.engine.request import Request
 from busbar.engine.status import REASONS, status_line  # noqa: F401 (re-exported)
 from cbusbar.http import parse_request as _fast_parse
 
@@ -71,8 +73,6 @@ class BodyBudget:
     Timeouts: a connection the budget paused has no header-read or idle timer running (busbar
     stopped reading it, not the client); the timer it had restarts when reading resumes. A client
     that closes while paused is seen when reading resumes."""
-
-    __slots__ = ("site", "held", "partial", "peak", "closed", "waiting", "runner")
 
     def __init__(self, site):
         self.site = site
@@ -181,21 +181,9 @@ class _Rejected:
         self.message = message
 
 
-class Request:
-    __slots__ = ("method", "path", "query", "headers", "body", "t0", "keep_alive")
-
-    def __init__(self, method, path, query, headers, body, t0, keep_alive):
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.body = body
-        self.t0 = t0
-        self.keep_alive = keep_alive
-
-
-class HttpConnection(asyncio.Protocol):
-    """One client connection (used as an asyncio.Protocol)."""
+class HttpConnection(Timed):
+    """One client connection: an asyncio.Protocol (by its methods; a compiled class cannot derive
+    from the Python one)."""
 
     def __init__(self, site):
         self.site = site

@@ -1,4 +1,4 @@
-"""The Deadlines wheel keeps no empty slot for long (busbar/server/gateway.py): a slot whose owners
+"""The Deadlines wheel keeps no empty slot for long (busbar/engine/deadlines.py): a slot whose owners
 were all disarmed, or re-armed elsewhere, leaves the wheel at the next pruning sweep (every
 `prune_secs`) instead of at its time (75 s later for an idle timeout), with the table that held a
 burst of owners."""
@@ -6,7 +6,7 @@ import asyncio
 
 import uvloop
 
-from busbar.server.gateway import Deadlines
+from busbar.engine.deadlines import Deadlines
 from tests.busbar.server.test_timeouts import Owner
 
 

@@ -1,0 +1,66 @@
+"""busbar/engine/deadlines.py: the wheel's two kinds of owner (a `Timed` subclass, whose slot the
+compiled wheel reads as a struct field, and any object with `_slot` and `on_deadline`, like the
+reliability queue's waiters) fire, disarm and re-arm alike, side by side in one wheel."""
+import asyncio
+
+import uvloop
+
+from busbar.engine import deadlines
+from busbar.engine.deadlines import Deadlines, Timed
+
+
+class TimedOwner(Timed):
+    def __init__(self, log, name):
+        self._slot = None
+        self.log = log
+        self.name = name
+
+    def on_deadline(self):
+        self.log.append(self.name)
+
+
+class PlainOwner:
+    __slots__ = ("_slot", "log", "name")
+
+    def __init__(self, log, name):
+        self._slot = None
+        self.log = log
+        self.name = name
+
+    def on_deadline(self):
+        self.log.append(self.name)
+
+
+def test_the_wheel_is_compiled():
+    assert deadlines.__file__.endswith(".so")
+
+
+def test_timed_and_plain_owners_fire_disarm_and_rearm_alike():
+    loop = uvloop.new_event_loop()
+    log = []
+    d = Deadlines(loop, 0.01, prune_secs=0.05)
+    try:
+        owners = [cls(log, "%s-%d" % (cls.__name__, i))
+                  for cls in (TimedOwner, PlainOwner) for i in range(4)]
+        for o in owners:
+            d.arm(o, 0.02)
+        for o in owners:
+            assert o._slot is not None and o in o._slot
+        d.disarm(owners[1])             # a Timed owner leaves
+        d.disarm(owners[5])             # a plain one too
+        d.arm(owners[2], 5.0)           # re-armed far away: leaves its first slot
+        d.arm(owners[6], 5.0)
+        assert owners[1]._slot is None and owners[5]._slot is None
+        assert owners[2] not in d.slots[min(d.slots)]
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert sorted(log) == sorted(o.name for i, o in enumerate(owners) if i not in (1, 2, 5, 6))
+        assert all(owners[i]._slot is None for i in (0, 3, 4, 7))
+        assert owners[2]._slot is not None and owners[6]._slot is not None
+        d.disarm(owners[2])
+        d.disarm(owners[6])
+        d.disarm(owners[0])             # not armed: nothing happens
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert len(log) == 4 and not d.slots
+    finally:
+        d.close()
+        loop.close()
