@@ -23,10 +23,18 @@ cdef const char* HEX = b"0123456789abcdef"
 cdef const char* URLSAFE = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 
+# request_id(): "req_" + 16 hex of a per-process prefix + 8 hex of a counter (28 characters).
+cdef char _rid[28]
+cdef bint _rid_ready = False
+cdef unsigned int _rid_n = 0
+
+
 def _forget():
-    """After a fork: the child must not hand out the bytes its parent will."""
-    global _pos
+    """After a fork: the child must not hand out the bytes its parent will, nor its request ids."""
+    global _pos, _rid_ready, _rid_n
     _pos = POOL
+    _rid_ready = False
+    _rid_n = 0
 
 
 os.register_at_fork(after_in_child=_forget)
@@ -123,3 +131,26 @@ cpdef str urlsafe(int nbytes):
         buf[j + 2] = URLSAFE[(v >> 6) & 63]
         j += 3
     return PyUnicode_DecodeASCII(buf, j, NULL)
+
+
+cpdef str request_id():
+    """A request id: 8 random bytes per process (drawn again in a forked child, so ids never repeat
+    across workers) then a counter, in hex: "req_" + 24 hex digits. No system call and no string
+    formatting per id (the Python "%s%08x" it replaces was ~3k instructions a request)."""
+    global _rid_ready, _rid_n
+    cdef int i
+    cdef unsigned char c
+    cdef unsigned int n
+    if not _rid_ready:
+        memcpy(_rid, b"req_", 4)
+        for i in range(8):
+            c = _byte()
+            _rid[4 + 2 * i] = HEX[c >> 4]
+            _rid[5 + 2 * i] = HEX[c & 15]
+        _rid_ready = True
+    _rid_n += 1
+    n = _rid_n
+    for i in range(8):
+        _rid[27 - i] = HEX[n & 15]
+        n >>= 4
+    return PyUnicode_DecodeASCII(_rid, 28, NULL)

@@ -17,13 +17,14 @@ the client's answer with the ingress protocol's native error event.
 """
 from __future__ import annotations
 
-import os
 import time
 
 import orjson
 
 from cbusbar import ir
+from cbusbar.ids import request_id
 from cbusbar.framing import FramingError, scan_top, splice
+from cbusbar.http import response_head, server_timing
 
 from busbar.engine import operations
 from busbar.engine.deadlines import Timed
@@ -75,22 +76,8 @@ CREDENTIALS_REFUSED = ("The upstream provider refused busbar's credentials for e
                        "could take this request; the lanes are benched. Please retry later.")
 
 
-# Request ids: 8 random bytes per process, then a counter (no syscall per request; os.urandom
-# costs ~1 µs). A forked worker draws its own prefix, so ids never repeat across workers.
-_RID = [os.urandom(8).hex(), 0]
-
-
-def _new_rid_prefix():
-    _RID[0] = os.urandom(8).hex()
-    _RID[1] = 0
-
-
-os.register_at_fork(after_in_child=_new_rid_prefix)
-
-
-def _req_id() -> str:
-    n = _RID[1] = _RID[1] + 1
-    return "req_%s%08x" % (_RID[0], n & 0xFFFFFFFF)
+# Request ids: "req_" + a per-process random prefix + a counter, made in C (cbusbar/ids.pyx).
+_req_id = request_id
 
 
 class Exchange(Timed):
@@ -832,22 +819,17 @@ class Exchange(Timed):
     def _timing(self) -> bytes:
         if not self.snap.server_timing:
             return b""
-        dur = _perf_ns() - self.req.t0 - self.rtt
-        if dur < 0:
-            dur = 0
-        return b"Server-Timing: busbar;dur=%.3f\r\n" % (dur / 1e6)
+        return server_timing(_perf_ns() - self.req.t0 - self.rtt)
 
     def head(self, status, ctype, length, extra=b""):
         self.client_status = status
-        ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
-        self.pending = (b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
-            status_line(status), ctype, length, extra, self._timing(), ka))
+        self.pending = response_head(status_line(status), ctype, length, extra, self._timing(),
+                                     not self.req.keep_alive)
 
     def head_chunked(self, status, ctype, extra=b""):
         self.client_status = status
-        ka = b"" if self.req.keep_alive else b"Connection: close\r\n"
-        self.pending = (b"%bContent-Type: %b\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n%b%b%b\r\n" % (
-            status_line(status), ctype, extra, self._timing(), ka))
+        self.pending = response_head(status_line(status), ctype, -1, extra, self._timing(),
+                                     not self.req.keep_alive)
 
     def _w(self, data):
         """Writes to the client; a head not yet written goes out in the same call, so a small

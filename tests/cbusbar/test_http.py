@@ -332,3 +332,41 @@ def test_fuzz_responses_against_httptools():
         if check_response(data) is not None:
             accepted += 1
     assert accepted > 5000
+
+
+# ------------------------------------------------------------------------------- response heads
+
+def test_server_timing_is_the_python_formatting_to_the_microsecond():
+    import random
+    from cbusbar.http import server_timing
+    rng = random.Random(7)
+    values = [0, -1, -10**9, 1, 499, 1000, 999_999, 10**6, 10**12 + 123_456_789]
+    values += [rng.randrange(0, 10**10) for _ in range(5000)]
+    for ns in values:
+        if ns % 1000 == 500:
+            continue                # a tie: the float formatting rounds the binary value
+        want = b"Server-Timing: busbar;dur=%.3f\r\n" % (max(ns, 0) / 1e6)
+        assert server_timing(ns) == want, ns
+    assert server_timing(2500) == b"Server-Timing: busbar;dur=0.003\r\n"    # ties round up
+
+
+def test_response_head_is_the_old_formatting():
+    import random
+    from cbusbar.http import response_head
+    rng = random.Random(11)
+    for _ in range(2000):
+        status = b"HTTP/1.1 %d X\r\n" % rng.choice((200, 400, 404, 502, 529))
+        ctype = rng.choice((b"application/json", b"text/event-stream", b""))
+        extra = b"".join(b"x-h%d: %d\r\n" % (i, rng.randrange(10**6)) for i in range(rng.randrange(4)))
+        timing = rng.choice((b"", b"Server-Timing: busbar;dur=0.012\r\n"))
+        close = rng.random() < 0.5
+        ka = b"Connection: close\r\n" if close else b""
+        length = rng.choice((0, 9, 10, 99, 100, rng.randrange(10**9)))
+        assert response_head(status, ctype, length, extra, timing, close) == (
+            b"%bContent-Type: %b\r\nContent-Length: %d\r\n%b%b%b\r\n" % (
+                status, ctype, length, extra, timing, ka))
+        assert response_head(status, ctype, -1, extra, timing, close) == (
+            b"%bContent-Type: %b\r\nTransfer-Encoding: chunked\r\nCache-Control: no-cache\r\n"
+            b"%b%b%b\r\n" % (status, ctype, extra, timing, ka))
+    with pytest.raises(TypeError):
+        response_head(b"HTTP/1.1 200 OK\r\n", b"a", 0, None, b"", False)
