@@ -3,15 +3,25 @@
 # reads and writes become struct accesses instead of slot descriptors; every member stays readable
 # and writable from Python (`public`).
 
+cimport cython
+
 from busbar.engine.deadlines cimport Deadlines, Timed
+from busbar.engine.records cimport Attempt
+from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
 
 cdef class Exchange(Timed):
     cdef public object site, conn
     cdef public Request req
-    cdef public object route, snap, proto, ingress, name, target
+    cdef public object route, snap, proto, ingress, name
+    cdef public Target target
     cdef public bint stream
-    cdef public object cr, tried, attempts, att, lane, egress, codec
+    cdef public object cr
+    cdef public set tried
+    cdef public list attempts
+    cdef public Attempt att
+    cdef public Lane lane
+    cdef public object egress, codec
     cdef public bint same
     cdef public object upconn, data
     cdef public long long t_send, rtt
@@ -42,9 +52,12 @@ cdef class Exchange(Timed):
     cpdef routed(self)
     cpdef attempt(self, lane=*)
     cpdef double _attempt_secs(self) except? -1.0
+    @cython.locals(att=Attempt)
     cpdef _on_conn(self, conn)
+    @cython.locals(a=Attempt)
     cpdef end_attempt(self, fault, reason=*)
     cpdef fault(self, fault, reason)
+    @cython.locals(att=Attempt)
     cpdef on_upstream_headers(self, int status, headers)
     cpdef on_upstream_body(self, chunk)
     cpdef bint _collect(self, chunk, Py_ssize_t cap) except -1

@@ -1,11 +1,12 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
 """What the two exits of the lifecycle hand on: one `Attempt` per upstream attempt (from
 `Exchange.end_attempt`) and one `RequestRecord` per request (from `Exchange.finish`).
 
 Everything that happens at the end of an attempt (circuit breaker, per-lane metrics, attempt spans)
 or of a request (budget settlement, access log, request-log sinks, counters, the request span)
 hangs off these two objects, through the hooks of the site that served the request, so it is
-written once. `Attempt` is a plain slotted object (the exchange fills it as the attempt goes);
-`RequestRecord` is a cdef class with typed slots, built in C from the exchange by `record_from`
+written once. `Attempt` is a compiled class with typed members (records.pxd; the exchange fills
+it as the attempt goes); `RequestRecord` is a cdef class with typed slots, built in C from the exchange by `record_from`
 (cbusbar/record.pyx), which the C hooks (access log, metrics) read without attribute lookups."""
 from __future__ import annotations
 
@@ -37,9 +38,6 @@ O_SHED = "shed"                 # refused by the inbound concurrency cap before 
 
 class Attempt:
     """One try of one lane. Times are perf_counter_ns; 0 = never reached."""
-
-    __slots__ = ("lane", "t_start", "t_connected", "t_headers", "t_end", "status", "fault",
-                 "reason", "bytes_in", "retry_after", "disposition")
 
     def __init__(self, lane, t_start):
         self.lane = lane

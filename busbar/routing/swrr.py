@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
 """Lane selection: smooth weighted round robin over lanes with a free permit (SPEC §3).
 
 Per request the server calls `Router.resolve(name)` (one dict lookup) and then `Target.pick()` once
@@ -7,7 +8,6 @@ callback at a time and `pick` never awaits.
 """
 from __future__ import annotations
 
-from ..config.schema import Config, Model
 
 _NO_LANES: frozenset = frozenset()
 
@@ -24,9 +24,7 @@ class Lane:
     reliability/queue.py), else None. While anyone waits, a fresh acquire fails (the lane counts as
     at capacity) and a released permit goes to the head waiter instead of back to the count."""
 
-    __slots__ = ("model", "name", "inflight", "limit", "_shared", "_slot", "queue")
-
-    def __init__(self, model: Model, shared=None, slot: int = -1) -> None:
+    def __init__(self, model, shared=None, slot=-1):
         self.model = model
         self.name = model.name
         self.inflight = 0
@@ -35,7 +33,7 @@ class Lane:
         self._slot = slot
         self.queue = None
 
-    def has_permit(self) -> bool:
+    def has_permit(self):
         limit = self.limit
         if limit is None:
             return True
@@ -46,7 +44,7 @@ class Lane:
             return self._shared.value(self._slot) < limit
         return self.inflight < limit
 
-    def try_acquire(self) -> bool:
+    def try_acquire(self):
         """Takes a permit if one is free. A lane at capacity is skipped, never waited on."""
         limit = self.limit
         if limit is not None:
@@ -61,7 +59,7 @@ class Lane:
         self.inflight += 1
         return True
 
-    def take_queued(self) -> bool:
+    def take_queued(self):
         """A queued request's acquire: the waiters' own barrier does not apply to them."""
         if self._shared is not None:
             if not self._shared.try_acquire(self._slot, self.limit):
@@ -71,7 +69,7 @@ class Lane:
         self.inflight += 1
         return True
 
-    def release(self) -> None:
+    def release(self):
         if self.inflight <= 0:
             # A double release would silently raise the lane's real concurrency above its limit.
             raise RuntimeError(f"lane {self.name!r}: release() without a matching acquire")
@@ -97,17 +95,13 @@ class Target:
     current weight untouched, exactly as nginx treats a peer that is down or at max_conns.
     """
 
-    __slots__ = ("name", "is_pool", "lanes", "weights", "current", "_reasoning", "_lacking",
-                 "cells", "policy", "excluded", "byok")
-
-    def __init__(
-        self, name: str, is_pool: bool, members: list[tuple[Lane, int, bool | None]]
-    ) -> None:
+    def __init__(self, name, is_pool, members):
+        """members: [(Lane, weight, reasoning override or None)]."""
         self.name = name
         self.is_pool = is_pool
-        self.lanes: tuple[Lane, ...] = tuple(lane for lane, _, _ in members)
-        self.weights: tuple[int, ...] = tuple(weight for _, weight, _ in members)
-        self.current: list[int] = [0] * len(members)
+        self.lanes = tuple(lane for lane, _, _ in members)
+        self.weights = tuple(weight for _, weight, _ in members)
+        self.current = [0] * len(members)
         # governance: every member's provider takes the caller's own key (upstream_credentials:
         # passthrough), so busbar's own key check is skipped for this target (issue 10, BYOK).
         self.byok = bool(self.lanes) and all(
@@ -117,21 +111,21 @@ class Target:
         # parallel to `lanes`; the target's failover policy; members never selected through it.
         self.cells = None
         self.policy = None
-        self.excluded: frozenset = _NO_LANES
+        self.excluded = _NO_LANES
         # Member-level reasoning overrides the model's own setting for requests through this pool.
-        self._reasoning: dict[Lane, bool] = {
+        self._reasoning = {
             lane: (lane.model.reasoning if override is None else override)
             for lane, _, override in members
         }
         # Lanes whose model does not serve an operation (config `operations:`): never candidates
         # for it. Built once; `pick(exclude)` takes them with the lanes already tried.
-        self._lacking: dict[str, frozenset] = {}
+        self._lacking = {}
         for lane in self.lanes:
             for op in ("chat", "embeddings"):
                 if op not in lane.model.operations:
                     self._lacking[op] = self._lacking.get(op, frozenset()) | {lane}
 
-    def lacking(self, op: str) -> frozenset:
+    def lacking(self, op):
         """The lanes of this target that do not serve `op`."""
         return self._lacking.get(op, _NO_LANES)
 
@@ -139,14 +133,14 @@ class Target:
         """Whether any lane of this target serves `op`."""
         return len(self._lacking.get(op, _NO_LANES)) < len(self.lanes)
 
-    def eligible(self, lane: Lane) -> bool:
+    def eligible(self, lane):
         """Whether `lane` may take a request through this target right now. Today that is a free
         permit; the circuit breaker's per-(pool, lane) cell joins this check (the direct route
         then uses the lane-default cell). This runs per member per pick: unbounded lanes return at
         once."""
         return lane.limit is None or lane.has_permit()
 
-    def pick(self, exclude: frozenset | set = _NO_LANES) -> Lane | None:
+    def pick(self, exclude=_NO_LANES):
         """The next lane by SWRR among eligible lanes not in `exclude`, with its permit already
         acquired (the caller must `release()` it). None when no lane is eligible."""
         lanes = self.lanes
@@ -174,13 +168,12 @@ class Target:
             exclude = self.excluded | exclude
         current = self.current
         weights = self.weights
-        eligible = self.eligible
         best = -1
         best_weight = 0
         total = 0
         for i in range(len(lanes)):
             lane = lanes[i]
-            if lane in exclude or not eligible(lane) or (
+            if lane in exclude or not self.eligible(lane) or (
                     cells is not None and not cells[i].usable()):
                 continue
             weight = weights[i]
@@ -205,7 +198,7 @@ class Target:
             return self.pick(frozenset(exclude) | {lane})
         return lane
 
-    def reasoning(self, lane: Lane) -> bool:
+    def reasoning(self, lane):
         """Whether requests through this target to `lane` are treated as reasoning requests."""
         return self._reasoning[lane]
 
@@ -218,9 +211,7 @@ class Router:
     """The routing table for one Config: a Lane per model, a Target per pool and per model.
     Pools and models never share a name (the config refuses it), so one dict serves both."""
 
-    __slots__ = ("config", "lanes", "_targets", "_names")
-
-    def __init__(self, config: Config, shared=None, lanes: dict | None = None) -> None:
+    def __init__(self, config, shared=None, lanes=None):
         """shared: a cbusbar.shared.SharedCounters with one slot per model (in sorted name order),
         created before the worker processes fork; None for a single process. lanes: the Lane per
         model, given by a reload (busbar/admin/live.py) that keeps the surviving ones."""
@@ -228,8 +219,8 @@ class Router:
         if lanes is None:
             slots = {name: i for i, name in enumerate(sorted(config.models))}
             lanes = {name: Lane(model, shared, slots[name]) for name, model in config.models.items()}
-        self.lanes: dict[str, Lane] = lanes
-        targets: dict[str, Target] = {
+        self.lanes = lanes
+        targets = {
             name: Target(name, False, [(lane, 1, None)]) for name, lane in self.lanes.items()
         }
         # Pools first (SPEC §1.1): inserted last so a pool wins should a name ever overlap.
@@ -242,7 +233,7 @@ class Router:
         self._targets = targets
         self._names = sorted(config.pools) + sorted(config.models)
 
-    def resolve(self, name: str) -> Target | None:
+    def resolve(self, name):
         return self._targets.get(name)
 
     def names(self) -> list[str]:
