@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Coarse timeouts for every connection and attempt of one gateway process (busbar/server/gateway.py
 makes one per worker; connections and exchanges arm it).
 

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Egress request heads, built once per provider at startup so that a request only adds its path,
 its length and (for Bedrock) its signature.
 
@@ -46,10 +47,6 @@ def _clean(value: str) -> bytes:
 
 class Egress:
     """Everything needed to send one request to one provider."""
-
-    __slots__ = ("provider", "protocol", "key", "host_header", "prefix", "head_json", "head_stream",
-                 "signer", "host", "_lines", "_base", "_auth", "source", "ready", "_paths",
-                 "vertex_anthropic", "passthrough")
 
     def __init__(self, provider):
         self.provider = provider
@@ -178,7 +175,7 @@ class Egress:
             return b"api-key: " + value + b"\r\n"
         return b"Authorization: Bearer " + value + b"\r\n"
 
-    def request(self, path: str, body: bytes, stream: bool, extra: bytes = b"") -> bytes:
+    def request(self, path, body, stream, extra=b""):
         """The whole HTTP/1.1 request: request line, headers, body."""
         if self.vertex_anthropic:
             full, body = self._vertex_anthropic(body, stream)

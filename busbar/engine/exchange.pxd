@@ -6,6 +6,9 @@
 cimport cython
 
 from busbar.engine.deadlines cimport Deadlines, Timed
+from busbar.engine.egress cimport Egress
+from busbar.engine.route cimport Route
+from busbar.engine.snapshot cimport Snapshot
 from busbar.engine.records cimport Attempt
 from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
@@ -13,7 +16,9 @@ from busbar.engine.request cimport Request
 cdef class Exchange(Timed):
     cdef public object site, conn
     cdef public Request req
-    cdef public object route, snap, proto, ingress, name
+    cdef public Route route
+    cdef public Snapshot snap
+    cdef public object proto, ingress, name
     cdef public Target target
     cdef public bint stream
     cdef public object cr
@@ -21,7 +26,8 @@ cdef class Exchange(Timed):
     cdef public list attempts
     cdef public Attempt att
     cdef public Lane lane
-    cdef public object egress, codec
+    cdef public Egress egress
+    cdef public object codec
     cdef public bint same
     cdef public object upconn, data
     cdef public long long t_send, rtt
@@ -46,10 +52,13 @@ cdef class Exchange(Timed):
 
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.
+    @cython.locals(route=Route)
     cpdef start(self)
     cpdef on_deadline(self)
+    @cython.locals(route=Route, req=Request)
     cpdef chat(self)
     cpdef routed(self)
+    @cython.locals(snap=Snapshot, eg=Egress)
     cpdef attempt(self, lane=*)
     cpdef double _attempt_secs(self) except? -1.0
     @cython.locals(att=Attempt)

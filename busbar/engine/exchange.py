@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """One client request from parse to last byte: route, attempt, fail over, relay or translate.
 
 A state machine driven by callbacks from the ingress connection and the upstream pool; no task per
@@ -28,7 +28,8 @@ from cbusbar.http import response_head, server_timing
 
 from busbar.engine import operations
 from busbar.engine.deadlines import Timed
-from busbar.engine import route as R
+from busbar.engine.route import (
+    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, STATS, UNSUPPORTED)
 from busbar.engine.records import (
     Attempt, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
@@ -134,7 +135,7 @@ class Exchange(Timed):
         site = self.site
         kind = route.kind
         site.inflight += 1
-        if kind == R.CHAT or kind == R.EMBED or kind == R.COUNT_TOKENS:
+        if kind == CHAT or kind == EMBED or kind == COUNT_TOKENS:
             mi = self.snap.max_inbound
             if mi and site.inflight > mi:
                 if site.on_shed is not None:    # observe: the shedding event, once per burst
@@ -143,30 +144,30 @@ class Exchange(Timed):
                            retry_after=1, outcome=O_SHED)
                 return
             self.chat()
-        elif kind == R.HEALTH:
+        elif kind == HEALTH:
             ok = bool(self.snap.router.lanes) and self.site.reliability.healthy()
             self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
                          b"ok" if ok else b"no usable lanes")
-        elif kind == R.STATS:
+        elif kind == STATS:
             from busbar.reliability.stats import stats_snapshot
             self.respond(200, b"application/json", _dumps(stats_snapshot(self.site)))
-        elif kind == R.MODEL_GET or kind == R.MODELS:
+        elif kind == MODEL_GET or kind == MODELS:
             gov = self.snap.governance
             if gov is not None and gov.keys:
                 site.gate.enter(self, gov, self.discovery)
             else:
                 self.discovery()
-        elif kind == R.METHOD:
+        elif kind == METHOD:
             self.error(405, "invalid_request", "Method %s not allowed for %s." % (
                 self.req.method.decode("latin-1"), self.req.path))
-        elif kind == R.UNSUPPORTED:
+        elif kind == UNSUPPORTED:
             self.error(404, "not_found", "This endpoint does not support that operation.")
         else:
             self.error(404, "not_found", "Unknown request URL: %s %s." % (
                 self.req.method.decode("latin-1"), self.req.path))
 
     def discovery(self):
-        if self.route.kind == R.MODEL_GET:
+        if self.route.kind == MODEL_GET:
             operations.model_get(self)
         else:
             self.respond(200, b"application/json",
@@ -208,7 +209,10 @@ class Exchange(Timed):
         else:
             name = route.name
         self.name = name
-        op = self.op = operations.select(self)
+        if route.kind == CHAT and not route.may_embed:
+            op = None       # a chat route is chat (what operations.select answers, without the call)
+        else:
+            op = self.op = operations.select(self)
         if op is not None:
             msg = op.begin(self, body)
             if msg is not None:

@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """What the two exits of the lifecycle hand on: one `Attempt` per upstream attempt (from
 `Exchange.end_attempt`) and one `RequestRecord` per request (from `Exchange.finish`).
 

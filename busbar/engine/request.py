@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """A client's request as the ingress read it: what busbar/server/http.py hands to an exchange.
 
 In the engine, not the server, so the exchange can type it (busbar/engine/exchange.pxd) while layers

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """What a request is, as the server's dispatcher decided it from (method, path, headers): the
 engine receives a Route and never looks at the path again."""
 from __future__ import annotations
@@ -16,10 +17,12 @@ MODEL_GET = 9       # GET /v1/models/{id} (OpenAI, Anthropic), GET /v1beta/model
 STATS = 10          # GET /stats: lanes and breaker cells (busbar/reliability/stats.py)
 
 
-class Route:
-    __slots__ = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body",
-                 "may_embed")
+# A Route's members (route.pxd types them).
+FIELDS = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body",
+          "may_embed")
 
+
+class Route:
     def __init__(self, kind, protocol, name=None, stream=False, name_in_body=True):
         self.kind = kind
         self.protocol = protocol

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """The config snapshot: everything a request reads from configuration, built once per config and
 captured by each request when it starts.
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from busbar.engine.egress import BETA_HEADERS, Egress
-from busbar.routing import Router
+from busbar.routing.swrr import Router
 
 # A request tries at most this many lanes (the reference's failover max_hops default is 3 hops
 # after the first attempt; the reliability issue makes it a per-pool setting).
@@ -82,10 +83,7 @@ def secret_values(config) -> list[str]:
 class Snapshot:
     """One immutable view of a config for the requests that start while it is current."""
 
-    __slots__ = ("config", "governance", "version", "limits", "router", "egress", "server_timing",
-                 "max_attempts", "beta_headers", "wire_json", "mask", "max_inbound")
-
-    def __init__(self, config, shared=None, version: int = 1, router=None, egress=None):
+    def __init__(self, config, shared=None, version=1, router=None, egress=None):
         """router, egress: built by a reload (busbar/admin/live.py), reusing the previous
         snapshot's surviving Lane and Egress objects so their state carries over by identity."""
         self.config = config
@@ -105,7 +103,7 @@ class Snapshot:
         # config, so the cache is bounded by it and dies with the snapshot.
         self.wire_json = {}
 
-    def wire(self, name: str) -> bytes:
+    def wire(self, name):
         wj = self.wire_json.get(name)
         if wj is None:
             wj = self.wire_json[name] = orjson.dumps(name)

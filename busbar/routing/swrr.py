@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Lane selection: smooth weighted round robin over lanes with a free permit (SPEC §3).
 
 Per request the server calls `Router.resolve(name)` (one dict lookup) and then `Target.pick()` once

@@ -1,3 +1,4 @@
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Ingress dispatch: (method, path, headers) → what the request is. Never sniffs the body (SPEC §1.1).
 
 The order of the header checks matters and is the reference's: a SigV4 Authorization header means

@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Ingress HTTP/1.1: an asyncio.Protocol driving httptools.HttpRequestParser directly, no framework.
 
 Keep-alive; pipelined requests are queued and answered strictly in order (one exchange at a time per

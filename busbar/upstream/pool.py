@@ -1,4 +1,4 @@
-# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True
+# cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Keep-alive HTTP/1.1 client for upstreams, on httptools.HttpResponseParser, callback driven.
 
 No coroutine per request: an exchange asks the pool for a connection with two callbacks, writes its

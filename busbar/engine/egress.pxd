@@ -1,0 +1,15 @@
+# Typed layout of busbar/engine/egress.py's Egress when compiled (Cython's augmenting .pxd): a
+# request's upstream head is built by a C call on struct fields. Every member stays readable and
+# writable from Python.
+
+cdef class Egress:
+    cdef public object provider, protocol
+    cdef public tuple key
+    cdef public object host, prefix
+    cdef public bytes head_json, head_stream
+    cdef public object signer, source
+    cdef public bint ready
+    cdef public dict _lines, _paths
+    cdef public bytes _base, _auth
+    cdef public bint vertex_anthropic, passthrough
+    cpdef bytes request(self, path, bytes body, bint stream, bytes extra=*)
