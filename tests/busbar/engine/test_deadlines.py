@@ -9,26 +9,22 @@ from busbar.engine import deadlines
 from busbar.engine.deadlines import Deadlines, Timed
 
 
-class TimedOwner(Timed):
-    def __init__(self, log, name):
-        self._slot = None
-        self.log = log
-        self.name = name
+def _owner(base):
+    """An owner class on `base`: Timed (the wheel reads its _slot as a struct field) or object."""
+    class Owner(base):
+        def __init__(self, log, name):
+            self._slot = None
+            self.log = log
+            self.name = name
 
-    def on_deadline(self):
-        self.log.append(self.name)
+        def on_deadline(self):
+            self.log.append(self.name)
+    Owner.__name__ = "TimedOwner" if base is Timed else "PlainOwner"
+    return Owner
 
 
-class PlainOwner:
-    __slots__ = ("_slot", "log", "name")
-
-    def __init__(self, log, name):
-        self._slot = None
-        self.log = log
-        self.name = name
-
-    def on_deadline(self):
-        self.log.append(self.name)
+TimedOwner = _owner(Timed)
+PlainOwner = _owner(object)
 
 
 def test_the_wheel_is_compiled():
