@@ -60,3 +60,37 @@ def test_timed_and_plain_owners_fire_disarm_and_rearm_alike():
     finally:
         d.close()
         loop.close()
+
+
+def test_the_sweep_sleeps_until_the_earliest_deadline():
+    """An idle worker's keep-alive connections (armed 75 s ahead) cost no wake-up every resolution:
+    the sweep sleeps until the earliest slot; a sooner arm() moves it; an owner leaving brings it
+    to the next pruning; due slots after a long sleep fire in order."""
+    loop = uvloop.new_event_loop()
+    log = []
+    d = Deadlines(loop, 0.01, prune_secs=0.05)
+    try:
+        far = TimedOwner(log, "far")
+        d.arm(far, 5.0)
+        swept = d.swept
+        assert d.next * d.resolution - loop.time() > 4.9
+        loop.run_until_complete(asyncio.sleep(0.15))
+        assert d.swept == swept and log == []           # no sweep ran in 15 resolutions
+        near = PlainOwner(log, "near")
+        d.arm(near, 0.03)                               # sooner: the sweep moves
+        assert d.next * d.resolution - loop.time() < 0.06
+        loop.run_until_complete(asyncio.sleep(0.1))
+        assert log == ["near"]
+        assert d.next * d.resolution - loop.time() > 4.5    # back to sleep until "far"
+        swept = d.swept
+        d.disarm(far)                                   # a slot emptied: pruned within 0.05 s
+        loop.run_until_complete(asyncio.sleep(0.12))
+        assert d.swept > swept and not d.slots and d.handle is None
+        order = [TimedOwner(log, "a"), PlainOwner(log, "b"), TimedOwner(log, "c")]
+        for o, secs in zip(order, (0.3, 0.2, 0.25)):
+            d.arm(o, secs)
+        loop.run_until_complete(asyncio.sleep(0.45))
+        assert log == ["near", "b", "c", "a"] and not d.slots and d.handle is None
+    finally:
+        d.close()
+        loop.close()
