@@ -120,6 +120,9 @@ async def swap_in_worker(gw, config, version, slots, plans=None):
     gw.reliability.attach(snap, plans.get("reliability"))
     observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
+    prober = getattr(gw, "prober", None)
+    if prober is not None:
+        prober.config_changed()     # health probing turned on by this config: the ticks start
     stop_unused_refreshers(gw)
 
 

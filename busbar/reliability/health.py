@@ -79,7 +79,17 @@ class HealthProber:
         self._any = False       # whether any of its providers has probing on
 
     def start(self):
-        self._schedule()
+        self.config_changed()
+
+    def config_changed(self):
+        """Called at start and after every config swap: ticks only while a provider probes (an
+        idle worker otherwise woke twice a second for nothing)."""
+        config = self.site.snapshot.config
+        if config is not self._config:
+            self._config = config
+            self._any = any(p.health.mode != "none" for p in config.providers.values())
+        if self._any and self.handle is None:
+            self._schedule()
 
     def close(self):
         self.closed = True
@@ -99,7 +109,8 @@ class HealthProber:
             self.tick()
         except Exception:   # the prober's bug never stops the ticks, nor costs a request
             log.exception("health prober tick failed")
-        self._schedule()
+        if self._any:       # (a swap to a config without probing stops the ticks)
+            self._schedule()
 
     def tick(self):
         site = self.site

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import signal
 import time
 
 import pytest
@@ -216,6 +217,42 @@ models:
         n = len(seen) - n0
         # One probe per 1 s interval for the gateway (two workers would make ~8).
         assert 3 <= n <= 5, (n, [round(t - t0, 2) for t in seen])
+    finally:
+        stop(g.proc)
+        up.close()
+
+
+def test_probing_turned_on_and_off_by_a_reload(tmp_path):
+    """A worker whose config probes nothing does not tick; a reload that turns `health:` on
+    starts the probes, one that turns it off again stops them."""
+    seen = []
+
+    def _down(c, req):
+        seen.append(time.monotonic())
+        c.sendall(http_response(503, b'{"error":{"message":"down","type":"server_error"}}'))
+
+    up = HostileUpstream({"x": _down})
+    text = """\
+listen: "127.0.0.1:{port}"
+providers:
+  x: {protocol: openai, base_url: "%(u)s", api_key: {env: MOCK_KEY}%(health)s}
+models:
+  x: {provider: x, upstream_model: x}
+"""
+    g = start_gateway(tmp_path, text % {"u": up.url, "health": ""})
+    try:
+        time.sleep(1.5)
+        assert seen == []
+        g.config_path.write_text(text.replace("{port}", str(g.port)) % {
+            "u": up.url, "health": ", health: {mode: active, interval_secs: 1}"})
+        g.proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: len(seen) >= 2, 6), seen
+        g.config_path.write_text(text.replace("{port}", str(g.port)) % {"u": up.url, "health": ""})
+        g.proc.send_signal(signal.SIGHUP)
+        time.sleep(1.5)         # a probe already in flight may still land
+        n = len(seen)
+        time.sleep(2.5)
+        assert len(seen) == n
     finally:
         stop(g.proc)
         up.close()
