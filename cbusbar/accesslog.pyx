@@ -194,6 +194,9 @@ cdef class LineBuffer:
     cdef int active
     cdef bint taken
     cdef readonly Py_ssize_t limit
+    # Called (on the loop) when a line lands in an empty buffer: the writer thread sleeps until
+    # there is something to write (lines.py), instead of waking every flush period for nothing.
+    cdef public object on_first
 
     def __cinit__(self, Py_ssize_t limit):
         cdef int i
@@ -238,10 +241,13 @@ cdef class LineBuffer:
     def append(self, bytes line):
         """Appends `line`; False (nothing appended) when `limit` bytes are already pending."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
-        if self.size[self.active] > self.limit:
+        cdef Py_ssize_t was = self.size[self.active]
+        if was > self.limit:
             return False
         memcpy(self.reserve(n), PyBytes_AS_STRING(line), n)
         self.size[self.active] += n
+        if was == 0 and self.on_first is not None:
+            self.on_first()
         return True
 
     def take(self):
@@ -390,5 +396,8 @@ cdef Py_ssize_t _line(LineBuffer buf, RequestRecord rec, double now) except -1:
     p = _field(p, s_client, n_client)
     p = _k(p, b'}\n')
     cdef Py_ssize_t n = p - base
-    buf.size[buf.active] += n
+    cdef Py_ssize_t was = buf.size[buf.active]
+    buf.size[buf.active] = was + n
+    if was == 0 and buf.on_first is not None:
+        buf.on_first()
     return n

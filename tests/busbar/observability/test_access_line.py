@@ -137,3 +137,33 @@ def test_file_sink_rotation_still_works(tmp_path):
         w.flush()
     w.close()
     assert (tmp_path / "r.jsonl.1").exists() and path.stat().st_size <= 1000
+
+
+def test_the_writer_sleeps_while_idle_and_a_line_wakes_it(tmp_path):
+    """An idle worker's writer thread does not wake every flush period: it sleeps until a line lands
+    in the empty buffer, writes it within the period, and sleeps again."""
+    path = tmp_path / "idle.jsonl"
+    w = lines.LineWriter(str(path))
+
+    def wakeups():
+        with open("/proc/self/task/%d/status" % w.thread.native_id) as f:
+            return int(next(x for x in f if x.startswith("voluntary_ctxt_switches")).split()[1])
+
+    try:
+        time.sleep(0.2)
+        n0 = wakeups()
+        time.sleep(0.6)
+        assert wakeups() == n0                      # six flush periods, not one wake-up
+        for i in range(3):
+            w.write(b'{"n":%d}\n' % i)
+            deadline = time.monotonic() + 2
+            while path.read_bytes().count(b"\n") < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert path.read_bytes().count(b"\n") == i + 1
+            time.sleep(0.3)
+        n1 = wakeups()
+        time.sleep(0.6)
+        assert wakeups() == n1
+    finally:
+        w.close()
+    assert [json.loads(x)["n"] for x in path.read_text().splitlines()] == [0, 1, 2]
