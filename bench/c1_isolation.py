@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,25 +46,21 @@ def main():
                BENCH_MOCK_AWS="AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ",
                NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
     mock_port = procs.free_port()
-    started = []
+    run = procs.Processes(str(d))
     try:
-        started.append(subprocess.Popen(
-            ["taskset", "-c", "1", py, "-m", "busbar.cli", "mock", "--port", str(mock_port)],
-            env=dict(env, PYTHONPATH=str(ROOT)), cwd=str(ROOT), stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL))
+        run.start("mock", [py, "-m", "busbar.cli", "mock", "--port", str(mock_port)], 1,
+                  dict(env, PYTHONPATH=str(ROOT)), str(ROOT))
         ports = {"direct": mock_port}
         for name, tree, extra in (("busbar", ROOT, OWN), ("baseline", Path(base_tree), None)):
             port = procs.free_port()
             cfg = d / ("%s.yaml" % name)
             text = BUSBAR_CONFIG.format(port=port, mock=mock_port)
             cfg.write_text(text + (extra or ""))
-            p = subprocess.Popen(["taskset", "-c", "0", py, "-m", "busbar.cli", "serve", "--config",
-                                  str(cfg), "--workers", "1"], env=dict(env, PYTHONPATH=str(tree)),
-                                 cwd=str(tree), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            started.append(p)
-            why = procs.wait_http(port, p, "/healthz", 30)
+            s = run.start(name, [py, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
+                                 "1"], 0, dict(env, PYTHONPATH=str(tree)), str(tree))
+            why = procs.wait_http(port, s.proc, "/healthz", 30)
             if why:
-                sys.exit("%s %s" % (name, why))
+                sys.exit("%s %s; log: %s" % (name, why, s.log_tail()))
             ports[name] = port
         hdr = {"content-type": "application/json", "x-api-key": "sk-bench-upstream",
                "anthropic-version": "2023-06-01"}
@@ -96,13 +91,7 @@ def main():
                                                             else " (alone)"),
                                   ", ".join("%s %.1f" % kv for kv in r.items())))
     finally:
-        for p in started:
-            p.terminate()
-        for p in started:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        run.stop_all()
 
 
 if __name__ == "__main__":

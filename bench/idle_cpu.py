@@ -17,7 +17,6 @@ import glob
 import http.client
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -69,20 +68,17 @@ def main():
                BUSBAR_LOG="WARNING", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
     cfg = Path(d) / "busbar.yaml"
     cfg.write_text(BUSBAR_CONFIG.format(port=port, mock=mock_port) + OBSERVE[args.observe] % {"dir": d})
-    other = str(1 - args.core) if os.cpu_count() > 1 else str(args.core)
-    started = []
+    other = 1 - args.core if os.cpu_count() > 1 else args.core
+    run = procs.Processes(d)
     try:
-        mock = subprocess.Popen(["taskset", "-c", other, py, "-m", "busbar.cli", "mock", "--port",
-                                 str(mock_port)], env=env, cwd=args.tree, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
-        started.append(mock)
-        gw = subprocess.Popen(["taskset", "-c", str(args.core), py, "-m", "busbar.cli", "serve",
-                               "--config", str(cfg), "--workers", "1"], env=env, cwd=args.tree,
-                              stdout=subprocess.DEVNULL, stderr=open(Path(d) / "busbar.log", "wb"))
-        started.append(gw)
+        run.start("mock", [py, "-m", "busbar.cli", "mock", "--port", str(mock_port)], other, env,
+                  args.tree)
+        s = run.start("busbar", [py, "-m", "busbar.cli", "serve", "--config", str(cfg),
+                                 "--workers", "1"], args.core, env, args.tree)
+        gw = s.proc
         why = procs.wait_http(port, gw, "/healthz", 30)
         if why:
-            sys.exit("busbar %s; log: %s" % (why, (Path(d) / "busbar.log").read_text()[-2000:]))
+            sys.exit("busbar %s; log: %s" % (why, s.log_tail()))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:      # the mock accepts
             try:
@@ -112,14 +108,7 @@ def main():
         print("idle CPU (observe=%s, %s): %.1f us/s over %.0f s, holding one keep-alive connection"
               % (args.observe, args.tree, total, args.secs))
     finally:
-        for p in started:
-            p.terminate()
-        for p in started:
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-
+        run.stop_all()
 
 if __name__ == "__main__":
     main()
