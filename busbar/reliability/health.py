@@ -84,12 +84,15 @@ class HealthProber:
     def config_changed(self):
         """Called at start and after every config swap: ticks only while a provider probes (an
         idle worker otherwise woke twice a second for nothing)."""
-        config = self.site.snapshot.config
+        if self._probing(self.site.snapshot.config) and self.handle is None:
+            self._schedule()
+
+    def _probing(self, config) -> bool:
+        """Whether any provider of `config` has probing on (computed once per config)."""
         if config is not self._config:
             self._config = config
             self._any = any(p.health.mode != "none" for p in config.providers.values())
-        if self._any and self.handle is None:
-            self._schedule()
+        return self._any
 
     def close(self):
         self.closed = True
@@ -116,10 +119,7 @@ class HealthProber:
         site = self.site
         snap = site.snapshot
         config = snap.config
-        if config is not self._config:
-            self._config = config
-            self._any = any(p.health.mode != "none" for p in config.providers.values())
-        if not self._any:
+        if not self._probing(config):
             return
         rel = site.reliability
         slots = rel.slots
