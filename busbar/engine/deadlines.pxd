@@ -18,3 +18,4 @@ cdef class Deadlines:
     cpdef disarm(self, owner)
     cpdef _left(self)
     cpdef _wake_at(self, long long n, double now)
+    cpdef long long _prune_slot(self, long long now)

@@ -103,12 +103,15 @@ class Deadlines:
         self.dirty = True
         if self.next > 0:
             now = self.loop.time()
-            p = self.pruned + self.prune_every
-            if p <= int(now / self.resolution):
-                p = int(now / self.resolution) + 1
+            p = self._prune_slot(int(now / self.resolution))
             if p < self.next:
                 self.handle.cancel()
                 self._wake_at(p, now)
+
+    def _prune_slot(self, now):
+        """The slot of the next pruning, after slot `now`."""
+        p = self.pruned + self.prune_every
+        return p if p > now else now + 1
 
     def _wake_at(self, n, now):
         """Schedules the sweep for slot `n` (its time plus a millisecond: the loop's timers count
@@ -123,22 +126,14 @@ class Deadlines:
         slots = self.slots
         n = self.swept
         if now - n <= len(slots):
-            due = None
+            due = range(n + 1, now + 1)
         else:
             # A long sleep: the due slots in order, not every slot number since the last sweep.
             due = sorted([k for k in slots if k <= now])
-        i = 0
-        while True:
-            if due is None:
-                if n >= now or not slots:
-                    break
-                n += 1
-                slot = slots.pop(n, None)
-            else:
-                if i >= len(due):
-                    break
-                slot = slots.pop(due[i], None)
-                i += 1
+        for k in due:
+            if not slots:
+                break
+            slot = slots.pop(k, None)
             if slot:
                 for owner in list(slot):
                     if owner._slot is slot:
@@ -172,11 +167,7 @@ class Deadlines:
             self.dirty = False
             return
         if self.dirty:
-            p = self.pruned + self.prune_every
-            if p <= now:
-                p = now + 1
-            if p < nxt:
-                nxt = p
+            nxt = min(nxt, self._prune_slot(now))
         self._wake_at(nxt, self.loop.time())
 
     def close(self):
