@@ -241,14 +241,20 @@ cdef class LineBuffer:
     def append(self, bytes line):
         """Appends `line`; False (nothing appended) when `limit` bytes are already pending."""
         cdef Py_ssize_t n = PyBytes_GET_SIZE(line)
-        cdef Py_ssize_t was = self.size[self.active]
-        if was > self.limit:
+        if self.size[self.active] > self.limit:
             return False
         memcpy(self.reserve(n), PyBytes_AS_STRING(line), n)
-        self.size[self.active] += n
+        self.commit(n)
+        return True
+
+    cdef int commit(self, Py_ssize_t n) except -1:
+        """The n bytes written at the reserved place are the active buffer's now; on_first() when
+        they are its first."""
+        cdef Py_ssize_t was = self.size[self.active]
+        self.size[self.active] = was + n
         if was == 0 and self.on_first is not None:
             self.on_first()
-        return True
+        return 0
 
     def take(self):
         """For the writer thread: what the loop appended, as a read-only memoryview valid until
@@ -396,8 +402,5 @@ cdef Py_ssize_t _line(LineBuffer buf, RequestRecord rec, double now) except -1:
     p = _field(p, s_client, n_client)
     p = _k(p, b'}\n')
     cdef Py_ssize_t n = p - base
-    cdef Py_ssize_t was = buf.size[buf.active]
-    buf.size[buf.active] = was + n
-    if was == 0 and buf.on_first is not None:
-        buf.on_first()
+    buf.commit(n)
     return n
