@@ -30,7 +30,7 @@ cdef extern from "Python.h":
     int PyBUF_READ
 
 from cbusbar.ir cimport Usage
-from cbusbar.record cimport RequestRecord
+from cbusbar.record cimport RecordHook, RequestRecord
 
 cdef extern from "<time.h>" nogil:
     ctypedef long time_t
@@ -290,7 +290,7 @@ cdef double _now() noexcept nogil:
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 
-cdef class AccessHook:
+cdef class AccessHook(RecordHook):
     """The access log's finish hook: the line of each RequestRecord into `buf`, and `on_drop()`
     when the buffer refused it (a writer that does not keep up)."""
     cdef LineBuffer buf

@@ -15,7 +15,7 @@ from cpython.dict cimport PyDict_GetItem
 from cpython.object cimport PyObject
 
 from cbusbar.ir cimport Usage
-from cbusbar.record cimport RequestRecord
+from cbusbar.record cimport RecordHook, RequestRecord
 from cbusbar.shared cimport SharedCounters
 
 cdef extern from *:
@@ -34,7 +34,7 @@ cdef class Bases:
     cdef int req, hist, uph, fo, tok, ing, att
 
 
-cdef class Counting:
+cdef class Counting(RecordHook):
     cdef SharedCounters c
     cdef long long* p
     cdef int size
@@ -47,7 +47,12 @@ cdef class Counting:
     cdef long long up_bounds[MAX_BOUNDS]
     cdef int n_req, n_up
     cdef int n_ing, translations, admission
-    cdef object shed
+    cdef long shed_i           # the shed outcome's index in out_i (-1: none)
+    # The last (ingress, target, lane) and its Bases: the names are the config's own str objects,
+    # the same ones request after request, so `is` finds them without the key tuple, its hash and
+    # the dict lookup (~450 instructions). Forgotten with the cache (`forget`, Layout.adopt).
+    cdef object last_ing, last_target, last_lane
+    cdef Bases last
 
     def __init__(self, metrics, SharedCounters counters, req_bounds_ns, up_bounds_ns, dict out_i,
                  dict ing_i, dict gate_i, int translations, int admission, shed):
@@ -71,7 +76,7 @@ cdef class Counting:
         self.n_ing = len(ing_i)
         self.translations = translations
         self.admission = admission
-        self.shed = shed
+        self.shed_i = out_i.get(shed, -1)
 
     cdef inline void add(self, long i, long long d):
         if 0 <= i < self.size:
@@ -87,12 +92,21 @@ cdef class Counting:
         self.metrics.keep(key, b)
         return b
 
+    def forget(self):
+        self.last = None
+
     cpdef on_finish(self, RequestRecord rec):
-        cdef Bases b = self.bases((rec.ingress, rec.target, rec.lane))
+        cdef Bases b = self.last
+        if b is None or rec.ingress is not self.last_ing or rec.target is not self.last_target \
+                or rec.lane is not self.last_lane:
+            b = self.last = self.bases((rec.ingress, rec.target, rec.lane))
+            self.last_ing, self.last_target, self.last_lane = rec.ingress, rec.target, rec.lane
         cdef PyObject* o = PyDict_GetItem(self.out_i, rec.outcome)
+        cdef bint known = o != NULL
+        cdef long oi = <long>(<object>o) if known else 0
         cdef long long ns = rec.busbar_ns
         cdef int k = 0
-        self.add(b.req + (<long>(<object>o) if o != NULL else 0), 1)
+        self.add(b.req + oi, 1)
         while k < self.n_req and self.req_bounds[k] < ns:     # bisect_left
             k += 1
         self.add(b.hist + k, 1)
@@ -107,7 +121,7 @@ cdef class Counting:
         # Attempts are counted here, at the request's end, not by an attempt hook: one hook call
         # less per attempt.
         atts = rec.attempts
-        if len(atts) == 1 and atts[0].fault is None:
+        if rec.failed == 0 and len(atts) == 1:
             if b.att >= 0:
                 self.add(b.att, 1)
         elif atts:
@@ -132,7 +146,7 @@ cdef class Counting:
                 for k, x in enumerate((u.input_tokens, u.output_tokens, u.cache_read_tokens)):
                     if x:
                         self.add(b.tok + k, x)
-        if rec.outcome == self.shed:
+        if known and oi == self.shed_i:
             self.add(self.admission, 1)
         elif rec.denied is not None:
             o = PyDict_GetItem(self.gate_i, rec.denied)

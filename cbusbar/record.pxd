@@ -24,3 +24,26 @@ cdef class RequestRecord:
     cdef public object key_id           # governance: the virtual key's id (never its token)
     cdef public object group
     cdef public object denied           # governance: the gate that refused it (observability GATES)
+    cdef public int failed              # how many of the attempts ended with a fault
+
+
+cdef class RecordHook:
+    """A finish hook written in C: the exchange calls `on_finish` through the vtable (no Python
+    call, no argument parsing); any other callable in the hook list is called as a function."""
+    cpdef on_finish(self, RequestRecord rec)
+
+
+cdef class AttemptHook:
+    """An attempt hook written in C: the exchange calls `on_attempt(exchange, attempt)` through the
+    vtable; any other callable in the attempt hook list is called as a function."""
+    cpdef on_attempt(self, ex, a)
+
+
+cdef class FaultsOnly(AttemptHook):
+    cdef object fn
+
+
+cpdef RequestRecord record_at(outcome, request_id, ingress, target, list atts, lane,
+                              long long upstream_ns, int failed, bint stream, long long status,
+                              usage, long long t0, long long t_end, long long bytes_out, client,
+                              key, denied)

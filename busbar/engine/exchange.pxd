@@ -12,6 +12,7 @@ from busbar.engine.snapshot cimport Snapshot
 from busbar.engine.records cimport Attempt
 from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
+from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 
 cdef class Exchange(Timed):
     cdef public object site, conn
@@ -63,7 +64,7 @@ cdef class Exchange(Timed):
     cpdef double _attempt_secs(self) except? -1.0
     @cython.locals(att=Attempt)
     cpdef _on_conn(self, conn)
-    @cython.locals(a=Attempt)
+    @cython.locals(a=Attempt, ah=AttemptHook)
     cpdef end_attempt(self, fault, reason=*)
     cpdef fault(self, fault, reason)
     @cython.locals(att=Attempt)
@@ -78,4 +79,6 @@ cdef class Exchange(Timed):
     cpdef _w(self, data)
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
     cpdef error(self, int status, kind, message, retry_after=*, outcome=*)
+    @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
+                   ch=RecordHook, target=Target)
     cpdef finish(self, outcome, bint keep_alive=*)

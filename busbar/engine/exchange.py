@@ -25,6 +25,7 @@ from cbusbar import ir
 from cbusbar.ids import request_id
 from cbusbar.framing import FramingError, scan_top, splice
 from cbusbar.http import response_head, server_timing
+from cbusbar.record import AttemptHook, RecordHook, record_at
 
 from busbar.engine import operations
 from busbar.engine.deadlines import Timed
@@ -33,7 +34,7 @@ from busbar.engine.route import (
 from busbar.engine.records import (
     Attempt, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
-    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, record_from)
+    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
@@ -447,7 +448,11 @@ class Exchange(Timed):
         if hooks:
             for h in hooks:
                 try:
-                    h(self, a)
+                    if isinstance(h, AttemptHook):  # a hook written in C: called through its vtable
+                        ah = h
+                        ah.on_attempt(self, a)
+                    else:
+                        h(self, a)
                 except Exception:   # an observer's bug never costs the request
                     _log_hook_failure(h)
         if fault is not None and fault != F_CANCELLED and fault != F_REFUSED:
@@ -918,13 +923,29 @@ class Exchange(Timed):
             self.ticket = None
         hooks = site.finish_hooks
         if hooks:
-            # the RequestRecord, built in C
-            rec = record_from(outcome, self.request_id, self.proto, self.target, self.attempts,
-                              self.stream, self.client_status, self.usage, self.req.t0, self.t_end,
-                              self.bytes_out, self.conn.peer, self.principal, self.denied)
+            # the RequestRecord, built in C; the attempts read here, where they are typed
+            up = 0
+            failed = 0
+            a = None
+            atts = self.attempts
+            for a in atts:
+                if a.t_connected:
+                    up += a.t_end - a.t_connected
+                if a.fault is not None:
+                    failed += 1
+            target = self.target
+            rec = record_at(outcome, self.request_id, self.proto,
+                            target.name if target is not None else None, atts,
+                            a.lane if a is not None else None, up, failed, self.stream,
+                            self.client_status, self.usage, self.req.t0, self.t_end,
+                            self.bytes_out, self.conn.peer, self.principal, self.denied)
             for h in hooks:
                 try:
-                    h(rec)
+                    if isinstance(h, RecordHook):   # a hook written in C: called through its vtable
+                        ch = h
+                        ch.on_finish(rec)
+                    else:
+                        h(rec)
                 except Exception:   # an observer's bug never costs the request
                     _log_hook_failure(h)
         conn = self.conn

@@ -97,20 +97,21 @@ def install(gw):
             prepared = _prepared
         m = state.metrics = Metrics(prepared[1], prepared[2])
         m.attach(gw)
-        gw.finish_hooks.append(m.on_finish)
+        gw.finish_hooks.append(m.hook)     # a RecordHook: called in C by the exchange
         _every(gw.loop, _publish_period(), m.publish)
         if obs.metrics_public:
             from busbar.observability.mount import mount_public
             from busbar.observability.routes import PUBLIC_ROUTES
             mount_public(gw, PUBLIC_ROUTES)
     from busbar.observability.events import LaneEvents, Shedding
-    gw.attempt_hooks.append(LaneEvents().on_attempt)
+    from cbusbar.record import FaultsOnly
+    gw.attempt_hooks.append(FaultsOnly(LaneEvents().on_attempt))     # failed attempts only
     gw.on_shed = Shedding(gw.loop, gw).shed
     if obs.access_log != "off":
         from busbar.observability.access_log import AccessLog
         drop = (lambda: state.metrics.dropped("access_log")) if state.metrics else None
         a = state.access_log = AccessLog(obs.access_log, drop)
-        gw.finish_hooks.append(a.on_finish)
+        gw.finish_hooks.append(a.hook)
         state.closers.append(a.close)
     if obs.request_logs:
         from busbar.observability.sinks import make_sinks

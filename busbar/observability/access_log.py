@@ -82,7 +82,8 @@ class AccessLog:
     def __init__(self, target: str, on_drop=None):
         self.writer = LineWriter(target, on_drop=on_drop)
         self.buf = self.writer.buf
-        self.on_finish = AccessHook(self.buf, self.writer.drop).on_finish
+        self.hook = AccessHook(self.buf, self.writer.drop)
+        self.on_finish = self.hook.on_finish
 
     def close(self):
         self.writer.close()

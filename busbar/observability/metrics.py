@@ -108,6 +108,7 @@ class Layout:
         self.pairs = pairs
         self.lanes = lanes
         self.caches = []        # every Metrics' slot-bases cache, emptied by adopt()
+        self.forgets = []       # and their hooks' last Bases (cbusbar.metrics Counting.forget)
         self.P = len(self.pools) + max(SPARE_POOLS_MIN, len(self.pools))
         self.PL = len(pairs) + max(SPARE_PAIRS_MIN, len(pairs))
         self.M = len(lanes) + max(SPARE_LANES_MIN, len(lanes))
@@ -180,6 +181,8 @@ class Layout:
             self._index()
             for c in self.caches:       # cached slot bases may map a new name to "unresolved"
                 c.clear()
+            for f in self.forgets:
+                f()
 
 
 class Metrics:
@@ -194,9 +197,10 @@ class Metrics:
         self.cache = {}         # (ingress, target, lane) -> slot bases (cbusbar.metrics.Bases)
         layout.caches.append(self.cache)
         # The finish hook, in C (cbusbar/metrics.pyx).
-        self.on_finish = Counting(self, counters, _REQ_BOUNDS_NS, _UP_BOUNDS_NS, _OUT_I, _ING_I,
-                                  layout.gate_i, layout.translations, layout.admission,
-                                  R.O_SHED).on_finish
+        self.hook = Counting(self, counters, _REQ_BOUNDS_NS, _UP_BOUNDS_NS, _OUT_I, _ING_I,
+                             layout.gate_i, layout.translations, layout.admission, R.O_SHED)
+        self.on_finish = self.hook.on_finish
+        layout.forgets.append(self.hook.forget)
 
     def attach(self, site):
         """Claims this worker's region and starts publishing its gauges."""

@@ -255,6 +255,12 @@ class Reliability:
             self.queues.attach(snapshot, queued_lanes)
 
     # ------------------------------------------------------------------ the attempt hook
+    def hook(self):
+        """The attempt hook the gateway installs: `on_attempt` with its happy path (an answer read
+        whole: the cell's `ok()`) in C (cbusbar/cellcore.pyx CellHook)."""
+        from cbusbar.cellcore import CellHook
+        return CellHook(self.on_attempt)
+
     def on_attempt(self, ex, a):
         """Every attempt's end (Exchange.end_attempt): its disposition to its cell."""
         target = ex.target

@@ -82,7 +82,7 @@ class Gateway:
         self.reliability.loop = loop
         self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
-        self.attempt_hooks.append(self.reliability.on_attempt)
+        self.attempt_hooks.append(self.reliability.hook())
         self._debug = log.isEnabledFor(logging.DEBUG)
         # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
         # governance section at start.

@@ -1,6 +1,7 @@
 """Operational events through the real server's stderr: `boot` with its listeners, and shedding at
 the inbound concurrency cap as one WARNING when it starts and one INFO when it stops, however many
-requests were refused; no prompt, completion or key in any line. (The breaker's and reload's lines
+requests were refused; a lane whose provider refuses busbar's credentials as one WARNING per
+lane and WARN_EVERY_SECS, and nothing for attempts that succeed; no prompt, completion or key in any line. (The breaker's and reload's lines
 are checked in test_lane_series.py, the store's in tests/busbar/governance/test_redis_store.py.)"""
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ providers:
   h: {{protocol: openai, base_url: "http://127.0.0.1:%d", api_key: {{env: MOCK_KEY}}}}
 models:
   slow: {{provider: h, upstream_model: slow}}
+  denied: {{provider: h, upstream_model: denied}}
+  fine: {{provider: h, upstream_model: fine}}
 limits:
   max_inbound_concurrent: 1
 observability: {{access_log: "off"}}
@@ -31,9 +34,17 @@ def _slow(c, req):
     c.sendall(http_response(200, openai_body("the secret completion text")))
 
 
+def _denied(c, req):
+    c.sendall(http_response(401, b'{"error":{"message":"Incorrect API key","type":"invalid"}}'))
+
+
+def _fine(c, req):
+    c.sendall(http_response(200, openai_body("the secret completion text")))
+
+
 @pytest.fixture(scope="module")
 def hostile():
-    h = HostileUpstream({"slow": _slow})
+    h = HostileUpstream({"slow": _slow, "denied": _denied, "fine": _fine})
     yield h
     h.close()
 
@@ -66,6 +77,29 @@ def test_boot_and_one_shedding_line_per_burst(hostile, tmp_path):
             assert " INFO " in stopped[-1] and " shed=15 " in stopped[-1]
         text = gw.err.read_text()
         assert "sk-test-key" not in text and "secret completion" not in text and '"hi"' not in text
+    finally:
+        from tests.conftest import stop
+        stop(gw.proc)
+
+
+def test_refused_credentials_warn_once_and_successes_say_nothing(hostile, tmp_path):
+    gw = launch(tmp_path, CONFIG % hostile.port, workers=1)
+    try:
+        assert [chat(gw.port, "fine") for _ in range(5)] == [200] * 5
+        # the provider refused busbar's key, not the caller's: the caller gets 503, not a 401
+        assert [chat(gw.port, "denied") for _ in range(3)] == [503] * 3
+        deadline = time.monotonic() + 5
+        while not gw.events(" lane_failed "):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert [chat(gw.port, "fine") for _ in range(5)] == [200] * 5
+        time.sleep(0.3)
+        lines = gw.events(" lane_failed ")
+        assert len(lines) == 1, lines       # one per lane per WARN_EVERY_SECS, none for "fine"
+        assert " WARNING " in lines[0] and "lane=denied " in lines[0] and "status=401 " in lines[0]
+        assert "reason=" in lines[0] and "credentials" in lines[0]
+        text = gw.err.read_text()
+        assert "sk-test-key" not in text and "secret completion" not in text
     finally:
         from tests.conftest import stop
         stop(gw.proc)
