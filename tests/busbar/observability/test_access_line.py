@@ -55,6 +55,44 @@ def test_the_line_is_fields_exactly():
     assert json.loads(bytes(buf.take()))["time"] == "2025-12-03T12:21:08.542Z"
 
 
+class Name:
+    """A name that is not a str: written as str(name) then, whatever it says at the time."""
+    def __init__(self, text):
+        self.text = text
+
+    def __str__(self):
+        return self.text
+
+
+def test_lines_on_alternating_routes_each_carry_their_own_route():
+    # The route's fields are copied from the last line when they are the same objects: a line on
+    # another route (any one of the four fields another object) writes its own; a name that is
+    # not a str is written afresh every time.
+    now = 1764764467.0429
+    ing, pool, lane, model = "openai", "".join(["chat"]), "".join(["gpt"]), "".join(["gpt-x"])
+    other = "".join(["chat"])       # equal text, another object
+    name = Name("first")
+    seq = [_rec(ingress=ing, target=pool, lane=lane, model=model),
+           _rec(ingress=ing, target=pool, lane=lane, model=model),
+           _rec(ingress="anthropic", target=pool, lane=lane, model=model),
+           _rec(ingress=ing, target=None, lane=lane, model=model),
+           _rec(ingress=ing, target=pool, lane=None, model=model),
+           _rec(ingress=ing, target=pool, lane=lane, model=None),
+           _rec(ingress=ing, target=other, lane=lane, model=model),
+           _rec(ingress=ing, target=pool, lane=lane, model=model),
+           _rec(ingress=ing, target=name, lane=lane, model=model)]
+    for rec in seq + seq[::-1]:
+        buf = LineBuffer(1 << 20)
+        append_line(buf, rec, now)
+        got = json.loads(bytes(buf.take()))
+        assert got == json.loads(json.dumps(fields(rec, now), default=str))
+    name.text = "second"
+    buf = LineBuffer(1 << 20)
+    append_line(buf, seq[-1], now)
+    append_line(buf, seq[-1], now)
+    assert [json.loads(x)["pool"] for x in bytes(buf.take()).splitlines()] == ["second"] * 2
+
+
 def test_every_escape_at_every_offset():
     # The line copies eight bytes at once while none needs escaping: a character that does, at any
     # offset of a long or short field, must still be escaped as JSON does.
