@@ -386,7 +386,10 @@ if _OUT:
         TracedExchange.start = start
         TracedExchange._timing = _timing
         TracedExchange.finish = finish
-        gwmod.Exchange = TracedExchange
+
+        def new_exchange(site, conn, req, route):      # what the Gateway binds as new_exchange
+            return TracedExchange(site, conn, req, route, site.snapshot)
+        gwmod.new_exchange = new_exchange
 
     class _Hook(MetaPathFinder):
         def find_spec(self, name, path=None, target=None):

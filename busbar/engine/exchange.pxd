@@ -12,6 +12,7 @@ from busbar.engine.snapshot cimport Snapshot
 from busbar.engine.records cimport Attempt
 from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
+from busbar.engine.status cimport status_line
 from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 
 cdef class Exchange(Timed):
@@ -82,3 +83,6 @@ cdef class Exchange(Timed):
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
                    ch=RecordHook, target=Target)
     cpdef finish(self, outcome, bint keep_alive=*)
+
+
+cpdef Exchange new_exchange(site, conn, req, route)

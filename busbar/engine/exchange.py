@@ -957,6 +957,12 @@ class Exchange(Timed):
         conn.exchange_done(keep_alive and req.keep_alive and outcome != O_CLIENT_GONE)
 
 
+def new_exchange(site, conn, req, route):
+    """The exchange of a request on `site`'s data listener, with the snapshot current now (the
+    Gateway binds this as its `new_exchange`: a C call, no Python frame per request)."""
+    return Exchange(site, conn, req, route, site.snapshot)
+
+
 def _log_hook_failure(hook):
     import logging
     logging.getLogger("busbar").exception("lifecycle hook %r failed", hook)

@@ -12,7 +12,8 @@ REASONS = {
 _STATUS_LINES = {code: b"HTTP/1.1 %d %s\r\n" % (code, reason) for code, reason in REASONS.items()}
 
 
-def status_line(status: int) -> bytes:
+def status_line(status):
+    """b"HTTP/1.1 <status> <reason>\r\n" (compiled: status.pxd types it `cpdef bytes (int)`)."""
     line = _STATUS_LINES.get(status)
     if line is None:
         line = b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))

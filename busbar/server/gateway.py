@@ -7,6 +7,7 @@ requests finish (bounded by limits.drain_timeout_secs), then exit 0.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import os
@@ -16,7 +17,7 @@ import sys
 import time
 
 from busbar.engine.deadlines import Deadlines
-from busbar.engine.exchange import Exchange, _req_id
+from busbar.engine.exchange import _req_id, new_exchange
 from busbar.engine.snapshot import Snapshot
 from busbar.engine.status import status_line
 from busbar.engine.translate import CODECS
@@ -83,6 +84,9 @@ class Gateway:
         self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.hook())
+        # new_exchange(conn, req, route): the request's Exchange with the snapshot current then;
+        # engine's C function bound to this gateway, so no Python frame runs per request.
+        self.new_exchange = functools.partial(new_exchange, self)
         self._debug = log.isEnabledFor(logging.DEBUG)
         # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
         # governance section at start.
@@ -93,9 +97,6 @@ class Gateway:
         return self.snapshot.config
 
     dispatch = staticmethod(dispatch)
-
-    def new_exchange(self, conn, req, route):
-        return Exchange(self, conn, req, route, self.snapshot)
 
     def count_translation(self, src, dst):
         k = (src, dst)
