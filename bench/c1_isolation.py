@@ -7,7 +7,16 @@ What it separates: the work of a request (alone, each gateway's caches hold what
 previous request) from what the request pays when another process ran on its core in between and
 evicted it (the footprint of its code and data).
 
-    .venv/bin/python bench/c1_isolation.py --baseline 85eaf0e [--n 800]
+    .venv/bin/python bench/c1_isolation.py --baseline 85eaf0e [--n 800] [--case small|stream]
+                                           [--gap-ms 2]
+
+--case stream: OpenAI → OpenAI streamed, ~1k tokens (bench/run.py's stream TTFB row), where
+busbar;dur is the time to the answer's head. --gap-ms: the pause after each request (run.py waits
+until the gateway and the mock have been idle 5 ms; the longer the pause, the colder the caches).
+--footprint: instead of timing, the memory each gateway touches to serve one request on a
+keep-alive connection, in KiB of pages (the kernel's referenced bits: /proc/PID/clear_refs, one
+request, the `Referenced:` of /proc/PID/smaps), summed by mapping (each extension module's code and
+data, the heap, libpython...): what a request finds cold after idle, page by page.
 
 The baseline tree is the one bench/run.py --baseline built (bench/.baseline/<sha>).
 """
@@ -38,6 +47,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--baseline", required=True, metavar="REF")
     ap.add_argument("--n", type=int, default=800, help="requests per gateway and round")
+    ap.add_argument("--case", choices=("small", "stream"), default="small")
+    ap.add_argument("--gap-ms", type=float, default=2.0, help="pause after each request")
+    ap.add_argument("--footprint", action="store_true", help="pages touched per request instead")
     args = ap.parse_args()
     py = sys.executable
     d = Path(tempfile.mkdtemp(prefix="busbar-c1-"))
@@ -51,6 +63,7 @@ def main():
         run.start("mock", [py, "-m", "busbar.cli", "mock", "--port", str(mock_port)], 1,
                   dict(env, PYTHONPATH=str(ROOT)), str(ROOT))
         ports = {"direct": mock_port}
+        pids = {}
         for name, tree, extra in (("busbar", ROOT, OWN), ("baseline", Path(base_tree), None)):
             port = procs.free_port()
             cfg = d / ("%s.yaml" % name)
@@ -62,17 +75,24 @@ def main():
             if why:
                 sys.exit("%s %s; log: %s" % (name, why, s.log_tail()))
             ports[name] = port
-        hdr = {"content-type": "application/json", "x-api-key": "sk-bench-upstream",
-               "anthropic-version": "2023-06-01"}
+            pids[name] = s.proc.pid     # --workers 1 serves in this process (no fork)
+        if args.case == "stream":
+            proto, direct_model, lane, size, what = (
+                "openai", "gpt-4o-mini", "oai-model", 4096, "streamed OpenAI → OpenAI, ~1k tok")
+        else:
+            proto, direct_model, lane, size, what = (
+                "anthropic", "claude-haiku-4-5", "ant-model", 100, "small Anthropic → Anthropic")
+        stream = args.case == "stream"
+        hdr = payloads.headers(proto)
 
         def target(name):
-            model = "claude-haiku-4-5" if name == "direct" else "ant-model"
-            return (ports[name], payloads.path("anthropic", model), hdr,
-                    payloads.body("anthropic", model, 100))
+            model = direct_model if name == "direct" else lane
+            return (ports[name], payloads.path(proto, model, stream=stream), hdr,
+                    payloads.body(proto, model, size, stream=stream))
 
         def round_(names):
             samples, errors = ttfb.measure({nm: target(nm) for nm in names}, args.n, warmup=50,
-                                           after_each=lambda nm: time.sleep(0.002))
+                                           after_each=lambda nm: time.sleep(args.gap_ms / 1000))
             if errors:
                 sys.exit("errors: %s" % errors)
             out = {}
@@ -81,8 +101,14 @@ def main():
                 out[nm] = statistics.median(dur)
             return out
 
-        print("busbar;dur p50 (µs), small Anthropic → Anthropic, concurrency 1, %d requests each; "
-              "busbar = this tree, baseline = %s" % (args.n, args.baseline))
+        if args.footprint:
+            for name in ("busbar", "baseline"):
+                kib, by = footprint(pids[name], target(name), min(args.n, 50))
+                print("%s: %.0f KiB of pages touched per request, %s; by mapping (KiB): %s" % (
+                    name, kib, what, ", ".join("%s %.0f" % kv for kv in by[:14])))
+            return
+        print("busbar;dur p50 (µs), %s, concurrency 1, %d requests each, %.0f ms apart; "
+              "busbar = this tree, baseline = %s" % (what, args.n, args.gap_ms, args.baseline))
         for names in (["direct", "busbar"], ["direct", "baseline"],
                       ["direct", "busbar", "baseline"],
                       ["direct", "busbar"], ["direct", "baseline"]):
@@ -92,6 +118,45 @@ def main():
                                   ", ".join("%s %.1f" % kv for kv in r.items())))
     finally:
         run.stop_all()
+
+
+def _referenced(pid):
+    """KiB of pages referenced since the last clear_refs, by mapping name (file name or [anon])."""
+    out, cur = {}, None
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split(None, 6)
+            if "-" in head[0] and len(head) >= 5 and ":" in head[3]:
+                cur = head[5].strip().rsplit("/", 1)[-1] if len(head) > 5 else "[anon]"
+            elif line.startswith("Referenced:"):
+                out[cur] = out.get(cur, 0) + int(line.split()[1])
+    return out
+
+
+def footprint(pid, target, n):
+    """(mean KiB touched per request, [(mapping, KiB)] largest first) over n requests on one
+    keep-alive connection, after 200 warm-up requests on it."""
+    port, path, headers, template = target
+    conn = ttfb._Conn(port)
+    seq = 0
+
+    def one():
+        nonlocal seq
+        seq += 1
+        conn.request(ttfb._request_bytes(port, path, headers,
+                                         template.replace(b"@SEQ@", b"f%d" % seq)))
+    for _ in range(200):
+        one()
+    total = {}
+    for _ in range(n):
+        with open("/proc/%d/clear_refs" % pid, "w") as f:
+            f.write("1")
+        time.sleep(0.01)
+        one()
+        for k, v in _referenced(pid).items():
+            total[k] = total.get(k, 0) + v
+    by = sorted(((k, v / n) for k, v in total.items()), key=lambda kv: -kv[1])
+    return sum(v for _, v in by), by
 
 
 if __name__ == "__main__":
