@@ -1,9 +1,9 @@
 # cython: language_level=3
 """One request, as it ended: `RequestRecord`, and `record_at(outcome, fields...)`, which builds it
-from busbar/engine/exchange.py's Exchange at `finish` (a C call; `record_from` takes the Target and
-the attempts as objects, `record_of(exchange, outcome)` reads the same fields from any
-exchange-shaped object). `RecordHook` and `AttemptHook`: the base classes of hooks written in C,
-which the compiled exchange calls through their vtables instead of as Python callables.
+from busbar/engine/exchange.py's Exchange at `finish` (a C call; `record_of(exchange, outcome)`
+reads the same fields from any exchange-shaped object). `RecordHook` and `AttemptHook`: the base
+classes of hooks written in C, which the compiled exchange calls through their vtables instead of
+as Python callables.
 
 Built in C: the Python `Exchange.record` it replaces made a slotted object with twenty attribute
 stores, a loop over the attempts and a handful of int objects, ~5k instructions a request
@@ -149,32 +149,23 @@ cdef class FaultsOnly(AttemptHook):
 
 
 def record_of(ex, outcome):
-    """The RequestRecord of an Exchange-shaped object that just finished (its `t_end` set), read
-    by attribute (the compiled Exchange passes its fields to `record_from` instead)."""
-    global _ex, _req
+    """The RequestRecord of an Exchange-shaped object that just finished (its `t_end` set), its
+    fields, its target's name and its attempts read by slot or attribute (the compiled Exchange
+    reads them itself, typed, and calls `record_at`)."""
+    global _ex, _req, _att, _target
     cdef SlotReader X = _slots_of(_ex, ex, _EX_FIELDS)
-    _ex = X
-    req = X.get(ex, 7)
-    _req = _slots_of(_req, req, _T0)
-    return record_from(outcome, X.get(ex, 0), X.get(ex, 1), X.get(ex, 2), X.get(ex, 3),
-                       X.get(ex, 4), X.get(ex, 5), X.get(ex, 6), _req.get(req, 0), X.get(ex, 8),
-                       X.get(ex, 9), getattr(X.get(ex, 10), "peer", None), X.get(ex, 11),
-                       X.get(ex, 12))
-
-
-cpdef RequestRecord record_from(outcome, request_id, ingress, target, list atts, bint stream,
-                                long long status, usage, long long t0, long long t_end,
-                                long long bytes_out, client, key, denied):
-    """The RequestRecord of a finished request from its fields: `target` the Target (or None),
-    `atts` its Attempts (read by slot or attribute), `key` the caller's KeyRecord (or None)."""
-    global _att, _target
     cdef SlotReader A
     cdef long long up = 0, t
     cdef int failed = 0
+    _ex = X
+    req = X.get(ex, 7)
+    _req = _slots_of(_req, req, _T0)
+    target = X.get(ex, 2)
     name = lane = None
     if target is not None:
         _target = _slots_of(_target, target, _ONE)
         name = _target.get(target, 0)
+    atts = X.get(ex, 3)
     if atts:
         A = _slots_of(_att, atts[0], _ATT_FIELDS)
         _att = A
@@ -185,8 +176,10 @@ cpdef RequestRecord record_from(outcome, request_id, ingress, target, list atts,
                 up += <long long>A.get(a, 2) - t
             if A.get(a, 3) is not None:
                 failed += 1
-    return record_at(outcome, request_id, ingress, name, atts, lane, up, failed, stream, status,
-                     usage, t0, t_end, bytes_out, client, key, denied)
+    return record_at(outcome, X.get(ex, 0), X.get(ex, 1), name, atts, lane, up, failed,
+                     X.get(ex, 4), X.get(ex, 5), X.get(ex, 6), _req.get(req, 0), X.get(ex, 8),
+                     X.get(ex, 9), getattr(X.get(ex, 10), "peer", None), X.get(ex, 11),
+                     X.get(ex, 12))
 
 
 cpdef RequestRecord record_at(outcome, request_id, ingress, target, list atts, lane,

@@ -6,11 +6,11 @@ Everything that happens at the end of an attempt (circuit breaker, per-lane metr
 or of a request (budget settlement, access log, request-log sinks, counters, the request span)
 hangs off these two objects, through the hooks of the site that served the request, so it is
 written once. `Attempt` is a compiled class with typed members (records.pxd; the exchange fills
-it as the attempt goes); `RequestRecord` is a cdef class with typed slots, built in C from the exchange by `record_from`
+it as the attempt goes); `RequestRecord` is a cdef class with typed slots, built in C from the exchange by `record_at`
 (cbusbar/record.pyx), which the C hooks (access log, metrics) read without attribute lookups."""
 from __future__ import annotations
 
-from cbusbar.record import RequestRecord, record_from, record_of  # noqa: F401  (re-exported)
+from cbusbar.record import RequestRecord, record_at, record_of  # noqa: F401  (re-exported)
 
 # Attempt.fault: what ended an attempt. None = the upstream answered and the answer was read whole.
 F_CONNECT = "connect"           # refused, unreachable, TLS failure, connect timeout
