@@ -15,9 +15,6 @@ from libc.stdlib cimport calloc, free
 from libc.math cimport floor
 from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
 
-from cpython.dict cimport PyDict_GetItem
-from cpython.object cimport PyObject
-
 from cbusbar.record cimport AttemptHook
 from cbusbar.shared cimport Slots
 
@@ -185,7 +182,7 @@ cdef class CellHook(AttemptHook):
         self.slow = slow
 
     cpdef on_attempt(self, ex, a):
-        cdef PyObject* hit
+        cdef dict cells
         if a.fault is not None:
             self.slow(ex, a)
             return
@@ -195,15 +192,7 @@ cdef class CellHook(AttemptHook):
         pol = target.policy
         if pol is None:
             return
-        cells = pol.cell_of
-        if type(cells) is dict:
-            hit = PyDict_GetItem(cells, a.lane)
-            cell = <object>hit if hit != NULL else None
-        else:
-            cell = cells.get(a.lane)
-        if cell is None:
-            return
-        if isinstance(cell, CellCore):
-            (<CellCore>cell).ok()
-        else:
-            cell.ok()
+        cells = pol.cell_of         # (state.py TargetPolicy: lane -> breaker.Cell, a CellCore)
+        cell = cells.get(a.lane)
+        if cell is not None:
+            (<CellCore?>cell).ok()

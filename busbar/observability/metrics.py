@@ -107,8 +107,7 @@ class Layout:
         self.pools = pools + [UNRESOLVED]       # index = position; names are only ever appended
         self.pairs = pairs
         self.lanes = lanes
-        self.caches = []        # every Metrics' slot-bases cache, emptied by adopt()
-        self.forgets = []       # and their hooks' last Bases (cbusbar.metrics Counting.forget)
+        self.forgets = []       # every Metrics' forget(): its cached slot bases, dropped by adopt()
         self.P = len(self.pools) + max(SPARE_POOLS_MIN, len(self.pools))
         self.PL = len(pairs) + max(SPARE_PAIRS_MIN, len(pairs))
         self.M = len(lanes) + max(SPARE_LANES_MIN, len(lanes))
@@ -179,9 +178,7 @@ class Layout:
                 len(plan["lanes"]) >= len(self.lanes):
             self.pools, self.pairs, self.lanes = list(plan["pools"]), list(plan["pairs"]), list(plan["lanes"])
             self._index()
-            for c in self.caches:       # cached slot bases may map a new name to "unresolved"
-                c.clear()
-            for f in self.forgets:
+            for f in self.forgets:      # cached slot bases may map a new name to "unresolved"
                 f()
 
 
@@ -195,12 +192,16 @@ class Metrics:
         self.worker = -1
         self.site = None
         self.cache = {}         # (ingress, target, lane) -> slot bases (cbusbar.metrics.Bases)
-        layout.caches.append(self.cache)
         # The finish hook, in C (cbusbar/metrics.pyx).
         self.hook = Counting(self, counters, _REQ_BOUNDS_NS, _UP_BOUNDS_NS, _OUT_I, _ING_I,
                              layout.gate_i, layout.translations, layout.admission, R.O_SHED)
         self.on_finish = self.hook.on_finish
-        layout.forgets.append(self.hook.forget)
+        layout.forgets.append(self.forget)
+
+    def forget(self):
+        """Drops the slot bases cached by name (the dict and the hook's last ones)."""
+        self.cache.clear()
+        self.hook.forget()
 
     def attach(self, site):
         """Claims this worker's region and starts publishing its gauges."""
