@@ -86,6 +86,14 @@ def resolve(ref: str) -> str:
     return sha
 
 
+def _shown(path: pathlib.Path) -> str:
+    """path relative to the repository when it lies inside it (c1_isolation logs to a temp dir)."""
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
 def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=print,
             patch=None) -> Baseline:
     sha = resolve(ref)
@@ -127,7 +135,7 @@ def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=pr
             log("baseline %s (%s): applied %s" % (ref, sha[:7], patch.name))
         log_path = pathlib.Path(log_dir) / ("baseline-%s-build.log" % sha[:7])
         log("baseline %s (%s): building its extensions in place (bounded at %.0f s; log: %s)"
-            % (ref, sha[:7], build_timeout, log_path.relative_to(ROOT)))
+            % (ref, sha[:7], build_timeout, _shown(log_path)))
         env = dict(os.environ)
         env.pop("PYTHONPATH", None)
         with open(log_path, "wb") as out:
