@@ -4,7 +4,8 @@
 #   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:rw,exec,size=64m busbar
 #   docker run --rm -p 8080:8080 busbar serve --demo --listen 0.0.0.0:8080     # the built-in mock
 #
-# The build stage compiles the Cython extensions and runs packaging/build.sh (PyInstaller, then
+# The build stage compiles the Cython extensions (profile-guided: packaging/build_ext.sh trains them
+# on loopback traffic to the built-in mock) and runs packaging/build.sh (PyInstaller, then
 # staticx); the final stage holds only what packaging/oci_image.py lists, which also writes this same
 # image without Docker (dist/busbar-image.tar for `docker load`). /tmp (or $TMPDIR) must be writable
 # and allow exec: the executable unpacks its libraries there at start (31 MB, removed at exit);
@@ -22,7 +23,7 @@ RUN python3 -m venv .venv \
  && .venv/bin/pip install -q --disable-pip-version-check \
       -r requirements.txt -r requirements-build.txt -r packaging/requirements.txt
 COPY . .
-RUN .venv/bin/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . \
+RUN packaging/build_ext.sh \
  && packaging/build.sh \
  && .venv/bin/python packaging/oci_image.py --rootfs /rootfs
 

@@ -16,12 +16,15 @@ BUILT := $(VENV)/.built
 CYTHON_SOURCES := $(shell find cbusbar -name '*.pyx' -o -name '*.pxd') \
 	$(foreach p,$(shell find busbar -name '*.pxd'),$(p) $(p:.pxd=.py))
 
-# Compiles every cbusbar extension in place (editable install; no pure-Python fallback). Redone
-# only when a Cython source or the build files change.
+# Compiles every cbusbar extension in place (editable install; no pure-Python fallback), profile-
+# guided: instrumented, trained on every protocol pair, compiled again (packaging/build_ext.sh, ~1.5
+# min more than one compile). `make build PGO=0`: one plain compile. Redone only when a Cython source
+# or the build files change.
+PGO ?= 1
 build: $(BUILT)
 
-$(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml
-	$(BIN)/pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e .
+$(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml packaging/build_ext.sh packaging/pgo_train.py
+	PY=$(BIN)/python PGO=$(PGO) packaging/build_ext.sh
 	touch $@
 
 demo: build
