@@ -32,6 +32,32 @@ STREAM_PATHS = {
     "bedrock": "/model/{model}/converse-stream",
 }
 
+# busbar's lanes, one per egress protocol, all on the mock (model names are the lanes'), and the
+# gateway config serving them: bench/run.py's busbar rows, and the training run of the
+# profile-guided build (packaging/pgo_train.py). {port}: busbar's; {mock}: the mock's.
+LANES = {"openai": "oai-model", "responses": "resp-model", "anthropic": "ant-model",
+         "gemini": "gem-model", "cohere": "coh-model", "bedrock": "bed-model"}
+GATEWAY_CONFIG = """\
+listen: "127.0.0.1:{port}"
+providers:
+  m-openai:    {{protocol: openai,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-responses: {{protocol: responses, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
+  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_AWS}}, region: us-east-1}}
+models:
+  oai-model:  {{provider: m-openai,    upstream_model: gpt-4o-mini}}
+  resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}
+  ant-model:  {{provider: m-anthropic, upstream_model: claude-haiku-4-5}}
+  gem-model:  {{provider: m-gemini,    upstream_model: gemini-2.5-flash}}
+  coh-model:  {{provider: m-cohere,    upstream_model: command-r}}
+  bed-model:  {{provider: m-bedrock,   upstream_model: "amazon.nova-lite-v1:0"}}
+advanced:
+  response_headers:
+    server_timing: true
+"""
+
 _SIGV4 = ("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20250101/us-east-1/bedrock/aws4_request, "
           "SignedHeaders=content-type;host;x-amz-date, Signature=" + "0f" * 32)
 HEADERS = {

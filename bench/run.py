@@ -53,32 +53,13 @@ LITELLM_BIN = LITELLM_VENV / "bin" / "litellm"
 LITELLM_MARK = LITELLM_VENV / ".bench-installed"
 LOAD_LUA = BENCH / "load.lua"
 
-# busbar's lanes, one per egress protocol, all on the mock (model names are the lanes').
-LANES = {"openai": "oai-model", "responses": "resp-model", "anthropic": "ant-model",
-         "gemini": "gem-model", "cohere": "coh-model", "bedrock": "bed-model"}
+# busbar's lanes, one per egress protocol, all on the mock, and their config (bench/payloads.py:
+# packaging/pgo_train.py trains the profile-guided build on the same gateway).
+LANES = payloads.LANES
 PROTO_NAMES = {"openai": "OpenAI Chat", "responses": "Responses", "anthropic": "Anthropic",
                "gemini": "Gemini", "cohere": "Cohere v2", "bedrock": "Bedrock"}
 
-BUSBAR_CONFIG = """\
-listen: "127.0.0.1:{port}"
-providers:
-  m-openai:    {{protocol: openai,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-responses: {{protocol: responses, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_AWS}}, region: us-east-1}}
-models:
-  oai-model:  {{provider: m-openai,    upstream_model: gpt-4o-mini}}
-  resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}
-  ant-model:  {{provider: m-anthropic, upstream_model: claude-haiku-4-5}}
-  gem-model:  {{provider: m-gemini,    upstream_model: gemini-2.5-flash}}
-  coh-model:  {{provider: m-cohere,    upstream_model: command-r}}
-  bed-model:  {{provider: m-bedrock,   upstream_model: "amazon.nova-lite-v1:0"}}
-advanced:
-  response_headers:
-    server_timing: true
-"""
+BUSBAR_CONFIG = payloads.GATEWAY_CONFIG
 
 SIZES = [("~8 tok / ~100 B", 100), ("~1k tok / ~4 KB", 4096), ("~12k tok / ~32 KB", 32768)]
 ONE_K = SIZES[1]

@@ -9,13 +9,14 @@ the final build (BUSBAR_PGO=use) then lays each function out hot path first and 
 this traffic never ran (error handling, argument conversion for other call shapes) out of line,
 into .text.unlikely. Why: at concurrency 1, when another process has run on the core between two
 requests, a request pays for every page and cache line of code it touches; the instrumented
-profile packs what it touches together (README, "Concurrency 1 and the cold-cache gap").
+profile packs what it touches together (README, Performance: "Issue #13: what stands in the way",
+its first item).
 
 Only successful requests are trained, deliberately: a fault path trained as often as the success
 path would be laid out as hot as it. Code this run does not reach at all keeps its ordinary -O2
 layout (-fprofile-partial-training), so nothing untrained is optimised for size.
 
-    .venv/bin/python packaging/pgo_train.py [--rounds N] [--upstream URL]
+    .venv/bin/python packaging/pgo_train.py [--rounds N] [--upstream-port PORT]
 
 The mock is killed with SIGKILL (it imports no extension today, but if it ever does, its counters
 must not describe the gateway's hot path). Exits non-zero if any trained request is not a 2xx.
@@ -40,29 +41,9 @@ sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 import payloads  # noqa: E402
 
-LANES = {"openai": "oai-model", "responses": "resp-model", "anthropic": "ant-model",
-         "gemini": "gem-model", "cohere": "coh-model", "bedrock": "bed-model"}
-CONFIG = """\
-listen: "127.0.0.1:{port}"
-admin_listen: "127.0.0.1:{admin}"
-providers:
-  m-openai:    {{protocol: openai,    base_url: "{upstream}", api_key: {{env: PGO_KEY}}}}
-  m-responses: {{protocol: responses, base_url: "{upstream}", api_key: {{env: PGO_KEY}}}}
-  m-anthropic: {{protocol: anthropic, base_url: "{upstream}", api_key: {{env: PGO_KEY}}}}
-  m-gemini:    {{protocol: gemini,    base_url: "{upstream}", api_key: {{env: PGO_KEY}}}}
-  m-cohere:    {{protocol: cohere,    base_url: "{upstream}", api_key: {{env: PGO_KEY}}}}
-  m-bedrock:   {{protocol: bedrock,   base_url: "{upstream}", api_key: {{env: PGO_AWS}}, region: us-east-1}}
-models:
-  oai-model:  {{provider: m-openai,    upstream_model: gpt-4o-mini}}
-  resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}
-  ant-model:  {{provider: m-anthropic, upstream_model: claude-haiku-4-5}}
-  gem-model:  {{provider: m-gemini,    upstream_model: gemini-2.5-flash}}
-  coh-model:  {{provider: m-cohere,    upstream_model: command-r}}
-  bed-model:  {{provider: m-bedrock,   upstream_model: "amazon.nova-lite-v1:0"}}
-advanced:
-  response_headers:
-    server_timing: true
-"""
+# bench/run.py's gateway (its lanes, its config) with an admin listener to mint a key on.
+LANES = payloads.LANES
+CONFIG = payloads.GATEWAY_CONFIG + 'admin_listen: "127.0.0.1:{admin}"\n'
 OBSERVED = """\
 observability: {{access_log: "{log}", metrics: true}}
 auth:
@@ -100,9 +81,9 @@ def wait_ready(port: int, proc, timeout: float = 60.0):
     sys.exit("pgo_train: nothing answered on port %d within %.0f s" % (port, timeout))
 
 
-def serve(env, upstream: str, folder: str, observed: bool):
+def serve(env, upstream: int, folder: str, observed: bool):
     port, admin = free_port(), free_port()
-    text = CONFIG.format(port=port, admin=admin, upstream=upstream)
+    text = CONFIG.format(port=port, admin=admin, mock=upstream)
     if not observed:
         text += "observability: {access_log: off, metrics: false}\n"
     else:
@@ -161,25 +142,24 @@ def train(port: int, token, rounds: int) -> int:
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20, help="requests per pair, size and mode")
-    ap.add_argument("--upstream", metavar="URL", help="every lane's base_url (default: a built-in "
-                    "mock started for the run)")
+    ap.add_argument("--upstream-port", type=int, metavar="PORT", help="every lane's upstream, on "
+                    "127.0.0.1 (default: a built-in mock started for the run)")
     args = ap.parse_args()
     folder = tempfile.mkdtemp(prefix="busbar-pgo-")
-    env = dict(os.environ, BUSBAR_LOG="WARNING", PGO_KEY="sk-pgo-upstream",
-               PGO_AWS="AKIDPGOEXAMPLE:pgoSecretKeyExample0123456789abcdefXYZ",
+    env = dict(os.environ, BUSBAR_LOG="WARNING", BENCH_MOCK_KEY="sk-pgo-upstream",
+               BENCH_MOCK_AWS="AKIDPGOEXAMPLE:pgoSecretKeyExample0123456789abcdefXYZ",
                PGO_SIGNING_KEY=secrets.token_hex(32), PGO_ADMIN_TOKEN=secrets.token_hex(16),
                NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     mock = None
-    upstream = args.upstream
+    upstream = args.upstream_port
     if upstream is None:
-        mock_port = free_port()
-        upstream = "http://127.0.0.1:%d" % mock_port
+        upstream = free_port()
         mock = subprocess.Popen([sys.executable, "-m", "busbar.cli", "mock", "--port",
-                                 str(mock_port)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+                                 str(upstream)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
     try:
         if mock is not None:
-            wait_ready(mock_port, mock)
+            wait_ready(upstream, mock)
         t0 = time.monotonic()
         total = 0
         for observed in (False, True):

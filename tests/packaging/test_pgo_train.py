@@ -43,8 +43,8 @@ def test_training_run_stops_on_a_failing_pair():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Failing)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        r = _run(["packaging/pgo_train.py", "--rounds", "1", "--upstream",
-                  "http://127.0.0.1:%d" % server.server_address[1]])
+        r = _run(["packaging/pgo_train.py", "--rounds", "1", "--upstream-port",
+                  str(server.server_address[1])])
     finally:
         server.shutdown()
         server.server_close()
