@@ -59,17 +59,17 @@ then
 fi
 
 # --- inputs -------------------------------------------------------------------------------------
-# Every .pyx must have its extension, built after the source was last changed: a missing or older
-# .so would be frozen as it is. Building them is `make build`'s job (it compiles the whole tree).
+# The one extension (cbusbar/_native, every compiled module linked together: setup.py) must exist and
+# be newer than every Cython source: an older one would be frozen as it is. Building it is `make
+# build`'s job (it compiles the whole tree).
+native=$(ls cbusbar/_native.cpython-*.so 2>/dev/null | head -n1 || true)
 stale=()
-while IFS= read -r pyx; do
-    # (busbar's compiled modules are named by their .pxd: the source is the .py beside it)
-    src=$pyx; [[ -f $src ]] || src=${pyx%.pyx}.py
-    so=$(ls "${pyx%.pyx}".cpython-*.so 2>/dev/null | head -n1 || true)
-    if [[ -z $so || $so -ot $src || $so -ot ${pyx%.pyx}.pxd && -f ${pyx%.pyx}.pxd ]]; then stale+=("$src"); fi
-done < <({ find cbusbar -name '*.pyx'; find busbar -name '*.pxd' | sed 's/\.pxd$/.pyx/'; } | sort)
+while IFS= read -r src; do
+    if [[ -z $native || $native -ot $src ]]; then stale+=("$src"); fi
+done < <({ find cbusbar -name '*.pyx' -o -name '*.pxd'; find busbar -name '*.pxd' | while read -r p; do
+    echo "$p"; echo "${p%.pxd}.py"; done; } | sort)
 if ((${#stale[@]})); then
-    say "extensions missing or older than their source: ${stale[*]}"
+    say "cbusbar/_native missing or older than: ${stale[*]}"
     say "run 'make build' first"
     exit 1
 fi

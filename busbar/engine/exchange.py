@@ -24,7 +24,7 @@ import orjson
 from cbusbar import ir
 from cbusbar.ids import request_id
 from cbusbar.framing import FramingError, scan_top, splice
-from cbusbar.http import response_head, server_timing
+from cbusbar.h1 import response_head, server_timing
 from cbusbar.record import AttemptHook, RecordHook, record_at
 
 from busbar.engine import operations

@@ -29,7 +29,7 @@ import httptools
 from busbar.engine.deadlines import Timed
 from busbar.engine.request import Request
 from busbar.engine.status import REASONS, status_line  # noqa: F401 (re-exported)
-from cbusbar.http import parse_request as _fast_parse
+from cbusbar.h1 import parse_request as _fast_parse
 
 _perf_ns = time.perf_counter_ns
 

@@ -27,7 +27,7 @@ import time
 
 import httptools
 
-from cbusbar.http import parse_response as _fast_parse
+from cbusbar.h1 import parse_response as _fast_parse
 from busbar.upstream.tlsread import TlsReader
 
 __all__ = ["UpstreamPool", "UpstreamConnection"]
@@ -73,7 +73,7 @@ class UpstreamConnection:
             return
         if not self._partial:
             # A whole plain response in one read (the common small answer) skips the parser
-            # callbacks; anything else is httptools' (cbusbar/http.pyx says what is accepted).
+            # callbacks; anything else is httptools' (cbusbar/h1.pyx says what is accepted).
             r = _fast_parse(data)
             if r is not None:
                 status, headers, body, keep = r

@@ -175,8 +175,8 @@ def test_baseline_resolve_and_loaded_from():
         baseline.resolve("no-such-ref-" + "x" * 12)
     sha = baseline.resolve("HEAD")
     assert len(sha) == 40
-    import cbusbar.http  # noqa: F401  (maps one of this tree's extensions into this process)
-    tree = pathlib.Path(cbusbar.http.__file__).resolve().parent.parent
+    import cbusbar.h1  # noqa: F401  (maps one of this tree's extensions into this process)
+    tree = pathlib.Path(cbusbar.h1.__file__).resolve().parent.parent
     assert baseline.loaded_from([os.getpid()], tree)
     assert not baseline.loaded_from([os.getpid()], ROOT / "bench" / ".baseline" / ("0" * 40))
 

@@ -6,7 +6,7 @@ httptools drives a Python callback per URL piece, header and body chunk; for a s
 is ~3-4 µs of glue around ~0.4 µs of parsing. This parser handles only the common, unambiguous
 shape and answers None for everything else, which the caller then feeds to httptools (the
 authority). So it never rejects anything itself, and whenever it does answer, httptools would have
-parsed the same bytes to the same request (tests/cbusbar/test_http.py fuzzes it against httptools).
+parsed the same bytes to the same request (tests/cbusbar/test_h1.py fuzzes it against httptools).
 
 Accepted: `GET` or `POST`, an origin-form target of visible ASCII without a fragment, `HTTP/1.1`,
 header names of token characters, header values of visible ASCII, space and tab with no trailing

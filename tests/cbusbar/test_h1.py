@@ -1,4 +1,4 @@
-"""cbusbar.http.parse_request, the ingress fast path, against httptools (llhttp) as the oracle:
+"""cbusbar.h1.parse_request, the ingress fast path, against httptools (llhttp) as the oracle:
 whenever the fast path answers, httptools must parse exactly those bytes to exactly that request;
 whatever it is unsure of it must leave to httptools (None)."""
 import random
@@ -6,7 +6,7 @@ import random
 import httptools
 import pytest
 
-from cbusbar.http import parse_request
+from cbusbar.h1 import parse_request
 
 BIG = 1 << 30
 
@@ -231,7 +231,7 @@ def test_fuzz_every_truncation_and_single_byte_change_of_an_sdk_request():
 
 
 # ------------------------------------------------------------------------------ responses
-from cbusbar.http import parse_response  # noqa: E402
+from cbusbar.h1 import parse_response  # noqa: E402
 
 
 def response_oracle(data):
@@ -338,7 +338,7 @@ def test_fuzz_responses_against_httptools():
 
 def test_server_timing_is_the_python_formatting_to_the_microsecond():
     import random
-    from cbusbar.http import server_timing
+    from cbusbar.h1 import server_timing
     rng = random.Random(7)
     values = [0, -1, -10**9, 1, 499, 1000, 999_999, 10**6, 10**12 + 123_456_789]
     values += [rng.randrange(0, 10**10) for _ in range(5000)]
@@ -352,7 +352,7 @@ def test_server_timing_is_the_python_formatting_to_the_microsecond():
 
 def test_response_head_is_the_old_formatting():
     import random
-    from cbusbar.http import response_head
+    from cbusbar.h1 import response_head
     rng = random.Random(11)
     for _ in range(2000):
         status = b"HTTP/1.1 %d X\r\n" % rng.choice((200, 400, 404, 502, 529))
