@@ -48,6 +48,13 @@ elif pgo:
     raise SystemExit("BUSBAR_PGO=%r: expected generate, use or nothing" % pgo)
 else:
     pgo_flags = []
+if pgo:
+    # link-time optimisation over the whole extension: the profile then orders and places the hot
+    # functions of every module together (not only within each module's object), and what no module
+    # reaches is dropped. Small calls taking turns with 85eaf0e on one core: 1-3 µs less busbar;dur
+    # p50 than the same build without it (commit message). Only in the profile-guided build: a
+    # development rebuild would pay the whole link's optimisation each time.
+    pgo_flags = ["-flto=auto"] + pgo_flags
 COMPILE_ARGS = ["-O2"] + pgo_flags
 
 INDEX_C = """\

@@ -8,7 +8,7 @@ previous request) from what the request pays when another process ran on its cor
 evicted it (the footprint of its code and data).
 
     .venv/bin/python bench/c1_isolation.py --baseline 85eaf0e [--n 800] [--case small|stream]
-                                           [--gap-ms 2]
+                                           [--gap-ms 2] [--turns 6] [--also NAME=DIR ...]
 
 --case stream: OpenAI → OpenAI streamed, ~1k tokens (bench/run.py's stream TTFB row), where
 busbar;dur is the time to the answer's head. --gap-ms: the pause after each request (run.py waits
@@ -17,6 +17,12 @@ until the gateway and the mock have been idle 5 ms; the longer the pause, the co
 keep-alive connection, in KiB of pages (the kernel's referenced bits: /proc/PID/clear_refs, one
 request, the `Referenced:` of /proc/PID/smaps), summed by mapping (each extension module's code and
 data, the heap, libpython...): what a request finds cold after idle, page by page.
+
+--also NAME=DIR: another tree, built already (a variant of this one: another build of it, an earlier
+commit), started as one more gateway and taking turns with the others; --turns K repeats the
+taking-turns round K times, the gateways' order reversed every other round, and prints each
+gateway's gap to the baseline round by round (the machine's state drifts between rounds; within
+one round every gateway sees the same).
 
 The baseline tree is the one bench/run.py --baseline built (bench/.baseline/<sha>).
 """
@@ -50,6 +56,10 @@ def main():
     ap.add_argument("--case", choices=("small", "stream"), default="small")
     ap.add_argument("--gap-ms", type=float, default=2.0, help="pause after each request")
     ap.add_argument("--footprint", action="store_true", help="pages touched per request instead")
+    ap.add_argument("--also", action="append", default=[], metavar="NAME=DIR",
+                    help="another tree, built already (a variant of this one), taking turns too")
+    ap.add_argument("--turns", type=int, default=1, metavar="K",
+                    help="taking-turns rounds (the order of the gateways reversed every other one)")
     args = ap.parse_args()
     py = sys.executable
     d = Path(tempfile.mkdtemp(prefix="busbar-c1-"))
@@ -64,7 +74,11 @@ def main():
                   dict(env, PYTHONPATH=str(ROOT)), str(ROOT))
         ports = {"direct": mock_port}
         pids = {}
-        for name, tree, extra in (("busbar", ROOT, OWN), ("baseline", Path(base_tree), None)):
+        also = [tuple(a.split("=", 1)) for a in args.also]
+        if any(len(a) != 2 or a[0] in ("direct", "busbar", "baseline") for a in also):
+            sys.exit("--also NAME=DIR, NAME not direct, busbar or baseline")
+        trees = [("busbar", ROOT, OWN)] + [(n, Path(t).resolve(), OWN) for n, t in also]
+        for name, tree, extra in trees + [("baseline", Path(base_tree), None)]:
             port = procs.free_port()
             cfg = d / ("%s.yaml" % name)
             text = BUSBAR_CONFIG.format(port=port, mock=mock_port)
@@ -101,21 +115,37 @@ def main():
                 out[nm] = statistics.median(dur)
             return out
 
+        gateways = [t[0] for t in trees] + ["baseline"]
         if args.footprint:
-            for name in ("busbar", "baseline"):
+            for name in gateways:
                 kib, by = footprint(pids[name], target(name), min(args.n, 50))
                 print("%s: %.0f KiB of pages touched per request, %s; by mapping (KiB): %s" % (
                     name, kib, what, ", ".join("%s %.0f" % kv for kv in by[:14])))
             return
         print("busbar;dur p50 (µs), %s, concurrency 1, %d requests each, %.0f ms apart; "
-              "busbar = this tree, baseline = %s" % (what, args.n, args.gap_ms, args.baseline))
-        for names in (["direct", "busbar"], ["direct", "baseline"],
-                      ["direct", "busbar", "baseline"],
-                      ["direct", "busbar"], ["direct", "baseline"]):
+              "busbar = this tree, baseline = %s%s" % (
+                  what, args.n, args.gap_ms, args.baseline,
+                  "".join(", %s = %s" % a for a in also)))
+        turns = [["direct"] + (gateways if k % 2 == 0 else gateways[::-1])
+                 for k in range(max(args.turns, 1))]
+        rounds = [["direct", "busbar"], ["direct", "baseline"]] + turns + [
+            ["direct", "busbar"], ["direct", "baseline"]]
+        taking = {}
+        for names in rounds:
             r = round_(names)
+            if len(names) > 2:
+                for nm in gateways:
+                    taking.setdefault(nm, []).append(r[nm])
             print("  %-32s %s" % (" + ".join(names[1:]) + (" (taking turns)" if len(names) > 2
                                                             else " (alone)"),
-                                  ", ".join("%s %.1f" % kv for kv in r.items())))
+                                  ", ".join("%s %.1f" % (nm, r[nm]) for nm in gateways
+                                            if nm in r)))
+        if len(turns) > 1:
+            print("  taking turns, median of %d rounds: %s" % (len(turns), ", ".join(
+                "%s %.1f" % (nm, statistics.median(v)) for nm, v in taking.items())))
+            for nm in gateways[:-1]:
+                print("  %s - baseline, each round: %s" % (nm, " ".join(
+                    "%+.1f" % (a - b) for a, b in zip(taking[nm], taking["baseline"]))))
     finally:
         run.stop_all()
 
