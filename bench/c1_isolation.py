@@ -75,8 +75,10 @@ def main():
         ports = {"direct": mock_port}
         pids = {}
         also = [tuple(a.split("=", 1)) for a in args.also]
-        if any(len(a) != 2 or a[0] in ("direct", "busbar", "baseline") for a in also):
-            sys.exit("--also NAME=DIR, NAME not direct, busbar or baseline")
+        also_names = [a[0] for a in also]
+        if (any(len(a) != 2 or a[0] in ("", "direct", "busbar", "baseline") for a in also)
+                or len(set(also_names)) != len(also_names)):
+            sys.exit("--also NAME=DIR: NAME not empty, not direct, busbar or baseline, each once")
         trees = [("busbar", ROOT, OWN)] + [(n, Path(t).resolve(), OWN) for n, t in also]
         for name, tree, extra in trees + [("baseline", Path(base_tree), None)]:
             port = procs.free_port()
