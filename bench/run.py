@@ -668,7 +668,8 @@ class Bench:
 
     def run_c1(self, case, names, path, template):
         """Concurrency 1: `n` requests per gateway sent one at a time, interleaved request by
-        request (direct, busbar, [baseline, observe, features,] floor, direct, ...), each gateway on its
+        request (direct, busbar, [baseline, observe, features,] floor; then busbar, ..., floor,
+        direct; the order rotated by one each round, ttfb.measure says why), each gateway on its
         own keep-alive connection. After each request the client waits until that gateway and the
         mock are idle, so no request overlaps another's leftover work. Latency = request written
         -> arrival of the response's first body byte (kernel receive timestamp; these answers are
@@ -694,7 +695,7 @@ class Bench:
         def quiet(name):
             procs.wait_idle(quiet_on[name], window=0.001, bound=0.05)
         t0 = time.monotonic()
-        samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet)
+        samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet, rotate=True)
         out = {"n": n, "warmup": warm, "seconds": round(time.monotonic() - t0, 1), "rows": {}}
         direct = samples.get("direct", [])
         for nm in order[1:] + order[:1]:
@@ -856,7 +857,7 @@ class Bench:
                 # mock's stream) after its last byte reached the client, which showed up as ~0.8 ms
                 # on whichever request came next. Wait until the gateway and the mock are idle.
                 procs.wait_idle(quiet_on[name], window=0.005, bound=0.5)
-            samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet)
+            samples, errors = ttfb.measure(targets, n, warmup=warm, after_each=quiet, rotate=True)
             cpu1 = {nm: self.targets[nm].started.cpu_ns() for nm in names}
             direct = samples.get("direct", [])
             entry = {"label": label, "ingress": ingress, "egress": egress, "n": n, "rows": {}}

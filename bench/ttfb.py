@@ -1,5 +1,6 @@
 """Streaming time to first byte: N sequential streamed requests per target, interleaved target by
-target (direct, busbar, floor, ... then again), each target on its own keep-alive connection.
+target (direct, busbar, floor, ... then again; rotate=True: busbar, floor, ..., direct the next
+round, and so on), each target on its own keep-alive connection.
 
 TTFB here is the time from writing the request to the arrival of the first byte of the response
 *body* (the first stream frame), not of the headers: a gateway that answered headers at once and the
@@ -134,9 +135,14 @@ def _request_bytes(port: int, path: str, headers: dict, body: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def measure(targets: dict, n: int, warmup: int = 5, after_each=None):
+def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=False):
     """targets: name -> (port, path, headers, body template with @SEQ@). after_each(name), if
-    given, is called after each request (to wait until that target has gone idle).
+    given, is called after each request (to wait until that target has gone idle). rotate: round
+    i starts at the (i mod k)-th of the k targets (a, b, c; b, c, a; c, a, b; ...), so that each
+    target follows each other one equally often: in a fixed order the target right after the
+    direct request paid more than the one after a gateway (bench/c1_isolation.py, small calls on
+    one core: busbar's gap to 85eaf0e +13 to +15 µs in every round where busbar came right after
+    direct, +5 to +8 in every round where 85eaf0e did; commit message).
 
     Returns (name -> list of samples (ttfb_ns, total_ns, status, server_timing, body head,
     kernel-stamped),
@@ -150,8 +156,11 @@ def measure(targets: dict, n: int, warmup: int = 5, after_each=None):
             except OSError as e:
                 errors[name] = "connect failed: %s" % (e,)
         seq = 0
+        names = list(targets)
         for i in range(warmup + n):
-            for name, (port, path, headers, template) in targets.items():
+            k = i % len(names) if rotate else 0
+            for name in names[k:] + names[:k]:
+                port, path, headers, template = targets[name]
                 if name in errors:
                     continue
                 seq += 1
