@@ -1,5 +1,5 @@
 """Streaming time to first byte: N sequential streamed requests per target, interleaved target by
-target (direct, busbar, floor, ... then again; rotate=True: busbar, floor, ..., direct the next
+target (direct, busbar, floor, ... then again; rotate=True: direct, floor, ..., busbar the next
 round, and so on), each target on its own keep-alive connection.
 
 TTFB here is the time from writing the request to the arrival of the first byte of the response
@@ -137,12 +137,14 @@ def _request_bytes(port: int, path: str, headers: dict, body: bytes) -> bytes:
 
 def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=False):
     """targets: name -> (port, path, headers, body template with @SEQ@). after_each(name), if
-    given, is called after each request (to wait until that target has gone idle). rotate: round
-    i starts at the (i mod k)-th of the k targets (a, b, c; b, c, a; c, a, b; ...), so that each
-    target follows each other one equally often: in a fixed order the target right after the
-    direct request paid more than the one after a gateway (bench/c1_isolation.py, small calls on
-    one core: busbar's gap to 85eaf0e +13 to +15 µs in every round where busbar came right after
-    direct, +5 to +8 in every round where 85eaf0e did; commit message).
+    given, is called after each request (to wait until that target has gone idle). rotate: the
+    first target (direct, the one the others are paired with) opens every round and the others
+    rotate behind it, round i starting at the (i mod m)-th of them (d, a, b, c; d, b, c, a; d, c,
+    a, b; ...), so that each takes every place in the round equally often, the one right after
+    the direct request included: in a fixed order the gateway in that place paid more (bench/
+    c1_isolation.py, small calls on one core: busbar's gap to 85eaf0e +13 to +15 µs in every round
+    where busbar came right after direct, +5 to +8 in every round where 85eaf0e did). Rotating all
+    k targets instead keeps their cyclic order, and with it who follows direct in most rounds.
 
     Returns (name -> list of samples (ttfb_ns, total_ns, status, server_timing, body head,
     kernel-stamped),
@@ -156,10 +158,10 @@ def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=Fals
             except OSError as e:
                 errors[name] = "connect failed: %s" % (e,)
         seq = 0
-        names = list(targets)
+        first, rest = list(targets)[:1], list(targets)[1:]
         for i in range(warmup + n):
-            k = i % len(names) if rotate else 0
-            for name in names[k:] + names[:k]:
+            k = i % len(rest) if rotate and rest else 0
+            for name in first + rest[k:] + rest[:k]:
                 port, path, headers, template = targets[name]
                 if name in errors:
                     continue

@@ -35,26 +35,33 @@ def _servers(names, seen):
     return out
 
 
-def _measure(rotate):
+def _measure(rotate, names="dabc"):
     seen = []
-    servers = _servers("abc", seen)
+    servers = _servers(names, seen)
     try:
         targets = {n: (s.server_address[1], "/x", {}, b'{"seq":"@SEQ@"}')
-                   for n, s in zip("abc", servers)}
+                   for n, s in zip(names, servers)}
         samples, errors = ttfb.measure(targets, 3, warmup=1, rotate=rotate)
     finally:
         for s in servers:
             s.shutdown()
             s.server_close()
     assert errors == {}
-    assert {n: [x[2] for x in v] for n, v in samples.items()} == {n: [200] * 3 for n in "abc"}
+    assert {n: [x[2] for x in v] for n, v in samples.items()} == {n: [200] * 3 for n in names}
     return "".join(seen)
 
 
 def test_fixed_order_sends_every_round_in_the_targets_order():
-    assert _measure(False) == "abc" * 4
+    assert _measure(False) == "dabc" * 4
 
 
-def test_rotated_order_starts_each_round_one_target_later():
-    # The warm-up round counts: round 0 a b c, round 1 b c a, round 2 c a b, round 3 a b c.
-    assert _measure(True) == "abc" + "bca" + "cab" + "abc"
+def test_rotated_order_keeps_the_first_target_first_and_rotates_the_others_behind_it():
+    # The warm-up round counts: round 0 d a b c, round 1 d b c a, round 2 d c a b, round 3 d a b c.
+    seen = _measure(True)
+    assert seen == "dabc" + "dbca" + "dcab" + "dabc"
+    # Over the three rounds after the warm-up each gateway follows the direct request once.
+    assert sorted(seen[i + 1] for i in range(4, len(seen), 4)) == ["a", "b", "c"]
+
+
+def test_rotation_with_the_first_target_alone():
+    assert _measure(True, "d") == "d" * 4
