@@ -46,8 +46,6 @@ import procs  # noqa: E402
 import ttfb  # noqa: E402
 from run import BUSBAR_CONFIG, _server_timing_ms  # noqa: E402
 
-OWN = 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: off, metrics: false}\n'
-
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,9 +62,8 @@ def main():
     py = sys.executable
     d = Path(tempfile.mkdtemp(prefix="busbar-c1-"))
     base_tree = baseline.prepare(args.baseline, py, d).tree
-    env = dict(os.environ, BENCH_MOCK_KEY="sk-bench-upstream", BUSBAR_LOG="WARNING",
-               BENCH_MOCK_AWS="AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ",
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    env = dict(os.environ, **payloads.MOCK_ENV, BUSBAR_LOG="WARNING", NO_PROXY="127.0.0.1",
+               no_proxy="127.0.0.1")
     mock_port = procs.free_port()
     run = procs.Processes(str(d))
     try:
@@ -79,7 +76,8 @@ def main():
         if (any(len(a) != 2 or a[0] in ("", "direct", "busbar", "baseline") for a in also)
                 or len(set(also_names)) != len(also_names)):
             sys.exit("--also NAME=DIR: NAME not empty, not direct, busbar or baseline, each once")
-        trees = [("busbar", ROOT, OWN)] + [(n, Path(t).resolve(), OWN) for n, t in also]
+        trees = [("busbar", ROOT, payloads.QUIET)] + [(n, Path(t).resolve(), payloads.QUIET)
+                                                       for n, t in also]
         for name, tree, extra in trees + [("baseline", Path(base_tree), None)]:
             port = procs.free_port()
             cfg = d / ("%s.yaml" % name)

@@ -42,7 +42,6 @@ import payloads  # noqa: E402
 import procs  # noqa: E402
 import ttfb  # noqa: E402
 
-OWN = 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: off, metrics: false}\n'
 LINE, PAGE = 6, 12      # log2 of a cache line's and a page's bytes
 WARM = 300
 
@@ -108,12 +107,12 @@ def summarise(ran, own):
     lines, pages = collections.defaultdict(set), collections.defaultdict(set)
     funcs = []
     for (ob, fn), counts in ran.items():
-        addrs = list(counts)
+        own_lines = {a >> LINE for a in counts}
         short = ob.rsplit("/", 1)[-1]
-        lines[short].update(a >> LINE for a in addrs)
-        pages[short].update(a >> PAGE for a in addrs)
+        lines[short] |= own_lines
+        pages[short].update(a >> PAGE for a in counts)
         if ob.startswith(own):
-            funcs.append((fn, len({a >> LINE for a in addrs}), len(addrs), sum(counts.values())))
+            funcs.append((fn, len(own_lines), len(counts), sum(counts.values())))
     by = sorted(((k, len(v), len(pages[k])) for k, v in lines.items()), key=lambda r: -r[1])
     funcs.sort(key=lambda r: -r[1])
     return by, funcs, sum(r[1] for r in by), sum(r[2] for r in by)
@@ -178,10 +177,9 @@ def main():
             sys.exit("%s is missing (Debian's valgrind package)" % tool)
     py = sys.executable
     d = Path(tempfile.mkdtemp(prefix="busbar-lines-"))
-    env = dict(os.environ, BENCH_MOCK_KEY="sk-bench-upstream", BUSBAR_LOG="WARNING",
-               BENCH_MOCK_AWS="AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ",
-               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
-    trees = [("busbar", ROOT, OWN)]
+    env = dict(os.environ, **payloads.MOCK_ENV, BUSBAR_LOG="WARNING", NO_PROXY="127.0.0.1",
+               no_proxy="127.0.0.1")
+    trees = [("busbar", ROOT, payloads.QUIET)]
     if args.baseline:
         trees.append(("baseline", Path(baseline.prepare(args.baseline, py, d).tree), None))
     print("code run by %d calls, %s → %s, ~%d B bodies, one keep-alive connection, after %d "

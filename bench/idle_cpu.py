@@ -31,7 +31,7 @@ import procs  # noqa: E402
 from run import BUSBAR_CONFIG  # noqa: E402
 
 OBSERVE = {
-    "off": 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: off, metrics: false}\n',
+    "off": payloads.QUIET,
     "on": 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: "%(dir)s/access.jsonl", '
           'metrics: true}\n',
     "default": 'admin_listen: "127.0.0.1:0"\n',
@@ -63,9 +63,8 @@ def main():
     py = sys.executable
     d = tempfile.mkdtemp(prefix="busbar-idle-")
     mock_port, port = procs.free_port(), procs.free_port()
-    env = dict(os.environ, PYTHONPATH=args.tree, BENCH_MOCK_KEY="sk-bench-upstream",
-               BENCH_MOCK_AWS="AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ",
-               BUSBAR_LOG="WARNING", NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    env = dict(os.environ, **payloads.MOCK_ENV, PYTHONPATH=args.tree, BUSBAR_LOG="WARNING",
+               NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
     cfg = Path(d) / "busbar.yaml"
     cfg.write_text(BUSBAR_CONFIG.format(port=port, mock=mock_port) + OBSERVE[args.observe] % {"dir": d})
     other = 1 - args.core if os.cpu_count() > 1 else args.core

@@ -58,6 +58,13 @@ advanced:
     server_timing: true
 """
 
+# The credentials GATEWAY_CONFIG's providers read from the environment (dummies for the mock), and
+# the config the one-gateway tools append to it: the admin API on a free port, the access log and
+# metrics off (run.py's plain busbar row).
+MOCK_ENV = {"BENCH_MOCK_KEY": "sk-bench-upstream",
+            "BENCH_MOCK_AWS": "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"}
+QUIET = 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: off, metrics: false}\n'
+
 _SIGV4 = ("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20250101/us-east-1/bedrock/aws4_request, "
           "SignedHeaders=content-type;host;x-amz-date, Signature=" + "0f" * 32)
 HEADERS = {

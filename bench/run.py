@@ -277,8 +277,7 @@ class Bench:
         self.after_times = {}
         e = dict(os.environ)
         e["PYTHONPATH"] = str(ROOT)
-        e["BENCH_MOCK_KEY"] = "sk-bench-upstream"
-        e["BENCH_MOCK_AWS"] = "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"
+        e.update(payloads.MOCK_ENV)
         e["NO_PROXY"] = e["no_proxy"] = "127.0.0.1,localhost"
         e.setdefault("BUSBAR_LOG", "WARNING")
         self.base_env = e

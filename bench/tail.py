@@ -795,8 +795,7 @@ def main(argv=None):
     out_dir = pathlib.Path(args.out) if args.out else BENCH / "results" / ("tail-" + stamp)
     trace_dir = out_dir / "trace"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), BENCH_MOCK_KEY="sk-bench-upstream",
-               BENCH_MOCK_AWS="AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ",
+    env = dict(os.environ, **payloads.MOCK_ENV, PYTHONPATH=str(ROOT),
                NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
     env.setdefault("BUSBAR_LOG", "WARNING")
     started = []

@@ -158,7 +158,8 @@ def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=Fals
             except OSError as e:
                 errors[name] = "connect failed: %s" % (e,)
         seq = 0
-        first, rest = list(targets)[:1], list(targets)[1:]
+        names = list(targets)
+        first, rest = names[:1], names[1:]
         for i in range(warmup + n):
             k = i % len(rest) if rotate and rest else 0
             for name in first + rest[k:] + rest[:k]:
