@@ -669,9 +669,8 @@ class Bench:
         """Concurrency 1: `n` requests per gateway sent one at a time, interleaved request by
         request (direct, busbar, [baseline, observe, features,] floor; then direct, [baseline, ...,]
         floor, busbar; the gateways rotated behind direct each round, ttfb.measure says why), each
-        gateway on its
-        own keep-alive connection. After each request the client waits until that gateway and the
-        mock are idle, so no request overlaps another's leftover work. Latency = request written
+        gateway on its own keep-alive connection. After each request the client waits until that
+        gateway and the mock are idle, so no request overlaps another's leftover work. Latency = request written
         -> arrival of the response's first body byte (kernel receive timestamp; these answers are
         under 1 KB, one segment, so it is the response's arrival). Added latency = gateway minus
         the direct request of the same round (paired)."""
