@@ -322,11 +322,14 @@ cpdef bytes server_timing(long long ns):
     return PyBytes_FromStringAndSize(buf, w - buf)
 
 
-def response_head(bytes status_line not None, bytes ctype not None, Py_ssize_t length,
-                          bytes extra not None, bytes timing not None, bint close):
+cpdef bytes response_head(bytes status_line, bytes ctype, Py_ssize_t length, bytes extra,
+                          bytes timing, bint close):
     """An answer's head: the status line, Content-Type, then Content-Length (length >= 0) or
     chunked transfer with Cache-Control: no-cache (length < 0), `extra` header lines, `timing`
-    (a Server-Timing line or b""), Connection: close when `close`, and the blank line."""
+    (a Server-Timing line or b""), Connection: close when `close`, and the blank line. None for
+    any of the bytes is a TypeError (cpdef cannot say `not None`; the check is here instead)."""
+    if status_line is None or ctype is None or extra is None or timing is None:
+        raise TypeError("response_head: status_line, ctype, extra and timing must be bytes")
     cdef Py_ssize_t n = (PyBytes_GET_SIZE(status_line) + 14 + PyBytes_GET_SIZE(ctype) + 2
                          + PyBytes_GET_SIZE(extra) + PyBytes_GET_SIZE(timing) + 2)
     cdef Py_ssize_t digits = 1

@@ -9,10 +9,14 @@ from busbar.engine.deadlines cimport Deadlines, Timed
 from busbar.engine.egress cimport Egress
 from busbar.engine.route cimport Route
 from busbar.engine.snapshot cimport Snapshot
-from busbar.engine.records cimport Attempt
+from busbar.engine.records cimport Attempt, new_attempt
 from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
+from busbar.upstream.pool cimport UpstreamConnection, UpstreamPool
+from cbusbar.framing cimport scan_top, splice
 from busbar.engine.status cimport status_line
+from cbusbar.clock cimport now_ns
+from cbusbar.h1 cimport response_head, server_timing
 from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 
 cdef class Exchange(Timed):
@@ -31,7 +35,9 @@ cdef class Exchange(Timed):
     cdef public Egress egress
     cdef public object codec
     cdef public bint same
-    cdef public object upconn, data
+    cdef public UpstreamPool pool   # the site's upstream pool
+    cdef public UpstreamConnection upconn
+    cdef public object data
     cdef public long long t_send, rtt
     cdef public int mode
     cdef public object chunks
@@ -54,6 +60,7 @@ cdef class Exchange(Timed):
 
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.
+    cdef _setup(self, site, conn, Request req, Route route, Snapshot snap)
     @cython.locals(route=Route)
     cpdef start(self)
     cpdef on_deadline(self)
@@ -64,7 +71,7 @@ cdef class Exchange(Timed):
     cpdef attempt(self, lane=*)
     cpdef double _attempt_secs(self) except? -1.0
     @cython.locals(att=Attempt)
-    cpdef _on_conn(self, conn)
+    cpdef _on_conn(self, UpstreamConnection conn)
     @cython.locals(a=Attempt, ah=AttemptHook)
     cpdef end_attempt(self, fault, reason=*)
     cpdef fault(self, fault, reason)
@@ -85,4 +92,5 @@ cdef class Exchange(Timed):
     cpdef finish(self, outcome, bint keep_alive=*)
 
 
+@cython.locals(ex=Exchange)
 cpdef Exchange new_exchange(site, conn, req, route)

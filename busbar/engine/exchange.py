@@ -17,11 +17,10 @@ the client's answer with the ingress protocol's native error event.
 """
 from __future__ import annotations
 
-import time
-
 import orjson
 
 from cbusbar import ir
+from cbusbar.clock import now_ns
 from cbusbar.ids import request_id
 from cbusbar.framing import FramingError, scan_top, splice
 from cbusbar.h1 import response_head, server_timing
@@ -32,15 +31,14 @@ from busbar.engine.deadlines import Timed
 from busbar.engine.route import (
     CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, STATS, UNSUPPORTED)
 from busbar.engine.records import (
-    Attempt, F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
+    F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
-    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR)
+    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, new_attempt)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
 from busbar.reliability import classify as RC
 
-_perf_ns = time.perf_counter_ns
 _loads = orjson.loads
 _dumps = orjson.dumps
 
@@ -83,52 +81,33 @@ _req_id = request_id
 
 
 class Exchange(Timed):
+    # Every member exchange.pxd declares and construction does not store starts as None, 0 or
+    # False (the compiled class's tp_new), which is each one's meaning before the request sets it:
+    # no parsed request (cr), target, name, attempt (att, lane, egress, codec, upconn, data), mode
+    # M_NONE, nothing collected (chunks, size), nothing sent (sent, pending, bytes_out,
+    # client_status), no deadline (_slot), no upstream status, error or usage yet, not closed;
+    # op None = chat (an operations.Op for embeddings / token counting); fallbacks = on_exhausted
+    # fallback_pool hops taken (a runtime loop guard); governance's principal (the caller's
+    # KeyRecord once authenticated), ticket (what admission took, busbar/governance/gate.py) and
+    # denied (the gate that refused); spans = the body's top-level members the codec names
+    # (SCAN_KEYS); relay = a same-protocol stream's relay filter (codec.stream_usage_request);
+    # queued = reliability's Waiter once on_exhausted queued the request. Storing those defaults
+    # again cost ~30 cache lines of code a request (bench/code_lines.py), code a request at
+    # concurrency 1 finds cold.
     def __init__(self, site, conn, req, route, snap):
+        self._setup(site, conn, req, route, snap)
+
+    def _setup(self, site, conn, req, route, snap):
         self.site = site
         self.conn = conn
         self.req = req
         self.route = route
         self.snap = snap
         self.proto = route.protocol
-        self.cr = None
-        self.target = None
-        self.name = None
-        self.stream = False
         self.tried = set()
         self.attempts = []
-        self.att = None
-        self.lane = None
-        self.same = False
-        self.upconn = None
-        self.data = None
-        self.mode = M_NONE
-        self.chunks = None
-        self.size = 0
-        self.sent = False
-        self._slot = None       # the site's deadline slot while a timeout of this request runs
         self.wheel = site.deadlines
-        self.last_error = None
-        self.closed = False
-        self.rtt = 0
-        self.request_id = None
-        self.tx = None
-        self.tap = None
-        self.tap_error = False
-        self.forced = None
-        self.pending = None
-        self.usage = None
-        self.client_status = 0
-        self.bytes_out = 0
-        self.last_model = None
-        self.egress = None
-        self.op = None          # an operations.Op for embeddings / token counting; None = chat
-        self.fallbacks = 0      # on_exhausted fallback_pool hops taken (a runtime loop guard)
-        self.principal = None   # governance: the caller's KeyRecord, once authenticated
-        self.ticket = None      # governance: what admission took (busbar/governance/gate.py)
-        self.denied = None      # governance: the gate that refused the request, if one did
-        self.spans = None       # the body's top-level members the codec names (SCAN_KEYS)
-        self.relay = None       # a same-protocol stream's relay filter (codec.stream_usage_request)
-        self.queued = None      # reliability: its Waiter once on_exhausted queued it
+        self.pool = site.pool
 
     # ================================================================== entry
     def start(self):
@@ -266,7 +245,7 @@ class Exchange(Timed):
                 if len(self.attempts) >= pol.max_attempts:
                     self.exhausted(hops_spent=True)
                     return
-                if _perf_ns() - self.req.t0 >= pol.failover.timeout_secs * 1e9:
+                if now_ns() - self.req.t0 >= pol.failover.timeout_secs * 1e9:
                     self.error(503, "overloaded", TIMED_OUT, outcome=O_EXHAUSTED)
                     return
             elif len(self.attempts) >= snap.max_attempts:
@@ -278,8 +257,8 @@ class Exchange(Timed):
                 return
         self.lane = lane
         self.tried.add(lane)
-        now = _perf_ns()
-        self.att = Attempt(lane, now)
+        now = now_ns()
+        self.att = new_attempt(lane, now)
         model = lane.model
         eg = snap.egress[model.provider.name]
         self.egress = eg
@@ -361,8 +340,8 @@ class Exchange(Timed):
         self.wheel.arm(self, self._attempt_secs())
         # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
         # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
-        self.t_send = _perf_ns()
-        self.site.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
+        self.t_send = now_ns()
+        self.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
 
     def _attempt_secs(self) -> float:
         """The attempt's own bound: connect + time to headers, and a buffered body or a stream's
@@ -375,7 +354,7 @@ class Exchange(Timed):
             cell = pol.cell_of.get(self.lane)
             if cell is not None and cell.attempt_timeout_ms is not None:
                 ato = cell.attempt_timeout_ms
-            left = pol.failover.timeout_secs - (_perf_ns() - self.req.t0) / 1e9
+            left = pol.failover.timeout_secs - (now_ns() - self.req.t0) / 1e9
             if left < t:
                 t = left if left > 0.001 else 0.001
         if ato is not None and ato / 1000.0 < t:
@@ -387,13 +366,13 @@ class Exchange(Timed):
         if att is None or self.closed:
             # The attempt ended while connecting (timeout, client gone): the fresh connection has
             # carried nothing and is idle.
-            self.site.pool.release(conn)
+            self.pool.release(conn)
             return
         self.upconn = conn
         self.mode = M_NONE
         self.chunks = None
         self.size = 0
-        att.t_connected = t = _perf_ns()
+        att.t_connected = t = now_ns()
         if conn.idle_since:     # reused (a fresh connection's is 0.0): nothing to wait for
             self.t_send = t
         data = self.data
@@ -429,7 +408,7 @@ class Exchange(Timed):
         if a is None:
             return
         self.att = None
-        a.t_end = _perf_ns()
+        a.t_end = now_ns()
         a.fault = fault
         a.reason = reason
         a.bytes_in = self.size
@@ -534,7 +513,7 @@ class Exchange(Timed):
 
     # ================================================================== upstream callbacks
     def on_upstream_headers(self, status, headers):
-        t = _perf_ns()
+        t = now_ns()
         att = self.att
         att.t_headers = t
         att.status = status
@@ -681,7 +660,7 @@ class Exchange(Timed):
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return
-            self.rtt = _perf_ns() - self.t_send     # the body download is upstream time
+            self.rtt = now_ns() - self.t_send     # the body download is upstream time
             self.end_attempt(None)
             headers = self.up_headers
             self.respond(200, _header(headers, b"content-type") or b"application/json", body,
@@ -704,7 +683,7 @@ class Exchange(Timed):
             self.finish(O_OK)
         elif mode == M_TRANSLATE_BODY:
             # Buffered translation: the body download is upstream time, not busbar's (BENCHMARK.md).
-            self.rtt = _perf_ns() - self.t_send
+            self.rtt = now_ns() - self.t_send
             body = b"".join(self.chunks)
             self.chunks = None
             ing = self.ingress
@@ -828,7 +807,7 @@ class Exchange(Timed):
     def _timing(self) -> bytes:
         if not self.snap.server_timing:
             return b""
-        return server_timing(_perf_ns() - self.req.t0 - self.rtt)
+        return server_timing(now_ns() - self.req.t0 - self.rtt)
 
     def head(self, status, ctype, length, extra=b""):
         self.client_status = status
@@ -852,7 +831,7 @@ class Exchange(Timed):
             if self.att is not None and (self.mode == M_RELAY_STREAM or self.mode == M_TRANSLATE_STREAM):
                 # Past the first byte a stream is bounded by the whole-request timeout only.
                 lim = self.snap.limits.upstream_request_timeout_secs
-                left = lim - (_perf_ns() - self.t_send) / 1e9
+                left = lim - (now_ns() - self.t_send) / 1e9
                 self.wheel.arm(self, left if left > 0.001 else 0.001)
         self.bytes_out += len(data)
         self.conn.write(data)
@@ -911,7 +890,7 @@ class Exchange(Timed):
                 self.usage = src.usage
         site = self.site
         site.inflight -= 1
-        self.t_end = _perf_ns()
+        self.t_end = now_ns()
         key = self.principal
         if key is not None and (self.ticket is not None or self.attempts):
             atts = self.attempts
@@ -960,7 +939,9 @@ class Exchange(Timed):
 def new_exchange(site, conn, req, route):
     """The exchange of a request on `site`'s data listener, with the snapshot current now (the
     Gateway binds this as its `new_exchange`: a C call, no Python frame per request)."""
-    return Exchange(site, conn, req, route, site.snapshot)
+    ex = Exchange.__new__(Exchange)     # compiled: tp_new directly, no argument tuple to parse
+    ex._setup(site, conn, req, route, site.snapshot)
+    return ex
 
 
 def _log_hook_failure(hook):

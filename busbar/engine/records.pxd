@@ -1,6 +1,8 @@
 # Typed layout of busbar/engine/records.py's Attempt when compiled (Cython's augmenting .pxd): the
 # exchange fills it with struct writes; every member stays readable and writable from Python.
 
+cimport cython
+
 cdef class Attempt:
     cdef public object lane
     cdef public long long t_start, t_connected, t_headers, t_end
@@ -8,3 +10,6 @@ cdef class Attempt:
     cdef public object fault, reason
     cdef public long long bytes_in
     cdef public object retry_after, disposition
+
+@cython.locals(a=Attempt)
+cpdef Attempt new_attempt(lane, long long t_start)

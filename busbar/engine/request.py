@@ -18,3 +18,18 @@ class Request:
         self.body = body
         self.t0 = t0
         self.keep_alive = keep_alive
+
+
+def new_request(method, path, query, headers, body, t0, keep_alive):
+    """Request(...) as the server builds one per request (compiled: request.pxd types it, and the
+    server cimports it): the members stored directly, without the constructor's call through
+    Python and its argument parsing."""
+    r = Request.__new__(Request)
+    r.method = method
+    r.path = path
+    r.query = query
+    r.headers = headers
+    r.body = body
+    r.t0 = t0
+    r.keep_alive = keep_alive
+    return r

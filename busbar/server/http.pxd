@@ -3,7 +3,9 @@
 # from Python (`public`); the methods a request passes through are C calls between these classes.
 
 from busbar.engine.deadlines cimport Deadlines, Timed
-from busbar.engine.request cimport Request
+from busbar.engine.request cimport Request, new_request
+from cbusbar.clock cimport now_ns
+from cbusbar.h1 cimport parse_request as _fast_parse
 
 cdef class BodyBudget:
     cdef public object site

@@ -22,16 +22,14 @@ timeout or a cancel, and an answer nobody reads only holds a permit.
 from __future__ import annotations
 
 import operator
-import time
 
 import httptools
 
 from busbar.engine.deadlines import Timed
-from busbar.engine.request import Request
+from busbar.engine.request import new_request
 from busbar.engine.status import REASONS, status_line  # noqa: F401 (re-exported)
+from cbusbar.clock import now_ns
 from cbusbar.h1 import parse_request as _fast_parse
-
-_perf_ns = time.perf_counter_ns
 
 # Pipelined requests beyond this many waiting on one connection pause reading from it, so a client
 # that floods one socket cannot make busbar buffer without bound.
@@ -261,7 +259,7 @@ class HttpConnection(Timed):
         return False
 
     def data_received(self, data):
-        self.t_recv = t = _perf_ns()
+        self.t_recv = t = now_ns()
         if self._pause & _PAUSE_BUDGET:
             # Accepted while the budget was closed: uvloop starts reading after connection_made
             # whatever it asked, so this connection stops now, after its first read.
@@ -286,7 +284,7 @@ class HttpConnection(Timed):
                 body = r[4]
                 if body and self._budget is not None:
                     self._budget.take(self, len(body), False)
-                self._deliver(Request(r[0], r[1], r[2], r[3], body, t, r[5]))
+                self._deliver(new_request(r[0], r[1], r[2], r[3], body, t, r[5]))
                 if pos == n or self.closed:
                     return
             if pos:
@@ -371,8 +369,8 @@ class HttpConnection(Timed):
             raise _Abort(400, "Malformed request target.")
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
-        self._deliver(Request(self.parser.get_method(), path, q, self._headers, body, self._t0,
-                              self.parser.should_keep_alive()))
+        self._deliver(new_request(self.parser.get_method(), path, q, self._headers, body, self._t0,
+                                  self.parser.should_keep_alive()))
 
     def _deliver(self, req):
         if self.exchange is None and not self.queue:

@@ -1,6 +1,9 @@
 # Typed layout of busbar/upstream/pool.py's connection and pool when compiled (Cython's augmenting
 # .pxd: the .py stays the source). Every member stays readable and writable from Python (`public`).
 
+from cbusbar.clock cimport monotonic
+from cbusbar.h1 cimport parse_response as _fast_parse
+
 cdef class UpstreamConnection:
     cdef public object pool, key, transport, parser, handler
     cdef public list headers

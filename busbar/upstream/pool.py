@@ -23,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import socket
 import ssl
-import time
 
 import httptools
 
+from cbusbar.clock import monotonic
 from cbusbar.h1 import parse_response as _fast_parse
 from busbar.upstream.tlsread import TlsReader
 
@@ -308,7 +308,7 @@ class UpstreamPool:
         if len(idle) >= self.max_idle:
             conn.close()
             return
-        conn.idle_since = time.monotonic()
+        conn.idle_since = monotonic()
         idle.append(conn)
 
     def forget(self, conn):
@@ -318,7 +318,7 @@ class UpstreamPool:
             idle.remove(conn)
 
     def _reap(self):
-        cutoff = time.monotonic() - self.idle_timeout
+        cutoff = monotonic() - self.idle_timeout
         for idle in list(self.idle.values()):
             for conn in [c for c in idle if c.idle_since < cutoff]:
                 conn.close()
