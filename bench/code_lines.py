@@ -4,7 +4,7 @@ are counted in 64-byte lines and 4 KiB pages, per mapping (libpython, the extens
 and per function of the project's own extension.
 
     .venv/bin/python bench/code_lines.py [--baseline 85eaf0e] [--proto anthropic] [--size 100]
-                                         [--n 50] [--top 20]
+                                         [--stream] [--n 50] [--top 20]
 
 Why lines and not instructions: at concurrency 1 a request finds its code cold whenever another
 process ran on its core in between, and pays for every cache line and page of it (README,
@@ -18,7 +18,8 @@ mock runs natively. Work that runs now and then rather than per call (a garbage 
 deadline wheel's 1 s prune) falls into some runs and not others: totals move by up to ~8 % from
 run to run (2,234-2,359 lines on the small call, 3,599-3,873 on Bedrock ~1k), the functions of
 the request path not at all. --proto picks the request protocol and its same-protocol lane (bench/payloads.py);
---size the body's target bytes (100 small, 4096 ~1k tokens).
+--size the body's target bytes (100 small, 4096 ~1k tokens); --stream asks for a streamed answer
+(the same-protocol relay: bench/run.py's stream rows).
 """
 from __future__ import annotations
 
@@ -111,14 +112,14 @@ def summarise(ran, own):
         short = ob.rsplit("/", 1)[-1]
         lines[short] |= own_lines
         pages[short].update(a >> PAGE for a in counts)
-        if ob.startswith(own):
+        if ob.startswith(own) and "/site-packages/" not in ob:     # not the venv's packages
             funcs.append((fn, len(own_lines), len(counts), sum(counts.values())))
     by = sorted(((k, len(v), len(pages[k])) for k, v in lines.items()), key=lambda r: -r[1])
     funcs.sort(key=lambda r: -r[1])
     return by, funcs, sum(r[1] for r in by), sum(r[2] for r in by)
 
 
-def measure(name, tree, extra, proto, size, n, d, py, env):
+def measure(name, tree, extra, proto, size, n, d, py, env, stream=False):
     """Runs one gateway under callgrind for `n` calls; the parsed output."""
     mock_port, port = procs.free_port(), procs.free_port()
     cfg = d / ("%s.yaml" % name)
@@ -137,12 +138,13 @@ def measure(name, tree, extra, proto, size, n, d, py, env):
             sys.exit("%s %s; log: %s" % (name, why, s.log_tail()))
         lane = payloads.LANES[proto]
         hdr = payloads.headers(proto)
-        template = payloads.body(proto, lane, size)
+        template = payloads.body(proto, lane, size, stream=stream)
+        path = payloads.path(proto, lane, stream=stream)
         conn = ttfb._Conn(port)
         conn.sock.settimeout(60)
 
         def call(i):
-            r = conn.request(ttfb._request_bytes(port, payloads.path(proto, lane), hdr,
+            r = conn.request(ttfb._request_bytes(port, path, hdr,
                                                  template.replace(b"@SEQ@", b"cl%d" % i)))
             if r[2] != 200:
                 sys.exit("%s answered %d: %r" % (name, r[2], r[4]))
@@ -169,6 +171,7 @@ def main():
     ap.add_argument("--baseline", metavar="REF", help="also an older busbar (bench/baseline.py)")
     ap.add_argument("--proto", choices=sorted(payloads.LANES), default="anthropic")
     ap.add_argument("--size", type=int, default=100, help="the body's target bytes")
+    ap.add_argument("--stream", action="store_true", help="streamed calls")
     ap.add_argument("--n", type=int, default=50, help="calls counted")
     ap.add_argument("--top", type=int, default=20, help="own functions listed")
     args = ap.parse_args()
@@ -182,13 +185,14 @@ def main():
     trees = [("busbar", ROOT, payloads.QUIET)]
     if args.baseline:
         trees.append(("baseline", Path(baseline.prepare(args.baseline, py, d).tree), None))
-    print("code run by %d calls, %s → %s, ~%d B bodies, one keep-alive connection, after %d "
+    print("code run by %d %scalls, %s → %s, ~%d B bodies, one keep-alive connection, after %d "
           "(distinct instruction addresses; lines of 64 B, pages of 4 KiB), per call:" % (
-              args.n, args.proto, args.proto, args.size, WARM))
+              args.n, "streamed " if args.stream else "", args.proto, args.proto, args.size, WARM))
     for name, tree, extra in trees:
         t0 = time.monotonic()
         by, funcs, lines, pages = summarise(measure(name, tree, extra, args.proto, args.size,
-                                                    args.n, d, py, env), str(tree) + os.sep)
+                                                    args.n, d, py, env, args.stream),
+                                               str(tree) + os.sep)
         print("%s (%s, %.0f s): %d lines (%d KiB) in %d pages" % (
             name, tree, time.monotonic() - t0, lines, lines * 64 // 1024, pages))
         for m, nl, np_ in by[:10]:
