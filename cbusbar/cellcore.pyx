@@ -13,7 +13,7 @@ The slot layout constants are breaker.py's; `LAYOUT` lets it check they agree at
 """
 from libc.stdlib cimport calloc, free
 from libc.math cimport floor
-from posix.time cimport clock_gettime, timespec, CLOCK_MONOTONIC
+from cbusbar.clock cimport monotonic
 
 from cbusbar.record cimport AttemptHook
 from cbusbar.shared cimport Slots
@@ -44,11 +44,10 @@ cdef object _monotonic = _time.monotonic
 
 
 cdef inline double _now(object clock) except? -1.0:
-    """The cell's clock: time.monotonic read in C, an injected clock (tests) called."""
-    cdef timespec ts
+    """The cell's clock: time.monotonic read in C (cbusbar/clock), an injected clock (tests)
+    called."""
     if clock is _monotonic:
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return ts.tv_sec + ts.tv_nsec * 1e-9
+        return monotonic()
     return clock()
 
 
