@@ -54,8 +54,18 @@ def _spread(gws, n, fn):
         return list(pool.map(lambda i: fn(gws[i % len(gws)]), range(n)))
 
 
+def _within_one_minute(secs):
+    """Waits for the next UTC minute when fewer than `secs` seconds are left in this one: the `rl`
+    group's limit counts per calendar minute (governance/model.py `window`), so a test that spends
+    it and then expects a 429 must not straddle the roll (it failed so, once, in `make test`)."""
+    left = 60 - time.time() % 60
+    if left < secs:
+        time.sleep(left + 0.05)
+
+
 def test_fleet_limits_are_exact(fleet):
     a, b, _ = fleet
+    _within_one_minute(15)
     k = a.admin.mint(name="rl", group="rl")["token"]
     assert chat(b, k)[0] == 200                  # minted on a, known to b
     out = _spread([a, b], 60, lambda g: chat(g, k)[0])
@@ -110,6 +120,7 @@ def test_fail_open_admits_counts_locally_and_reconciles(mock_port, tmp_path):
     g = start(tmp_path, mock_port, TAIL.replace("fail_mode: closed", "fail_mode: open"), workers=1,
               extra_env={"BB_REDIS": redis.url})
     try:
+        _within_one_minute(25)      # the outage and the reconciliation below take up to ~10 s
         k = g.admin.mint(name="open", group="rl")
         assert chat(g, k["token"])[0] == 200           # the key is now cached in the worker
         time.sleep(0.3)                                  # its settlement written to Redis
