@@ -826,15 +826,18 @@ class Exchange(Timed):
         if p is not None:
             self.pending = None
             data = p + data
-        if not self.sent:
-            self.sent = True
-            if self.att is not None and (self.mode == M_RELAY_STREAM or self.mode == M_TRANSLATE_STREAM):
-                # Past the first byte a stream is bounded by the whole-request timeout only.
-                lim = self.snap.limits.upstream_request_timeout_secs
-                left = lim - (now_ns() - self.t_send) / 1e9
-                self.wheel.arm(self, left if left > 0.001 else 0.001)
         self.bytes_out += len(data)
+        if self.sent:
+            self.conn.write(data)
+            return
+        self.sent = True
         self.conn.write(data)
+        if self.att is not None and (self.mode == M_RELAY_STREAM or self.mode == M_TRANSLATE_STREAM):
+            # Past the first byte a stream is bounded by the whole-request timeout only (re-armed
+            # after the write: the first byte does not wait for the wheel).
+            lim = self.snap.limits.upstream_request_timeout_secs
+            left = lim - (now_ns() - self.t_send) / 1e9
+            self.wheel.arm(self, left if left > 0.001 else 0.001)
 
     def respond(self, status, ctype, body, extra=b"", outcome=None):
         self.head(status, ctype, len(body), extra)

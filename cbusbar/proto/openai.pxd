@@ -34,11 +34,20 @@ cdef class StreamDecoder:
     cdef void _finish(self, list out) except *
 
 
-cdef class StreamTap(StreamDecoder):
-    """The same-protocol relay's usage tap (docs/codecs.md `StreamTap`): a StreamDecoder that,
-    after the first chunk, leaves alone the chunks that can carry nothing it is read for (usage,
-    an error, a finish_reason)."""
-    pass
+cdef class StreamTap:
+    """The same-protocol relay's tap (docs/codecs.md `StreamTap`): reads a relayed stream for what
+    the engine needs of it (the usage, an error event, whether it ended properly), not for IR
+    blocks; the client gets the upstream's bytes."""
+    cdef SSEParser parser
+    cdef bint started               # a frame was read whole (the stream's start was valid JSON)
+    cdef bint done                  # [DONE] or an error event: later frames are ignored
+    cdef readonly bint finished     # the stream ended properly: [DONE], or a finish_reason then EOF
+    cdef bint have_finish           # a finish_reason arrived
+    cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
+
+    cpdef list feed(self, bytes chunk)
+    cpdef list close(self)
+    cdef void _frame(self, bytes data, list out) except *
 
 
 cdef class StreamEncoder:

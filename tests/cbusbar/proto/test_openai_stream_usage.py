@@ -247,7 +247,17 @@ def test_the_tap_sees_an_error_after_deltas():
     assert ir.EVENT_ERROR in kinds
 
 
-def test_the_tap_decodes_the_first_chunk_whole():
+def test_the_tap_reads_the_first_frame_whole():
     # A malformed start fails before the first byte reaches the client (the engine fails over).
     with pytest.raises(Exception):
         O.StreamTap().feed(b'data: {"choices":[{"finish_reason":null}],"usage":null\n\n')
+
+
+def test_the_tap_ignores_what_follows_an_error_and_a_done():
+    from cbusbar import ir
+    err = b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n'
+    after = _sse([dict(_chunk("x"), usage={"prompt_tokens": 3, "completion_tokens": 2})])
+    tap, kinds = _tap(O.StreamTap, _sse([_chunk("")])[:-len(b"data: [DONE]\n\n")] + err + after, [9])
+    assert kinds.count(ir.EVENT_ERROR) == 1 and tap.usage is None and not tap.finished
+    tap, kinds = _tap(O.StreamTap, b"data: [DONE]\n\n" + after, [1 << 20])
+    assert kinds == [] and tap.usage is None and tap.finished
