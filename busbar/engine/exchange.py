@@ -303,7 +303,7 @@ class Exchange(Timed):
             if stream:
                 # Usage on every path (SPEC §5): the codec makes the upstream send it, and gives
                 # a filter that hides it again from a client that did not ask for it.
-                body, self.relay = codec.stream_usage_request(body)
+                body, self.relay = codec.stream_usage_request(body, self.spans)
             betas = snap.beta_headers.get(proto)
             if betas:
                 h = self.req.headers

@@ -1162,7 +1162,7 @@ cpdef bint wants_stream_usage(ir.Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """Anthropic streams always carry usage: the body goes as it is, nothing is hidden."""
     return body, None
 

@@ -1057,7 +1057,7 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """ConverseStream always ends with a metadata event carrying usage: the body goes as it is."""
     return body, None
 

@@ -96,7 +96,7 @@ cpdef bint wants_stream_usage(ir.Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """Claude's stream always carries usage: the body goes as it is."""
     return body, None
 

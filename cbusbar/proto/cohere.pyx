@@ -876,7 +876,7 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """Cohere's message-end always carries usage: the body goes as it is."""
     return body, None
 

@@ -1174,7 +1174,7 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """Gemini's final chunk always carries usageMetadata: the body goes as it is."""
     return body, None
 

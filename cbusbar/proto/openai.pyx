@@ -63,7 +63,7 @@ NEEDS_MAX_TOKENS = False    # max_tokens is optional
 # The top-level members the engine reads without parsing (one scan of the body): the model,
 # stream, and where the caller's output cap lives; MAX_TOKENS_PATH is that cap's path, one level
 # deep at most (governance reserves a budget for it before the call).
-SCAN_KEYS = (b"model", b"stream", b"max_completion_tokens", b"max_tokens")
+SCAN_KEYS = (b"model", b"stream", b"max_completion_tokens", b"max_tokens", b"stream_options")
 MAX_TOKENS_PATH = ((b"max_completion_tokens",), (b"max_tokens",))
 
 # What a streamed request's stream_options gets so the upstream sends the usage chunk.
@@ -1275,23 +1275,30 @@ cpdef bint wants_stream_usage(Request req):
     return isinstance(so, dict) and so.get("include_usage") is True
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """(upstream body, relay filter or None) for a same-protocol streamed request. busbar bills
     from the usage chunk, so the upstream is always asked for it (SPEC §5): a body without
     `stream_options.include_usage: true` gets it, merged into the client's own stream_options,
     and the client's stream then goes through a UsageHider, as it did not ask for usage. A body
     that already asks goes as it is, with no filter. Bytes-level, like the engine's model splice:
     the rest of the body is untouched. A stream_options that is not an object (or null) is left
-    for the upstream to refuse in its own words."""
-    cdef dict spans
+    for the upstream to refuse in its own words.
+
+    spans: the engine's scan of the client's body (SCAN_KEYS, which names stream_options). When
+    it has no stream_options member (what SDKs send unless asked for usage) the member is
+    inserted without scanning the body again; otherwise the body is scanned here (the engine's
+    offsets may predate its model splice)."""
     cdef object span, so
     cdef Py_ssize_t i, s, e
     cdef bytes v
-    try:
-        spans = scan_top(body, (b"stream_options",))
-    except FramingError:
-        return body, None
-    span = spans.get(b"stream_options")
+    if spans is not None and b"stream_options" not in spans:
+        span = None
+    else:
+        try:
+            spans = scan_top(body, (b"stream_options",))
+        except FramingError:
+            return body, None
+        span = spans.get(b"stream_options")
     if span is None:
         i = body.find(b"{") + 1
         return (body[:i] + b'"stream_options":' + _INCLUDE_USAGE +

@@ -1075,7 +1075,7 @@ cpdef bint wants_stream_usage(Request req):
     return False
 
 
-cpdef tuple stream_usage_request(bytes body):
+cpdef tuple stream_usage_request(bytes body, dict spans=None):
     """Responses streams always end with the usage: the body goes as it is."""
     return body, None
 

@@ -261,3 +261,25 @@ def test_the_tap_ignores_what_follows_an_error_and_a_done():
     assert kinds.count(ir.EVENT_ERROR) == 1 and tap.usage is None and not tap.finished
     tap, kinds = _tap(O.StreamTap, b"data: [DONE]\n\n" + after, [1 << 20])
     assert kinds == [] and tap.usage is None and tap.finished
+
+
+@pytest.mark.parametrize("body", [
+    b'{"model":"m","stream":true,"messages":[]}',
+    b'{"model":"m","stream":true,"stream_options":null,"messages":[]}',
+    b'{"model":"m","stream":true,"stream_options":{"include_obfuscation":false},"messages":[]}',
+    b'{"model":"m","stream":true,"stream_options":{"include_usage":true},"messages":[]}',
+    b'{ }',
+])
+def test_the_engine_scan_gives_the_same_request(body):
+    # With the engine's own scan of the client's body (which names stream_options) the body
+    # comes out byte for byte as with the codec's own scan, with a filter exactly when it would.
+    from cbusbar.framing import scan_top
+    spans = scan_top(body, O.SCAN_KEYS)
+    out, relay = O.stream_usage_request(body, spans)
+    out2, relay2 = O.stream_usage_request(body)
+    assert out == out2 and (relay is None) == (relay2 is None)
+    # Offsets that predate a model splice are not trusted: a stale span still gives the same.
+    spliced = body.replace(b'"m"', b'"a-much-longer-model-name"')
+    a, ra = O.stream_usage_request(spliced, spans)
+    b, rb = O.stream_usage_request(spliced)
+    assert a == b and (ra is None) == (rb is None)
