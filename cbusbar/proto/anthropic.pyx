@@ -1202,23 +1202,13 @@ cdef class StreamDecoder:
 
     cpdef list feed(self, bytes chunk):
         cdef list out = []
-        cdef list frames
-        try:
-            frames = self.parser.feed(chunk)
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for event, data in frames:
+        for event, data in jsonget.sse_frames(self.parser, chunk, False):
             self._frame(event, data, out)
         return out
 
     cpdef list close(self):
         cdef list out = []
-        cdef list frames
-        try:
-            frames = self.parser.close()
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for event, data in frames:
+        for event, data in jsonget.sse_frames(self.parser, None, True):
             self._frame(event, data, out)
         return out
 

@@ -919,22 +919,14 @@ cdef class StreamDecoder:
 
     cpdef list feed(self, bytes chunk):
         cdef list out = []
-        try:
-            frames = self.parser.feed(chunk)
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for event, data in frames:
+        for event, data in jsonget.sse_frames(self.parser, chunk, False):
             self._frame(out, event, data)
         return out
 
     cpdef list close(self):
         """Upstream EOF. A stream cut before message-end is left unfinished: the engine ends it."""
         cdef list out = []
-        try:
-            frames = self.parser.close()
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for event, data in frames:
+        for event, data in jsonget.sse_frames(self.parser, None, True):
             self._frame(out, event, data)
         return out
 

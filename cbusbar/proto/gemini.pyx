@@ -1253,11 +1253,7 @@ cdef class StreamDecoder:
         if self.done:
             return out
         if self.mode == 1:
-            try:
-                frames = self.parser.close()
-            except FramingError:
-                raise jsonget.frame_too_large() from None
-            for _, data in frames:
+            for _, data in jsonget.sse_frames(self.parser, None, True):
                 if self.done:
                     break
                 self._frame(data, out)

@@ -1360,25 +1360,15 @@ cdef class StreamDecoder:
 
     cpdef list feed(self, bytes chunk):
         cdef list out = []
-        cdef list frames
         cdef tuple frame
-        try:
-            frames = self.parser.feed(chunk)
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for frame in frames:
+        for frame in jsonget.sse_frames(self.parser, chunk, False):
             self._frame(frame[1], out)
         return out
 
     cpdef list close(self):
         cdef list out = []
-        cdef list frames
         cdef tuple frame
-        try:
-            frames = self.parser.close()
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for frame in frames:
+        for frame in jsonget.sse_frames(self.parser, None, True):
             self._frame(frame[1], out)
         # Some OpenAI-compatible servers end without `[DONE]`; a finish_reason is proof enough.
         # Without one the stream was cut, and the engine reports that itself.
@@ -1849,25 +1839,15 @@ cdef class StreamTap:
 
     cpdef list feed(self, bytes chunk):
         cdef list out = []
-        cdef list frames
         cdef tuple frame
-        try:
-            frames = self.parser.feed(chunk)
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for frame in frames:
+        for frame in jsonget.sse_frames(self.parser, chunk, False):
             self._frame(frame[1], out)
         return out
 
     cpdef list close(self):
         cdef list out = []
-        cdef list frames
         cdef tuple frame
-        try:
-            frames = self.parser.close()
-        except FramingError:
-            raise jsonget.frame_too_large() from None
-        for frame in frames:
+        for frame in jsonget.sse_frames(self.parser, None, True):
             self._frame(frame[1], out)
         # As StreamDecoder.close: a finish_reason then EOF is an ending (some compatible servers
         # send no `[DONE]`); without one the engine reports the cut itself.

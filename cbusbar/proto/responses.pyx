@@ -1162,10 +1162,7 @@ cdef class StreamDecoder:
         cdef list frames
         if self.done:
             return out
-        try:
-            frames = self.parser.feed(chunk)
-        except FramingError:
-            raise jsonget.frame_too_large() from None
+        frames = jsonget.sse_frames(self.parser, chunk, False)
         for event, data in frames:
             if self.done:
                 break
@@ -1176,10 +1173,7 @@ cdef class StreamDecoder:
         cdef list out = []
         if self.done:
             return out
-        try:
-            frames = self.parser.close()
-        except FramingError:
-            raise jsonget.frame_too_large() from None
+        frames = jsonget.sse_frames(self.parser, None, True)
         for event, data in frames:
             if self.done:
                 break
