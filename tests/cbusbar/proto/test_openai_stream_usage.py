@@ -253,6 +253,42 @@ def test_the_tap_reads_the_first_frame_whole():
         O.StreamTap().feed(b'data: {"choices":[{"finish_reason":null}],"usage":null\n\n')
 
 
+@pytest.mark.parametrize("frame", [
+    b'{"id":"x",,"choices":[{"index":0,"delta":{},"finish_reason":null}]}',
+    b'{"id":"x" "choices":[{"index":0,"delta":{},"finish_reason":null}]}',
+    b'["x",{"choices":[{"index":0,"delta":{},"finish_reason":null}]}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"a\x01"},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{},"finish_reason":null}],"usage":null}x',
+])
+def test_a_first_frame_in_the_plain_layout_is_still_read_whole(frame):
+    # The first frame's plain-delta layout is read by the framing scanner instead of orjson: what
+    # it refuses goes to orjson, and a malformed start still fails before the first byte.
+    from cbusbar import ir
+    with pytest.raises(ir.CodecError):
+        O.StreamTap().feed(b"data: " + frame + b"\n\n")
+
+
+@pytest.mark.parametrize("frame", [
+    b'{"id":"x","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+    b'{"id":"x","choices":[{"index":0,"delta":{},"finish_reason":null}],"usage":null}',
+    b'{"id":"x","choices":[{"index":0,"delta":{"content":"\\u00e9\\"error\\""},"finish_reason":null}]}',
+])
+def test_a_valid_plain_first_frame_starts_the_stream(frame):
+    t = O.StreamTap()
+    assert t.feed(b"data: " + frame + b"\n\n") == [] and t.usage is None and not t.finished
+    # started: a later frame in the plain layout is not parsed at all (even when not JSON)
+    assert t.feed(b'data: not json "finish_reason":null}]}\n\n') == []
+    assert t.feed(b"data: [DONE]\n\n") == [] and t.finished
+
+
+def test_a_first_frame_in_the_plain_layout_with_an_error_member_is_an_error():
+    from cbusbar import ir
+    t = O.StreamTap()
+    kinds = [e.kind for e in t.feed(
+        b'data: {"error":{"message":"no"},"choices":[{"index":0,"delta":{},"finish_reason":null}]}\n\n')]
+    assert kinds == [ir.EVENT_ERROR] and not t.finished
+
+
 def test_the_tap_ignores_what_follows_an_error_and_a_done():
     from cbusbar import ir
     err = b'data: {"error":{"message":"overloaded","type":"server_error"}}\n\n'
