@@ -594,3 +594,28 @@ def test_bedrock_budget_refusal_is_its_own(gw):
                     inferenceConfig={"maxTokens": 10})
     assert e.value.response["Error"]["Code"] == "ServiceQuotaExceededException"
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+
+
+def test_a_key_alone_still_bills_a_relayed_stream(mock_port, tmp_path):
+    """Usage is asked for where something reads it: with keys on and no finish hook at all (no
+    access log, metrics, request logs or traces), a same-protocol OpenAI stream whose client did
+    not ask for usage is still billed what the upstream reported (busbar asks it for the usage
+    chunk for the key's settlement), and the client still sees none."""
+    g = start(tmp_path, mock_port, "groups:\n  team: {}\nstore: {kind: memory}\n"
+              "observability: {metrics: false, access_log: off}\n")
+    try:
+        k = g.admin.mint(name="alone", group="team")
+        o = openai.OpenAI(base_url=g.url + "/v1", api_key=k["token"], max_retries=0, timeout=20)
+        msgs = [{"role": "user", "content": "twin"}]
+        plain = list(o.chat.completions.create(model="oai-model", stream=True, messages=msgs))
+        assert plain[-1].choices and all(getattr(x, "usage", None) is None for x in plain)
+        u = wait_usage(g.admin, "/keys/%s/usage" % k["id"],
+                       lambda d: d["total"]["requests"] >= 1)["total"]
+        twin = list(o.chat.completions.create(model="oai-model", stream=True, messages=msgs,
+                                              stream_options={"include_usage": True}))[-1].usage
+        assert u["requests"] == 1
+        assert (u["input_tokens"], u["output_tokens"]) == (twin.prompt_tokens,
+                                                           twin.completion_tokens)
+        assert u["output_tokens"] > 0
+    finally:
+        stop(g.proc)

@@ -82,9 +82,25 @@ def odd_split(crlf, usage_first):
     return fn
 
 
+def plain_sse(c, req):
+    """An OpenAI stream as sent without include_usage, in OpenAI's compact layout."""
+    base = {"id": "chatcmpl-plain", "object": "chat.completion.chunk", "created": 1700000000,
+            "model": req.model}
+
+    def ev(choice):
+        return b"data: " + json.dumps(dict(base, choices=[choice]), separators=(",", ":")).encode() + b"\n\n"
+
+    body = ev({"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None})
+    for word in TEXT.split(" "):
+        body += ev({"index": 0, "delta": {"content": word + " "}, "finish_reason": None})
+    body += ev({"index": 0, "delta": {}, "finish_reason": "stop"}) + b"data: [DONE]\n\n"
+    c.sendall(chunked_head() + chunk(body[:200]) + chunk(body[200:]) + b"0\r\n\r\n")
+
+
 @pytest.fixture(scope="module")
 def hostile():
-    h = HostileUpstream({"odd-lf": odd_split(False, False), "odd-crlf": odd_split(True, True)})
+    h = HostileUpstream({"odd-lf": odd_split(False, False), "odd-crlf": odd_split(True, True),
+                         "plain": plain_sse})
     yield h
     h.close()
 
@@ -113,6 +129,72 @@ def site(mock_port, hostile):
     yield box
     loop.call_soon_threadsafe(loop.stop)
     t.join(10)
+
+
+@pytest.fixture(scope="module")
+def bare(mock_port, hostile):
+    """A gateway where nothing reads usage: no finish hook (access log, metrics, request logs,
+    traces) and no keys."""
+    port = free_port()
+    text = CONFIG.format(port=port, mock=mock_port, hostile=hostile.port).replace(
+        "models:\n", "models:\n  plain: {provider: hostile, upstream_model: plain}\n")
+    cfg = cfgmod.load(text=text + "observability: {access_log: off, metrics: false}\n",
+                      env={"MOCK_KEY": "sk-test-key"})
+    loop = uvloop.new_event_loop()
+    ready = threading.Event()
+    box = {}
+
+    def run():
+        asyncio.set_event_loop(loop)
+        gw = box["gw"] = Gateway(cfg, loop)
+        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
+        ready.set()
+        loop.run_forever()
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    assert box["gw"].finish_hooks == []
+    box["port"] = port
+    yield box
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(10)
+
+
+def test_no_usage_reader_relays_the_stream_untouched(bare, hostile):
+    """Usage is asked for only where something reads it: with no finish hook and no key, the
+    upstream gets the client's body as it came (no stream_options added) and the client the
+    upstream's stream byte for byte (no filter)."""
+    n0 = len(hostile.requests)
+    body = json.dumps({"model": "plain", "stream": True, "messages": MESSAGES},
+                      separators=(",", ":")).encode()
+    c = http.client.HTTPConnection("127.0.0.1", bare["port"], timeout=10)
+    c.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    r = c.getresponse()
+    data = r.read()
+    c.close()
+    assert r.status == 200, data
+    (req,) = hostile.requests[n0:]
+    assert req.body == body
+    sent = []
+    plain_sse(type("C", (), {"sendall": lambda self, b: sent.append(b)})(), req)
+    wire = sent[0]
+    want = wire[wire.index(b"\r\n\r\n") + 4:]
+    # the two chunks' payloads, de-chunked
+    out, rest = b"", want
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, rest = out + rest[:n], rest[n + 2:]
+    assert data == out
+    # the SDK reads it as the stream it is
+    sdk = openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % bare["port"], api_key="sk-unused",
+                        max_retries=0, timeout=10)
+    chunks = list(sdk.chat.completions.create(model="plain", messages=MESSAGES, stream=True))
+    assert "".join(x.choices[0].delta.content or "" for x in chunks) == TEXT + " "
+    assert "stream_options" not in hostile.requests[-1].json()
 
 
 def _record(site):
