@@ -17,6 +17,9 @@ of its paired differences to direct and its median busbar;dur (µs). --access-lo
 an access log file (a reader of usage: the OpenAI relay then asks the upstream for it); trees
 without busbar/admin (older than the admin listener) get the config without that section.
 
+--buffered: buffered calls of the same body instead, in run.py's concurrency-1 conditions (1 ms
+of quiet after each request; the time is to the answer's first body byte, its only segment).
+
 Two copies of one tree differ here by up to ~5 µs (3 x 300 streams); a run.py stream row by more.
 """
 from __future__ import annotations
@@ -54,6 +57,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--proto", choices=sorted(payloads.LANES), default="openai")
     ap.add_argument("--access-log", action="store_true", help="each busbar writes an access log")
+    ap.add_argument("--buffered", action="store_true",
+                    help="buffered calls instead (run.py's concurrency-1 rows: 1 ms of quiet)")
     args = ap.parse_args(argv)
     trees = []
     for spec in args.trees:
@@ -77,8 +82,8 @@ def main(argv=None):
         if why:
             sys.exit("mock %s; log: %s" % (why, mock.log_tail()))
         lane = payloads.LANES[args.proto]
-        body = payloads.body(args.proto, lane, 4096, stream=True)
-        path = payloads.path(args.proto, lane, stream=True)
+        body = payloads.body(args.proto, lane, 4096, stream=not args.buffered)
+        path = payloads.path(args.proto, lane, stream=not args.buffered)
         hdr = payloads.headers(args.proto)
         targets = {"direct": (mport, path, hdr, body)}
         started = {"direct": mock}
@@ -97,8 +102,10 @@ def main(argv=None):
             targets[name] = (port, path, hdr, body)
             started[name] = s
 
+        window, bound = (0.001, 0.05) if args.buffered else (0.005, 0.5)   # as run.py's rows
+
         def quiet(name):
-            procs.wait_idle([started[name], mock], window=0.005, bound=0.5)
+            procs.wait_idle([started[name], mock], window=window, bound=bound)
 
         diffs = {name: [] for name, _ in trees}
         for r in range(args.rounds):
