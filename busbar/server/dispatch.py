@@ -7,6 +7,7 @@ x-api-key means Anthropic; then the path decides.
 """
 from __future__ import annotations
 
+import functools
 from urllib.parse import unquote
 
 from busbar.engine.route import (  # noqa: F401 (the kinds are part of this module's answer)
@@ -26,6 +27,20 @@ def header_protocol(headers: dict) -> str | None:
     return None
 
 
+# A route's model name, percent-decoded: the same few names arrive on every request (Bedrock's
+# SDKs encode the ':' of every id), and urllib's unquote is Python, where a cache hit runs no
+# bytecode. Names past 200 characters are decoded each time, so the cache stays small.
+_unquote_cached = functools.lru_cache(maxsize=256)(unquote)
+
+
+def _decoded(s):
+    if "%" not in s:
+        return s
+    if len(s) > 200:
+        return unquote(s)
+    return _unquote_cached(s)
+
+
 def _gemini(path: str, query: str, method: bytes) -> Route:
     # /v1/models/{model}:{action} or /v1beta/models/{model}:{action}; split on the last ':'.
     version, _, rest = path[1:].partition("/models/")
@@ -34,7 +49,7 @@ def _gemini(path: str, query: str, method: bytes) -> Route:
         return Route(NOT_FOUND, "gemini")
     if method != b"POST":
         return Route(METHOD, "gemini")
-    model = unquote(model)
+    model = _decoded(model)
     if action in ("embedContent", "batchEmbedContents"):   # reach
         r = Route(EMBED, "gemini", model, False, name_in_body=False)
     elif action == "countTokens":
@@ -58,7 +73,7 @@ def _bedrock(path: str, method: bytes) -> Route:
         return Route(NOT_FOUND, "bedrock")
     if method != b"POST":
         return Route(METHOD, "bedrock")
-    model = unquote(model_enc)
+    model = _decoded(model_enc)
     if op == "converse":
         return Route(CHAT, "bedrock", model, False, name_in_body=False)
     if op == "converse-stream":
@@ -153,7 +168,7 @@ def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
         prefix = path[:-len("/v1/messages")]
         if prefix:
             # /{name}/v1/messages: the name in the URL decides routing, the body's model is ignored.
-            name = unquote(prefix[1:])
+            name = _decoded(prefix[1:])
             if not name or "/" in name:
                 return Route(NOT_FOUND, "anthropic")
             return Route(CHAT, "anthropic", name, False, name_in_body=False)

@@ -19,6 +19,11 @@ import hmac
 import time
 from urllib.parse import quote
 
+# The request's HMAC through OpenSSL's one-shot call, as hmac.digest makes it, without the Python
+# function around it: this module is compiled (sigv4.pxd) so that a Bedrock request runs no
+# bytecode (see SigV4Signer.sign).
+from _hashlib import hmac_digest as _hmac_digest
+
 ALGORITHM = "AWS4-HMAC-SHA256"
 _AMZ_DATE = "%Y%m%dT%H%M%SZ"
 
@@ -63,7 +68,7 @@ class SigV4Signer:
     """Signs requests for one credential in one region and service."""
 
     __slots__ = ("access_key", "region", "service", "_secret", "_token", "_scope_tail",
-                 "_day", "_key")
+                 "_day", "_key", "_sec", "_amz")
 
     def __init__(self, access_key, secret_key, session_token=None, region=None, service="bedrock"):
         if not access_key or not secret_key:
@@ -78,6 +83,8 @@ class SigV4Signer:
         self._scope_tail = "/" + region + "/" + service + "/aws4_request"
         self._day = None
         self._key = None
+        self._sec = -1          # the second self._amz was formatted for
+        self._amz = None
 
     def __repr__(self):
         # Never the secret or the token: this object ends up in logs and tracebacks.
@@ -102,7 +109,13 @@ class SigV4Signer:
         content_type: when given, signed as the Content-Type the caller sends (as boto3 does).
         """
         if amz_date is None:
-            amz_date = time.strftime(_AMZ_DATE, time.gmtime())
+            # Formatted once a second: strftime and gmtime parse their arguments and consult the
+            # locale, the largest part of a signature's code after the hashing.
+            sec = int(time.time())
+            if sec != self._sec:
+                self._amz = time.strftime(_AMZ_DATE, time.gmtime(sec))
+                self._sec = sec
+            amz_date = self._amz
         day = amz_date[:8]
         if content_type is not None:
             headers = "content-type:" + _trim(content_type) + "\nhost:" + _trim(host)
@@ -120,7 +133,7 @@ class SigV4Signer:
         scope = day + self._scope_tail
         to_sign = ALGORITHM + "\n" + amz_date + "\n" + scope + "\n" + \
             hashlib.sha256(canonical.encode()).hexdigest()
-        signature = hmac.digest(self._signing_key(day), to_sign.encode(), "sha256").hex()
+        signature = _hmac_digest(self._signing_key(day), to_sign.encode(), "sha256").hex()
         out = [("X-Amz-Date", amz_date)]
         if self._token is not None:
             out.append(("X-Amz-Security-Token", self._token))

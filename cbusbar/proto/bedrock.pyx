@@ -866,10 +866,22 @@ cpdef bytes write_request(Request req):
     return orjson.dumps(body)
 
 
+# upstream_path's escaped ids: a lane sends the same few ids on every request, and urllib's quote
+# is Python (the one bytecode a Bedrock request ran besides the signature). Emptied when full:
+# ids come from the config, or from callers on a pass-through, so it stays bounded either way.
+cdef dict _SEGMENTS = {}
+
+
 cpdef str upstream_path(str model, bint stream):
     # The model id is one path segment: `:` and `/` (inference profile ARNs) are escaped as
     # botocore does, and SigV4 then signs this path encoded once more (busbar/upstream/sigv4.py).
-    return "/model/" + quote(model, safe="") + ("/converse-stream" if stream else "/converse")
+    cdef object seg = _SEGMENTS.get(model)
+    if seg is None:
+        seg = quote(model, safe="")
+        if len(_SEGMENTS) >= 256:
+            _SEGMENTS.clear()
+        _SEGMENTS[model] = seg
+    return "/model/" + <str>seg + ("/converse-stream" if stream else "/converse")
 
 
 # ---------------------------------------------------------------------------------------------

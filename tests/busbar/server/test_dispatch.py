@@ -47,3 +47,24 @@ def test_misc_routes():
     assert route(b"POST", "/v1beta/models/m:predict").kind == D.UNSUPPORTED
     assert route(b"POST", "/nowhere").kind == D.NOT_FOUND
     assert route(b"POST", "/prefix/v1/chat/completions").kind == D.NOT_FOUND
+
+
+@pytest.mark.parametrize("enc", [
+    "amazon.nova-lite-v1%3A0", "plain-name", "bad%zzescape", "trailing%", "%E2%82%AC-eur",
+    "caf\u00e9%20x", "%ff%fe", "a" * 201 + "%3A0", "a" * 199 + "%3A",
+])
+def test_model_names_decode_as_urllib_does(enc):
+    # _decoded caches urllib's unquote for short names; long ones and repeats decode the same.
+    from urllib.parse import unquote
+    for _ in range(2):
+        assert route(b"POST", "/model/%s/converse" % enc).name == unquote(enc)
+        assert route(b"POST", "/v1beta/models/%s:generateContent" % enc).name == unquote(enc)
+        assert route(b"POST", "/%s/v1/messages" % enc).name == unquote(enc)
+
+
+def test_the_model_name_cache_stays_bounded():
+    from urllib.parse import unquote
+    for i in range(600):
+        enc = "m%%3A%d" % i
+        assert route(b"POST", "/model/%s/converse" % enc).name == unquote(enc)
+    assert D._unquote_cached.cache_info().currsize <= 256

@@ -1,6 +1,7 @@
 """busbar.upstream.sigv4 against botocore's SigV4Auth (what boto3 itself signs with) and AWS's
 published Signature Version 4 test suite."""
 import datetime
+import time
 from unittest import mock
 
 import pytest
@@ -150,3 +151,13 @@ def test_parse_credential():
 ])
 def test_region_from_host(host, region):
     assert region_from_host(host) == region
+
+
+def test_default_date_is_formatted_once_a_second():
+    signer = SigV4Signer("AKID", "SECRET", region="us-east-1")
+    t = [1956361445.2, 1956361445.9, 1956361446.0]     # 2031-12-30 01:44:05 UTC, same, +1 s
+    with mock.patch("busbar.upstream.sigv4.time.time", side_effect=t), \
+            mock.patch("busbar.upstream.sigv4.time.strftime", wraps=time.strftime) as f:
+        dates = [dict(signer.sign("POST", "h", "/", "", b""))["X-Amz-Date"] for _ in t]
+    assert dates == ["20311230T014405Z", "20311230T014405Z", "20311230T014406Z"]
+    assert f.call_count == 2

@@ -158,6 +158,15 @@ def test_upstream_path_is_what_boto3_sends(model, stream):
     assert "%3A" in path and ":" not in path
 
 
+def test_upstream_path_cache_keeps_answering_past_its_bound():
+    from urllib.parse import quote
+    for rnd in range(2):
+        for i in range(600):
+            m = "vendor.model-%d:0/x" % i
+            assert bedrock.upstream_path(m, i % 2 == 0) == "/model/" + quote(m, safe="") + (
+                "/converse-stream" if i % 2 == 0 else "/converse")
+
+
 # ---------------------------------------------------------------------------------------------
 # read_request
 
