@@ -6,7 +6,8 @@ run.py run puts only one busbar and one baseline in a row and moves by more than
     cp -a busbar cbusbar /tmp/before/       # a built tree, before the change
     make build                              # the change
     .venv/bin/python bench/stream_ab.py before=/tmp/before now=. \\
-        old=bench/.baseline/<sha> [--n 300] [--rounds 3] [--proto openai] [--access-log]
+        old=bench/.baseline/<sha> [--n 300] [--rounds 3] [--proto openai] [--lane anthropic]
+        [--access-log] [--buffered]
 
 Each NAME=TREE is a tree with built extensions, started with PYTHONPATH on it (as run.py does for
 --baseline). The mock (--require-auth) and this client share core 1, the gateways core 0, as in
@@ -57,6 +58,8 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--proto", choices=sorted(payloads.LANES), default="openai")
     ap.add_argument("--access-log", action="store_true", help="each busbar writes an access log")
+    ap.add_argument("--lane", choices=sorted(payloads.LANES),
+                    help="the lane's protocol, when not --proto's own (a translated case)")
     ap.add_argument("--buffered", action="store_true",
                     help="buffered calls instead (run.py's concurrency-1 rows: 1 ms of quiet)")
     args = ap.parse_args(argv)
@@ -81,7 +84,7 @@ def main(argv=None):
         why = procs.wait_http(mport, mock.proc, "/healthz", 30)
         if why:
             sys.exit("mock %s; log: %s" % (why, mock.log_tail()))
-        lane = payloads.LANES[args.proto]
+        lane = payloads.LANES[args.lane or args.proto]
         body = payloads.body(args.proto, lane, 4096, stream=not args.buffered)
         path = payloads.path(args.proto, lane, stream=not args.buffered)
         hdr = payloads.headers(args.proto)
