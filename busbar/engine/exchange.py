@@ -333,7 +333,6 @@ class Exchange(Timed):
                 self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
                 self.error(400, "invalid_request", str(e))
                 return
-            self.site.count_translation(self.proto, proto)
         if op is None:
             path = codec.upstream_path(wire, stream)
         if eg.passthrough:

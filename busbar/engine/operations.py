@@ -98,7 +98,6 @@ class EmbedOp:
         else:
             self.ir.model = wire
             body = embed.WRITE_REQUEST[eproto](self.ir)
-            ex.site.count_translation(self.proto, eproto)
         return body, embed.upstream_path(eproto, wire), same, b""
 
     def read_usage(self, eproto, body):

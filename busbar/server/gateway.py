@@ -63,7 +63,6 @@ class Gateway:
         self.bodies = BodyBudget(self)
         self.inflight = 0
         self.draining = False
-        self.translations = {}
         self.servers = []
         # Called with (exchange, Attempt) at every attempt's end, and with a RequestRecord at every
         # request's end (breaker, metrics, logs, settlement hang here).
@@ -97,10 +96,6 @@ class Gateway:
         return self.snapshot.config
 
     dispatch = staticmethod(dispatch)
-
-    def count_translation(self, src, dst):
-        k = (src, dst)
-        self.translations[k] = self.translations.get(k, 0) + 1
 
     def log_debug(self, msg, *args):
         if self._debug:
