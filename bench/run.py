@@ -667,8 +667,8 @@ class Bench:
 
     def run_c1(self, case, names, path, template):
         """Concurrency 1: `n` requests per gateway sent one at a time, interleaved request by
-        request (direct, busbar, [baseline, observe, features,] floor; then direct, [baseline, ...,]
-        floor, busbar; the gateways rotated behind direct each round, ttfb.measure says why), each
+        request (direct first in every round, then busbar, [baseline, observe, features,] floor in
+        balanced orders, ttfb.measure says why), each
         gateway on its own keep-alive connection. After each request the client waits until that
         gateway and the mock are idle, so no request overlaps another's leftover work. Latency = request written
         -> arrival of the response's first body byte (kernel receive timestamp; these answers are

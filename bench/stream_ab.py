@@ -12,7 +12,7 @@ run.py run puts only one busbar and one baseline in a row and moves by more than
 Each NAME=TREE is a tree with built extensions, started with PYTHONPATH on it (as run.py does for
 --baseline). The mock (--require-auth) and this client share core 1, the gateways core 0, as in
 run.py. Per round: N streamed same-protocol requests (~1k-token body, bench/payloads.py) to each
-target, interleaved with direct and rotated behind it (bench/ttfb.py), waiting until the gateway
+target, interleaved with direct and in balanced orders behind it (bench/ttfb.py), waiting until the gateway
 and the mock are idle for 5 ms after each; printed: direct's median TTFB, and per tree the median
 of its paired differences to direct and its median busbar;dur (µs). --access-log gives each busbar
 an access log file (a reader of usage: the OpenAI relay then asks the upstream for it); trees

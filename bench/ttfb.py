@@ -135,16 +135,39 @@ def _request_bytes(port: int, path: str, headers: dict, body: bytes) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
+def balanced_orders(m: int) -> list:
+    """Orders of range(m) (a Williams design) in which every element takes every place equally
+    often and comes right after every other element equally often: m orders for an even m, 2m for
+    an odd m. Cycling through them, no element's request always follows the same neighbour's."""
+    first, lo, hi = [0], 1, m - 1
+    while len(first) < m:
+        if len(first) % 2:
+            first.append(lo)
+            lo += 1
+        else:
+            first.append(hi)
+            hi -= 1
+    rows = [[(x + i) % m for x in first] for i in range(m)]
+    if m % 2:
+        rows += [row[::-1] for row in rows]
+    return rows
+
+
 def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=False):
     """targets: name -> (port, path, headers, body template with @SEQ@). after_each(name), if
     given, is called after each request (to wait until that target has gone idle). rotate: the
     first target (direct, the one the others are paired with) opens every round and the others
-    rotate behind it, round i starting at the (i mod m)-th of them (d, a, b, c; d, b, c, a; d, c,
-    a, b; ...), so that each takes every place in the round equally often, the one right after
-    the direct request included: in a fixed order the gateway in that place paid more (bench/
-    c1_isolation.py, small calls on one core: busbar's gap to 85eaf0e +13 to +15 µs in every round
-    where busbar came right after direct, +5 to +8 in every round where 85eaf0e did). Rotating all
-    k targets instead keeps their cyclic order, and with it who follows direct in most rounds.
+    follow in the orders of balanced_orders, one a round, so that each takes every place in the
+    round equally often and comes right after each other target equally often. In a fixed order
+    the gateway in a given place paid more (bench/c1_isolation.py, small calls on one core:
+    busbar's gap to 85eaf0e +13 to +15 µs in every round where busbar came right after direct,
+    +5 to +8 in every round where 85eaf0e did). Rotating the list by one each round (d, a, b, c;
+    d, b, c, a; d, c, a, b) evened out the places but kept the cyclic order, so one target came
+    right after another in most rounds: with LiteLLM last in the list, busbar came right after
+    LiteLLM in three rounds of four and 85eaf0e never, and paid for what LiteLLM leaves behind on
+    the shared core (streamed OpenAI -> OpenAI, busbar - 85eaf0e: +71 and +42 µs with LiteLLM in
+    the rounds, +1 and -1 µs without it, the same build; bench/stream_ab.py with an idle LiteLLM
+    on the core: +0.7).
 
     Returns (name -> list of samples (ttfb_ns, total_ns, status, server_timing, body head,
     kernel-stamped),
@@ -160,9 +183,9 @@ def measure(targets: dict, n: int, warmup: int = 5, after_each=None, rotate=Fals
         seq = 0
         names = list(targets)
         first, rest = names[:1], names[1:]
+        orders = balanced_orders(len(rest)) if rotate and rest else [list(range(len(rest)))]
         for i in range(warmup + n):
-            k = i % len(rest) if rotate and rest else 0
-            for name in first + rest[k:] + rest[:k]:
+            for name in first + [rest[j] for j in orders[(i - warmup) % len(orders)]]:
                 port, path, headers, template = targets[name]
                 if name in errors:
                     continue

@@ -1,9 +1,12 @@
 """bench/ttfb.py's interleaving, against real servers on loopback: which target each round sends
-to first, fixed or rotated."""
+to first, fixed or in balanced orders."""
 from __future__ import annotations
 
+import collections
 import http.server
 import threading
+
+import pytest
 
 from tests.bench import bench_module as _module
 
@@ -35,19 +38,19 @@ def _servers(names, seen):
     return out
 
 
-def _measure(rotate, names="dabc"):
+def _measure(rotate, names="dabc", n=3):
     seen = []
     servers = _servers(names, seen)
     try:
-        targets = {n: (s.server_address[1], "/x", {}, b'{"seq":"@SEQ@"}')
-                   for n, s in zip(names, servers)}
-        samples, errors = ttfb.measure(targets, 3, warmup=1, rotate=rotate)
+        targets = {x: (s.server_address[1], "/x", {}, b'{"seq":"@SEQ@"}')
+                   for x, s in zip(names, servers)}
+        samples, errors = ttfb.measure(targets, n, warmup=1, rotate=rotate)
     finally:
         for s in servers:
             s.shutdown()
             s.server_close()
     assert errors == {}
-    assert {n: [x[2] for x in v] for n, v in samples.items()} == {n: [200] * 3 for n in names}
+    assert {x: [y[2] for y in v] for x, v in samples.items()} == {x: [200] * n for x in names}
     return "".join(seen)
 
 
@@ -55,12 +58,30 @@ def test_fixed_order_sends_every_round_in_the_targets_order():
     assert _measure(False) == "dabc" * 4
 
 
-def test_rotated_order_keeps_the_first_target_first_and_rotates_the_others_behind_it():
-    # The warm-up round counts: round 0 d a b c, round 1 d b c a, round 2 d c a b, round 3 d a b c.
-    seen = _measure(True)
-    assert seen == "dabc" + "dbca" + "dcab" + "dabc"
-    # Over the three rounds after the warm-up each gateway follows the direct request once.
-    assert sorted(seen[i + 1] for i in range(4, len(seen), 4)) == ["a", "b", "c"]
+@pytest.mark.parametrize("names", ["dabc", "dabce"])
+def test_rotated_order_keeps_the_first_target_first_and_balances_the_others_behind_it(names):
+    # Three gateways: six orders (2m for an odd m), four: four. Over that many measured rounds
+    # (after the warm-up round) each gateway takes every place once per order set's share, and
+    # comes right after each other gateway equally often: the cyclic rotation this replaces put
+    # the same gateway right after the same one in most rounds.
+    m = len(names) - 1
+    k = len(ttfb.balanced_orders(m))
+    seen = _measure(True, names, n=k)
+    rounds = [seen[i:i + m + 1] for i in range(0, len(seen), m + 1)]
+    assert len(rounds) == k + 1 and all(r[0] == "d" for r in rounds)
+    measured = rounds[1:]
+    places = collections.Counter((r[j], j) for r in measured for j in range(1, m + 1))
+    after = collections.Counter((r[j - 1], r[j]) for r in measured for j in range(2, m + 1))
+    assert len(places) == m * m and len(set(places.values())) == 1
+    assert len(after) == m * (m - 1) and len(set(after.values())) == 1
+
+
+def test_balanced_orders():
+    for m in range(1, 8):
+        rows = ttfb.balanced_orders(m)
+        assert all(sorted(r) == list(range(m)) for r in rows)
+        after = collections.Counter((r[i - 1], r[i]) for r in rows for i in range(1, m))
+        assert m < 2 or (len(after) == m * (m - 1) and len(set(after.values())) == 1)
 
 
 def test_rotation_with_the_first_target_alone():
