@@ -281,7 +281,7 @@ def footer(results):
         "CPU µs/req = utime+stime of the gateway's process tree ÷ requests (direct row: the mock's; "
         "stream rows: schedstat on-CPU ns). RSS: idle before any load / peak during the case / ~5 s "
         "after its last run. wrk latency: mean of the runs' p50/p99. Stream rows: %s streamed "
-        "requests per gateway, interleaved with direct (the gateways rotated behind it each round); "
+        "requests per gateway, interleaved with direct (the gateways in balanced orders behind it); "
         "TTFB = request written → first body byte's arrival (kernel receive timestamp); "
         "\"vs direct\" = median of the paired differences."
         % (m.get("cores") or 0,
@@ -300,8 +300,8 @@ def c1_footer(results):
         return ""
     return (
         "Concurrency 1: %d requests per gateway (after 20 unmeasured), one at a time, interleaved "
-        "request by request (direct, busbar, …, floor; then direct, …, floor, busbar: the gateways "
-        "rotated behind direct each round, so each follows the direct request equally often), each "
+        "request by request (direct first, then the gateways in balanced orders: each in every place "
+        "and right after every other gateway equally often), each "
         "gateway on its own keep-alive connection; after each request the client waits until that gateway and the mock are idle. "
         "Latency = request written → arrival of the response (kernel receive timestamp of the "
         "segment holding the first body byte; these answers are one segment). Added = gateway minus "
