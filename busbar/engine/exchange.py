@@ -652,6 +652,8 @@ class Exchange(Timed):
             self._w(b"0\r\n\r\n")
             self.finish(O_OK)
         elif mode == M_BUFFER:
+            # The body download is upstream time; checking it and reading its usage are busbar's.
+            self.rtt = now_ns() - self.t_send
             body = b"".join(self.chunks)
             self.chunks = None
             try:
@@ -663,11 +665,14 @@ class Exchange(Timed):
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return
-            self.rtt = now_ns() - self.t_send     # the body download is upstream time
-            self.end_attempt(None)
             headers = self.up_headers
-            self.respond(200, _header(headers, b"content-type") or b"application/json", body,
-                         self.ingress.response_headers(headers, self.rid()))
+            # The answer goes out before the attempt's bookkeeping (its deadline, lane permit and
+            # hooks), which cannot change it: the client does not wait for that code.
+            self.head(200, _header(headers, b"content-type") or b"application/json", len(body),
+                      self.ingress.response_headers(headers, self.rid()))
+            self._w(body)
+            self.end_attempt(None)
+            self.finish(O_OK)
         elif mode == M_TRANSLATE_STREAM:
             tx = self.tx
             try:
@@ -700,8 +705,11 @@ class Exchange(Timed):
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return
+            # As M_BUFFER: the answer first, then the attempt's bookkeeping.
+            self.head(200, b"application/json", len(out), ing.response_headers(None, self.rid()))
+            self._w(out)
             self.end_attempt(None)
-            self.respond(200, b"application/json", out, ing.response_headers(None, self.rid()))
+            self.finish(O_OK)
 
     def status_error(self, body, note=""):
         """A non-2xx upstream answer: classified (busbar/reliability/classify.py), its attempt
