@@ -666,13 +666,8 @@ class Exchange(Timed):
                 self.fault(F_MALFORMED, str(e))
                 return
             headers = self.up_headers
-            # The answer goes out before the attempt's bookkeeping (its deadline, lane permit and
-            # hooks), which cannot change it: the client does not wait for that code.
-            self.head(200, _header(headers, b"content-type") or b"application/json", len(body),
-                      self.ingress.response_headers(headers, self.rid()))
-            self._w(body)
-            self.end_attempt(None)
-            self.finish(O_OK)
+            self.answer(_header(headers, b"content-type") or b"application/json", body,
+                        self.ingress.response_headers(headers, self.rid()))
         elif mode == M_TRANSLATE_STREAM:
             tx = self.tx
             try:
@@ -705,11 +700,7 @@ class Exchange(Timed):
             except ir.CodecError as e:
                 self.fault(F_MALFORMED, str(e))
                 return
-            # As M_BUFFER: the answer first, then the attempt's bookkeeping.
-            self.head(200, b"application/json", len(out), ing.response_headers(None, self.rid()))
-            self._w(out)
-            self.end_attempt(None)
-            self.finish(O_OK)
+            self.answer(b"application/json", out, ing.response_headers(None, self.rid()))
 
     def status_error(self, body, note=""):
         """A non-2xx upstream answer: classified (busbar/reliability/classify.py), its attempt
@@ -849,6 +840,15 @@ class Exchange(Timed):
             lim = self.snap.limits.upstream_request_timeout_secs
             left = lim - (now_ns() - self.t_send) / 1e9
             self.wheel.arm(self, left if left > 0.001 else 0.001)
+
+    def answer(self, ctype, body, extra):
+        """An upstream answer read whole and good (buffered, relayed or translated): written
+        before its attempt's bookkeeping (deadline, lane permit, hooks), which cannot change it
+        and which the client need not wait for, then the request's end."""
+        self.head(200, ctype, len(body), extra)
+        self._w(body)
+        self.end_attempt(None)
+        self.finish(O_OK)
 
     def respond(self, status, ctype, body, extra=b"", outcome=None):
         self.head(status, ctype, len(body), extra)
