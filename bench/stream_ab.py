@@ -40,15 +40,9 @@ sys.path.insert(0, str(BENCH))
 import payloads  # noqa: E402
 import procs  # noqa: E402
 import ttfb  # noqa: E402
+from run import _server_timing_ms  # noqa: E402
 
 PY = sys.executable
-
-
-def _dur_us(timing):
-    """busbar;dur from a Server-Timing value (ms) in µs, or None."""
-    if not timing or b"dur=" not in timing:
-        return None
-    return float(timing.split(b"dur=")[1].split(b";")[0].split(b",")[0]) * 1000
 
 
 def main(argv=None):
@@ -122,7 +116,7 @@ def main(argv=None):
                     sys.exit("%s answered %d: %r" % (name, bad[0][2], bad[0][4]))
                 ds = [a[0] - b[0] for a, b in zip(out[name], out["direct"])]
                 diffs[name] += ds
-                durs = [x for x in (_dur_us(s[3]) for s in out[name]) if x is not None]
+                durs = [_server_timing_ms(s[3]) * 1000 for s in out[name] if s[3]]
                 cells.append("%s +%.0f (dur %.0f)" % (name, statistics.median(ds) / 1000,
                                                        statistics.median(durs) if durs else -1))
             print("  ".join(cells), flush=True)
