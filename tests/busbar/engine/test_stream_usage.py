@@ -105,19 +105,20 @@ def hostile():
     h.close()
 
 
-@pytest.fixture(scope="module")
-def site(mock_port, hostile):
+def _serve(text, hook=None):
+    """An in-process gateway on `text` (its own thread and loop), with `hook` as its one finish
+    hook; yields {"port", "gw"} and stops it after."""
     port = free_port()
-    cfg = cfgmod.load(text=CONFIG.format(port=port, mock=mock_port, hostile=hostile.port),
-                      env={"MOCK_KEY": "sk-test-key"})
+    cfg = cfgmod.load(text=text.replace("{port}", str(port)), env={"MOCK_KEY": "sk-test-key"})
     loop = uvloop.new_event_loop()
     ready = threading.Event()
-    box = {"records": []}
+    box = {"port": port}
 
     def run():
         asyncio.set_event_loop(loop)
-        gw = Gateway(cfg, loop)
-        gw.finish_hooks.append(box["records"].append)
+        gw = box["gw"] = Gateway(cfg, loop)
+        if hook is not None:
+            gw.finish_hooks.append(hook)
         loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
         ready.set()
         loop.run_forever()
@@ -125,40 +126,29 @@ def site(mock_port, hostile):
     t = threading.Thread(target=run, daemon=True)
     t.start()
     assert ready.wait(10)
-    box["port"] = port
     yield box
     loop.call_soon_threadsafe(loop.stop)
     t.join(10)
+
+
+@pytest.fixture(scope="module")
+def site(mock_port, hostile):
+    records = []
+    for box in _serve(CONFIG.format(port="{port}", mock=mock_port, hostile=hostile.port),
+                      records.append):
+        box["records"] = records
+        yield box
 
 
 @pytest.fixture(scope="module")
 def bare(mock_port, hostile):
     """A gateway where nothing reads usage: no finish hook (access log, metrics, request logs,
     traces) and no keys."""
-    port = free_port()
-    text = CONFIG.format(port=port, mock=mock_port, hostile=hostile.port).replace(
+    text = CONFIG.format(port="{port}", mock=mock_port, hostile=hostile.port).replace(
         "models:\n", "models:\n  plain: {provider: hostile, upstream_model: plain}\n")
-    cfg = cfgmod.load(text=text + "observability: {access_log: off, metrics: false}\n",
-                      env={"MOCK_KEY": "sk-test-key"})
-    loop = uvloop.new_event_loop()
-    ready = threading.Event()
-    box = {}
-
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = box["gw"] = Gateway(cfg, loop)
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    assert box["gw"].finish_hooks == []
-    box["port"] = port
-    yield box
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    for box in _serve(text + "observability: {access_log: off, metrics: false}\n"):
+        assert box["gw"].finish_hooks == []
+        yield box
 
 
 def test_no_usage_reader_relays_the_stream_untouched(bare, hostile):
