@@ -7,8 +7,8 @@ and per function of the project's own extension.
                                          [--stream] [--n 50] [--top 20]
 
 Why lines and not instructions: at concurrency 1 a request finds its code cold whenever another
-process ran on its core in between, and pays for every cache line and page of it (README,
-Performance, "Issue #13: what stands in the way"); a compiled function costs lines of its own,
+process ran on its core in between, and pays for every cache line and page of it (docs/performance.md,
+"Issue #13: what stands in the way"); a compiled function costs lines of its own,
 where bytecode ran through interpreter code every request keeps warm. callgrind counts the same
 for the same binary and inputs whatever else the machine does, so two builds compare exactly.
 

@@ -1,15 +1,15 @@
-"""README.md's performance tables, generated from the published results (one source for every number).
+"""docs/performance.md's tables, generated from the published results (one source for every number).
 
-    python bench/readme.py            # rewrite the block between the markers in README.md
-    python bench/readme.py --check    # exit 1 (and show the difference) if README.md disagrees
+    python bench/readme.py            # rewrite the block between the markers in docs/performance.md
+    python bench/readme.py --check    # exit 1 (and show the difference) if docs/performance.md disagrees
     python bench/readme.py --publish bench/results/<stamp> [--soak bench/results/soak-<stamp>]
 
 The published run is bench/published/results.json (what bench/run.py wrote to its results.json,
 without the per-run details) and, when there is one, bench/published/soak_memory.json (what
-bench/soak_memory.py wrote). The block between BEGIN and END in README.md is
+bench/soak_memory.py wrote). The block between BEGIN and END in docs/performance.md is
 bench/report.render() of those two files and nothing else; tests/bench/test_readme_table.py fails
 when they disagree. --publish copies a run (and a soak) into bench/published/ and regenerates
-README.md. Standard library only.
+docs/performance.md. Standard library only.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ sys.path.insert(0, str(BENCH))
 
 import report  # noqa: E402
 
-README = ROOT / "README.md"
+DOC = ROOT / "docs" / "performance.md"
 PUBLISHED = BENCH / "published"
 RESULTS = PUBLISHED / "results.json"
 SOAK = PUBLISHED / "soak_memory.json"
@@ -44,14 +44,15 @@ def render_block(results, soak):
     return BEGIN + "\n\n" + report.render(results, soak) + "\n" + END
 
 
-def split_readme(text):
-    """(before, block, after) of README text; ValueError when the markers are missing or twice."""
+def split_doc(text):
+    """(before, block, after) of docs/performance.md's text; ValueError when the markers are
+    missing or twice."""
     if text.count(BEGIN) != 1 or text.count(END) != 1:
-        raise ValueError("README.md must hold the markers once each:\n%s\n%s" % (BEGIN, END))
+        raise ValueError("docs/performance.md must hold the markers once each:\n%s\n%s" % (BEGIN, END))
     a = text.index(BEGIN)
     b = text.index(END) + len(END)
     if b < a:
-        raise ValueError("README.md: the end marker comes before the begin marker")
+        raise ValueError("docs/performance.md: the end marker comes before the begin marker")
     return text[:a], text[a:b], text[b:]
 
 
@@ -72,7 +73,7 @@ def _results_file(path, name):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--check", action="store_true",
-                    help="exit 1 if README.md's block differs from the published results")
+                    help="exit 1 if docs/performance.md's block differs from the published results")
     ap.add_argument("--publish", metavar="RUN",
                     help="a bench/run.py results folder (or its results.json) to publish")
     ap.add_argument("--soak", metavar="SOAK",
@@ -92,22 +93,22 @@ def main(argv=None):
         print("published %s -> %s" % (src, SOAK.relative_to(ROOT)))
     results, soak = load_published()
     want = render_block(results, soak)
-    text = README.read_text()
-    before, have, after = split_readme(text)
+    text = DOC.read_text()
+    before, have, after = split_doc(text)
     if args.check:
         if have == want:
-            print("README.md agrees with %s" % RESULTS.relative_to(ROOT))
+            print("docs/performance.md agrees with %s" % RESULTS.relative_to(ROOT))
             return 0
         sys.stdout.writelines(difflib.unified_diff(
-            have.splitlines(True), want.splitlines(True), "README.md (now)",
-            "README.md (from bench/published/)", n=1))
-        print("\nREADME.md disagrees with bench/published/: run python bench/readme.py")
+            have.splitlines(True), want.splitlines(True), "docs/performance.md (now)",
+            "docs/performance.md (from bench/published/)", n=1))
+        print("\ndocs/performance.md disagrees with bench/published/: run python bench/readme.py")
         return 1
     if have != want:
-        README.write_text(before + want + after)
-        print("README.md: performance block regenerated from %s" % RESULTS.relative_to(ROOT))
+        DOC.write_text(before + want + after)
+        print("docs/performance.md: performance block regenerated from %s" % RESULTS.relative_to(ROOT))
     else:
-        print("README.md already agrees with %s" % RESULTS.relative_to(ROOT))
+        print("docs/performance.md already agrees with %s" % RESULTS.relative_to(ROOT))
     return 0
 
 

@@ -4,10 +4,10 @@
 bench/soak_memory.py wrote) into markdown: the header (commit, machine, date, command), the main
 table (wrk at 32 connections, stream TTFB rows), the concurrency-1 table, the scaling table, the
 memory soak, the footer, and issue #13's targets with the measured figure beside each. run.py
-prints it for a run; bench/readme.py puts it into README.md from bench/published/, so the README's
-numbers are the published file's, and a test checks that they agree.
+prints it for a run; bench/readme.py puts it into docs/performance.md from bench/published/, so that
+doc's numbers are the published file's, and a test checks that they agree.
 
-Standard library only: the README test imports it without busbar's venv extras.
+Standard library only: the performance-doc test imports it without busbar's venv extras.
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ saying how the cores were shared): the wrk and stream rows (busbar, the baseline
 busbar with keys + metrics + access log on the small same-protocol case, the floor, LiteLLM,
 direct), the concurrency-1 rows, the scaling rows and issue #13's targets; and writes them, the raw
 JSON and every process log under bench/results/<timestamp>/. The tables are rendered from the JSON
-alone (bench/report.py), as README.md's are from bench/published/ (bench/readme.py). What each
+alone (bench/report.py), as docs/performance.md's are from bench/published/ (bench/readme.py). What each
 number means: bench/README.md. The rules: BENCHMARK.md.
 
 It installs what it lacks (wrk from Debian, LiteLLM into bench/.venv-litellm), starts every process

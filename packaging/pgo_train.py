@@ -9,7 +9,7 @@ the final build (BUSBAR_PGO=use) then lays each function out hot path first and 
 this traffic never ran (error handling, argument conversion for other call shapes) out of line,
 into .text.unlikely. Why: at concurrency 1, when another process has run on the core between two
 requests, a request pays for every page and cache line of code it touches; the instrumented
-profile packs what it touches together (README, Performance: "Issue #13: what stands in the way",
+profile packs what it touches together (docs/performance.md: "Issue #13: what stands in the way",
 its first item).
 
 Only successful requests are trained, deliberately: a fault path trained as often as the success

@@ -1,5 +1,5 @@
-"""The README's performance block is generated from bench/published/ and must agree with it: a
-figure changed by hand in README.md, or a published run not regenerated into it, fails here."""
+"""docs/performance.md's block is generated from bench/published/ and must agree with it: a
+figure changed by hand in docs/performance.md, or a published run not regenerated into it, fails here."""
 from __future__ import annotations
 
 import copy
@@ -14,7 +14,7 @@ readme = _module("readme")
 
 
 def test_published_results_exist():
-    assert readme.RESULTS.exists(), "bench/published/results.json is the README's one source"
+    assert readme.RESULTS.exists(), "bench/published/results.json is docs/performance.md's one source"
     results, _ = readme.load_published()
     for key in ("commit", "cpu", "cores", "command", "date"):
         assert results["meta"].get(key), key
@@ -22,14 +22,14 @@ def test_published_results_exist():
 
 def test_readme_block_agrees_with_published_results():
     results, soak = readme.load_published()
-    _, block, _ = readme.split_readme(readme.README.read_text())
+    _, block, _ = readme.split_doc(readme.DOC.read_text())
     assert block == readme.render_block(results, soak), (
-        "README.md's performance block differs from bench/published/: run python bench/readme.py")
+        "docs/performance.md's block differs from bench/published/: run python bench/readme.py")
 
 
 def test_a_changed_figure_is_caught():
     results, soak = readme.load_published()
-    _, block, _ = readme.split_readme(readme.README.read_text())
+    _, block, _ = readme.split_doc(readme.DOC.read_text())
     other = copy.deepcopy(results)
     row = next(r for e in other["cases"] for n, r in e["rows"].items()
                if n == "busbar" and "cpu_us_per_req" in r)
@@ -42,7 +42,7 @@ def test_check_mode_exit_status(tmp_path, monkeypatch):
     good = "intro\n\n" + readme.render_block(results, soak) + "\n\noutro\n"
     fake = tmp_path / "README.md"
     fake.write_text(good)
-    monkeypatch.setattr(readme, "README", fake)
+    monkeypatch.setattr(readme, "DOC", fake)
     assert readme.main(["--check"]) == 0
     fake.write_text(good.replace(readme.END, "| a hand-edited row |\n" + readme.END))
     assert readme.main(["--check"]) == 1
