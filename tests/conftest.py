@@ -141,30 +141,29 @@ class Gateway:
 @pytest.fixture(scope="session")
 def gateway(mock_port, tmp_path_factory):
     port = free_port()
-    cfg = tmp_path_factory.mktemp("gw") / "config.yaml"
-    cfg.write_text(CONFIG.format(port=port, mock=mock_port, dead=free_port()))
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
-                            cwd=ROOT, env=env())
-    try:
-        wait_http(port, proc)
-        yield Gateway(port, proc, cfg)
-    finally:
-        stop(proc)
+    gw = start_gateway(tmp_path_factory.mktemp("gw"), CONFIG.format(port=port, mock=mock_port,
+                       dead=free_port()), port=port, stdout=None)
+    yield gw
+    stop(gw.proc)
 
 
-def start_gateway(tmp_path, config_text: str, workers: int = 1, extra_env=None) -> Gateway:
-    """A gateway process on its own config (a test's own lanes); the caller stops it with
-    `stop(gw.proc)` (or uses the `gateway_factory` fixture, which does)."""
-    port = free_port()
+def start_gateway(tmp_path, config_text: str, workers: int = 1, extra_env=None, *, port=None,
+                  base_env=None, stdout=subprocess.DEVNULL, stderr=None, ready=None) -> Gateway:
+    """A gateway process on its own config (a test's own lanes): `{port}` in the text becomes its
+    listen port (or pass `port` for a text formatted already); the environment is `env()` (or
+    `base_env`) plus `extra_env`; it returns once `ready(port, proc)` (default: /healthz answers)
+    holds. The caller stops it with `stop(gw.proc)` (or uses the `gateway_factory` fixture, which
+    does). Every test that runs `busbar serve` in a process starts it here."""
+    port = port or free_port()
     cfg = tmp_path / ("config-%d.yaml" % port)
     cfg.write_text(config_text.replace("{port}", str(port)))
-    e = env()
+    e = dict(base_env) if base_env is not None else env()
     if extra_env:
         e.update(extra_env)
     proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
-                             str(workers)], cwd=ROOT, env=e, stdout=subprocess.DEVNULL)
+                             str(workers)], cwd=ROOT, env=e, stdout=stdout, stderr=stderr)
     try:
-        wait_http(port, proc)
+        (ready or wait_http)(port, proc)
     except Exception:
         stop(proc)
         raise

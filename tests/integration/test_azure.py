@@ -3,13 +3,12 @@
 `api-key` header, Azure's error and content-filter bodies read by the OpenAI error reader, and a
 streamed answer relayed."""
 import json
-import subprocess
 
 import anthropic
 import openai
 import pytest
 
-from tests.conftest import PY, ROOT, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 from tests.integration.fakes import OPENAI_REPLY, Fake
 from tests.integration.test_credentials import gateway_env
 
@@ -48,7 +47,7 @@ def azure(tmp_path_factory):
     fake = Fake()
     fake.routes.append((lambda m, p: p.startswith("/openai/"), azure_routes))
     port = free_port()
-    (tmp / "c.yaml").write_text(f"""
+    gw = start_gateway(tmp, f"""
 listen: "127.0.0.1:{port}"
 providers:
   az-dep:  {{catalog: azure-openai, base_url: "{fake.url}", api_key: {{env: AZURE_KEY}},
@@ -61,12 +60,9 @@ models:
   v1:  {{provider: az-v1, upstream_model: gpt-4o-mini}}
   filt: {{provider: az-filt, upstream_model: gpt-4o}}
   ff:  {{provider: az-ff, upstream_model: gpt-4o}}
-""")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(tmp / "c.yaml"), "--workers", "1"],
-                            cwd=ROOT, env=gateway_env({}))
-    wait_http(port, proc)
+""", port=port, base_env=gateway_env({}))
     yield port, fake
-    stop(proc)
+    stop(gw.proc)
     fake.close()
 
 

@@ -5,13 +5,12 @@ way back); and egress to a bedrock-invoke lane, where the upstream checks the pa
 (no model, anthropic_version bedrock-2023-05-31) and the SigV4 signature."""
 import base64
 import json
-import subprocess
 
 import anthropic
 import pytest
 
 from cbusbar.eventstream import encode_message
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 from tests.integration.fakes import ANTHROPIC_REPLY, ANTHROPIC_STREAM, Fake
 from tests.integration.test_credentials import check_sigv4
 
@@ -45,7 +44,7 @@ def gw(mock_port, tmp_path_factory):
     fake.routes.append((lambda m, p: p.startswith("/model/") and "/invoke" in p, invoke_routes))
     port = free_port()
     m = "http://127.0.0.1:%d" % mock_port
-    (tmp / "c.yaml").write_text(f"""
+    gw = start_gateway(tmp, f"""
 listen: "127.0.0.1:{port}"
 providers:
   m-openai:    {{protocol: openai,    base_url: "{m}", api_key: {{env: MOCK_KEY}}}}
@@ -63,12 +62,9 @@ models:
   coh-model:  {{provider: m-cohere, upstream_model: command-r}}
   bed-model:  {{provider: m-bedrock, upstream_model: "amazon.nova-lite-v1:0"}}
   "anthropic.claude-sonnet-4-5": {{provider: invoke, upstream_model: "us.anthropic.claude-sonnet-4-5-20250929-v1:0"}}
-""")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(tmp / "c.yaml"), "--workers", "1"],
-                            cwd=ROOT, env=env())
-    wait_http(port, proc)
+""", port=port)
     yield port, fake
-    stop(proc)
+    stop(gw.proc)
     fake.close()
 
 

@@ -2,7 +2,6 @@
 same-protocol lane with the model spliced, a native 404 across protocols; and GET /v1/models/{id},
 /v1beta/models/{name} answered from the config — with the official SDKs."""
 import json
-import subprocess
 
 import anthropic
 import openai
@@ -10,7 +9,7 @@ import pytest
 from google import genai
 from google.genai import types
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 from tests.integration.fakes import Fake
 
 
@@ -31,7 +30,7 @@ def gw(tmp_path_factory):
     fake = Fake()
     fake.routes.append((lambda m, p: "count_tokens" in p or ":countTokens" in p, count))
     port = free_port()
-    (tmp / "c.yaml").write_text(f"""
+    gw = start_gateway(tmp, f"""
 listen: "127.0.0.1:{port}"
 providers:
   a: {{protocol: anthropic, base_url: "{fake.url}", api_key: {{env: MOCK_KEY}}}}
@@ -43,12 +42,9 @@ models:
   gpt: {{provider: o, upstream_model: gpt-4o-mini}}
 pools:
   both: {{members: [{{model: gpt, weight: 10}}, {{model: claude}}]}}
-""")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(tmp / "c.yaml"), "--workers", "1"],
-                            cwd=ROOT, env=env())
-    wait_http(port, proc)
+""", port=port)
     yield "http://127.0.0.1:%d" % port, fake
-    stop(proc)
+    stop(gw.proc)
     fake.close()
 
 

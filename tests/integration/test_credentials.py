@@ -6,7 +6,6 @@ receives is checked: the SigV4 signature recomputed with the credentials the fak
 bearer token the fake token endpoint minted."""
 import json
 import os
-import subprocess
 import time
 
 import anthropic
@@ -14,7 +13,8 @@ import openai
 import pytest
 
 from busbar.upstream.sigv4 import SigV4Signer
-from tests.conftest import PY, ROOT, free_port, stop, wait_http
+from tests import conftest
+from tests.conftest import ROOT, free_port, stop
 from tests.integration.fakes import Fake, service_account
 
 
@@ -30,13 +30,8 @@ def gateway_env(extra):
 
 
 def start_gateway(tmp, config, env):
-    cfg = tmp / "config.yaml"
-    cfg.write_text(config)
     port = int(config.split('listen: "127.0.0.1:')[1].split('"')[0])
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
-                            cwd=ROOT, env=env)
-    wait_http(port, proc)
-    return port, proc
+    return port, conftest.start_gateway(tmp, config, port=port, base_env=env).proc
 
 
 def check_sigv4(req, access, secret, token, host):

@@ -4,12 +4,11 @@ headers forwarded on same-protocol routes only, and the response relayed byte fo
 import http.client
 import json
 import socket
-import subprocess
 import threading
 
 import pytest
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 
 OPENAI_REPLY = (b'{"id":"chatcmpl-x","object":"chat.completion","created":1,"model":"up-model",'
                 b'"choices":[{"index":0,"message":{"role":"assistant","content":"  spaced  "},'
@@ -70,8 +69,7 @@ class Capture:
 def setup(tmp_path_factory):
     cap = Capture()
     port = free_port()
-    cfg = tmp_path_factory.mktemp("egress") / "c.yaml"
-    cfg.write_text(f"""
+    gw = start_gateway(tmp_path_factory.mktemp("egress"), f"""
 listen: "127.0.0.1:{port}"
 providers:
   o: {{protocol: openai, base_url: "http://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
@@ -80,12 +78,9 @@ models:
   up-model: {{provider: o}}
   alias: {{provider: o, upstream_model: up-model}}
   claude: {{provider: a, upstream_model: up-model}}
-""")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
-                            cwd=ROOT, env=env())
-    wait_http(port, proc)
+""", port=port)
     yield port, cap
-    stop(proc)
+    stop(gw.proc)
     cap.stopped = True
 
 

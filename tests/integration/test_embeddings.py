@@ -4,9 +4,7 @@ Cohere-on-Bedrock bodies), each against lanes of all four protocols (and both Be
 The upstream checks what it receives (path, auth, SigV4, the body's shape) and answers vectors
 derived from each input, so every translation is checked end to end. Also: routing by operation in
 pools, the native 404 for an operation no lane serves, failover, and translation errors."""
-import base64
 import json
-import subprocess
 import urllib.parse
 
 import boto3
@@ -18,7 +16,7 @@ from google import genai
 from google.genai import types
 
 from cbusbar.embed import b64_of
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 from tests.integration.fakes import Fake
 
 
@@ -82,7 +80,7 @@ def gw(tmp_path_factory):
     fake.routes.append((lambda m, p: m == "POST", upstream))
     port = free_port()
     u = fake.url
-    (tmp / "c.yaml").write_text(f"""
+    gw = start_gateway(tmp, f"""
 listen: "127.0.0.1:{port}"
 providers:
   e-openai:  {{protocol: openai,  base_url: "{u}", api_key: {{env: MOCK_KEY}}}}
@@ -102,12 +100,9 @@ pools:
   mixed:     {{members: [{{model: chat-only, weight: 100}}, {{model: oai-emb, weight: 1}}]}}
   chat-pool: {{members: [{{model: chat-only}}]}}
   failover:  {{members: [{{model: dead-emb, weight: 100}}, {{model: coh-emb, weight: 1}}]}}
-""")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(tmp / "c.yaml"), "--workers", "1"],
-                            cwd=ROOT, env=env())
-    wait_http(port, proc)
+""", port=port)
     yield "http://127.0.0.1:%d" % port, fake
-    stop(proc)
+    stop(gw.proc)
     fake.close()
 
 

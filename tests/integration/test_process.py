@@ -8,7 +8,7 @@ import subprocess
 import threading
 import time
 
-from tests.conftest import CONFIG, PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import CONFIG, PY, ROOT, env, free_port, stop, start_gateway
 
 
 def _cli(*args, **kw):
@@ -52,12 +52,9 @@ def _post(port, text, model="oai-model", timeout=20):
 
 def _start(mock_port, tmp_path, workers):
     port = free_port()
-    cfg = tmp_path / ("w%d.yaml" % workers)
-    cfg.write_text(CONFIG.format(port=port, mock=mock_port, dead=free_port()))
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", str(workers)],
-                            cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    wait_http(port, proc)
-    return port, proc
+    gw = start_gateway(tmp_path, CONFIG.format(port=port, mock=mock_port, dead=free_port()), workers,
+                       port=port, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return port, gw.proc
 
 
 def _children(pid):

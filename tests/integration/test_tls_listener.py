@@ -14,7 +14,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import PY, ROOT, env, free_port, stop, start_gateway
 
 
 def _name(cn):
@@ -94,19 +94,17 @@ GW_PID = []     # the TLS gateway's parent process
 @pytest.fixture(scope="module")
 def tls_gw(pki, mock_port, tmp_path_factory):
     port, admin = free_port(), free_port()
-    cfg = tmp_path_factory.mktemp("tlsgw") / "c.yaml"
-    cfg.write_text(CONFIG.format(port=port, admin=admin, d=pki, mock=mock_port))
-    e = env()
-    e["TLS_KEY"] = (pki / "server.key").read_text()     # a PEM from an environment variable
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "2"],
-                            cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     ctx = ssl.create_default_context(cafile=str(pki / "ca.pem"))
-    GW_PID[:] = [proc.pid]
+    gw = start_gateway(tmp_path_factory.mktemp("tlsgw"), CONFIG.format(
+        port=port, admin=admin, d=pki, mock=mock_port), 2, port=port, stderr=subprocess.PIPE,
+        # a PEM from an environment variable
+        extra_env={"TLS_KEY": (pki / "server.key").read_text()},
+        ready=lambda port, proc: _wait_tls(port, proc, ctx))
+    GW_PID[:] = [gw.proc.pid]
     try:
-        _wait_tls(port, proc, ctx)
         yield port, admin
     finally:
-        stop(proc)
+        stop(gw.proc)
 
 
 def _ctx(pki, client_cert=False):

@@ -5,12 +5,11 @@ import json
 import os
 import ssl
 import subprocess
-import threading
 import time
 
 import pytest
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, stop, start_gateway
 from tests.integration.test_egress import OPENAI_REPLY, Capture
 
 
@@ -44,20 +43,14 @@ def tls_upstream(tmp_path_factory):
 
 def _gateway(tmp_path, cap, extra_env, extra_config=""):
     port = free_port()
-    cfg = tmp_path / "tls.yaml"
-    cfg.write_text(f"""
+    gw = start_gateway(tmp_path, f"""
 listen: "127.0.0.1:{port}"
 providers:
   o: {{protocol: openai, base_url: "https://127.0.0.1:{cap.port}", api_key: {{env: MOCK_KEY}}}}
 models:
   up-model: {{provider: o}}
-""" + extra_config)
-    e = env()
-    e.update(extra_env)
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
-                            cwd=ROOT, env=e)
-    wait_http(port, proc)
-    return port, proc
+""" + extra_config, port=port, extra_env=extra_env)
+    return port, gw.proc
 
 
 def _ask(port):

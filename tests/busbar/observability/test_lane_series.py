@@ -8,13 +8,12 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import subprocess
 import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import ROOT, free_port, start_gateway, stop, wait_http
 from tests.hostile import HostileUpstream, http_response, openai_body
 
 STATE = {"flaky": "fail"}
@@ -79,20 +78,16 @@ class Gw:
 
 def launch(tmp_path, text, workers=2):
     port, admin = free_port(), free_port()
-    path = tmp_path / "c.yaml"
-    path.write_text(text.format(port=port, admin=admin))
     err = tmp_path / "stderr.log"
-    with open(err, "wb") as f:
-        proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(path),
-                                 "--workers", str(workers)], cwd=ROOT, env=env(),
-                                stdout=subprocess.DEVNULL, stderr=f)
-    try:
+
+    def ready(port, proc):
         wait_http(port, proc)
         wait_http(admin, proc)
-    except Exception:
-        stop(proc)
-        raise
-    return Gw(proc, port, admin, err)
+
+    with open(err, "wb") as f:
+        gw = start_gateway(tmp_path, text.format(port=port, admin=admin), workers, port=port,
+                           stderr=f, ready=ready)
+    return Gw(gw.proc, port, admin, err)
 
 
 def call(port, method, path, body=None):
