@@ -3,7 +3,7 @@ for repeatable figures on a shared machine.
 
 bench/run.py measures the gateway's CPU from outside under wrk; on this 2-core machine, with another
 engineer's runs beside it, its figures move by ±10 %. Here the gateway runs in this process on
-uvloop (`busbar.server.gateway.serve`, with its real hooks: access log, metrics, virtual keys), a
+uvloop (`busbar.supervisor.serve`, with its real hooks: access log, metrics, virtual keys), a
 client on the same loop sends the bench's small Anthropic → Anthropic request over `--conns`
 keep-alive connections (each body unique, as bench/load.lua makes them), and the mock answers from
 its own process (`busbar.cli mock --require-auth`, not counted). The client's own cost is the same
@@ -159,7 +159,7 @@ def mint(loop, admin_port, admin_token):
 def run_busbar(args, mock_port):
     import run as benchrun
     from busbar import config as cfgmod
-    from busbar.server.gateway import serve
+    from busbar.supervisor import serve
     port = procs.free_port()
     env = {"BENCH_MOCK_KEY": "sk-bench-upstream",
            "BENCH_MOCK_AWS": "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"}

@@ -48,7 +48,7 @@ def _split_listen(value: str):
 
 def cmd_serve(args) -> int:
     from busbar import config as cfgmod
-    from busbar.server.gateway import serve
+    from busbar.supervisor import serve
 
     if args.demo:
         from busbar.demo import demo_yaml, free_port

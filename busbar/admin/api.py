@@ -10,7 +10,8 @@ import orjson
 import yaml
 
 from busbar import __version__
-from busbar.admin.live import Locked, NoSlot, WorkersFailed, problem_list
+from busbar.admin.live import Locked, NoSlot, WorkersFailed
+from busbar.config.checks import problem_list
 from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, error_response, json_response
 from busbar.config import ConfigError
 

@@ -35,6 +35,7 @@ from busbar.engine.egress import Egress
 from busbar.engine.snapshot import Snapshot
 from busbar.observability.events import event
 from busbar.routing import Lane, Router
+from busbar.server.channel import broadcast
 
 log = logging.getLogger("busbar.admin")
 
@@ -48,15 +49,6 @@ ACK_TIMEOUT_SECS = 15.0
 
 class NoSlot(Exception):
     pass
-
-
-def problem_list(lines):
-    """'path: message' lines → [{path, message}] (the same lines `busbar validate` prints)."""
-    out = []
-    for line in lines:
-        path, sep, message = line.partition(": ")
-        out.append({"path": path, "message": message} if sep else {"path": "", "message": line})
-    return out
 
 
 def assign_slots(router, config, shared, limit=None) -> dict:
@@ -255,14 +247,11 @@ class LiveConfig:
                 plans["reliability"] = rel.plan(config, old.router)
             except NoRoom as e:
                 raise NoSlot(str(e)) from None
-            from busbar.admin.plane import call_worker
             t0 = time.perf_counter()
-            acks = await asyncio.gather(*(
-                call_worker(gw.loop, sock, {"op": "swap", "version": version, "config": config,
-                                            "slots": slots, "plans": plans}, ACK_TIMEOUT_SECS)
-                for _, sock in self.workers), return_exceptions=True)
-            failed = [pid for (pid, _), a in zip(self.workers, acks)
-                      if isinstance(a, BaseException) or a.get("version") != version]
+            failed = await broadcast(
+                gw.loop, self.workers, {"op": "swap", "version": version, "config": config,
+                                        "slots": slots, "plans": plans}, ACK_TIMEOUT_SECS,
+                lambda ack: ack.get("version") == version)
             await swap_in_worker(gw, config, version, slots, plans)
             ms = (time.perf_counter() - t0) * 1000
             restart = restart_required(old.config.document, config.document)

@@ -6,54 +6,22 @@ request (or a timer in every worker) and still needs the config itself shipped s
 costs the data plane nothing between reloads, and the acknowledgement is what lets the admin call
 answer 200 only once every worker serves the new config (measured: a swap with 2 workers takes
 about a millisecond, see docs/architecture.md). Each channel is a socketpair made before the fork;
-messages are a 4-byte length and a pickle (both ends are this program, in processes it forked).
+messages are busbar/server/channel.py's (a 4-byte length and a pickle).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
-import pickle
 import signal
 import socket
-import struct
 
 from busbar.config.control import Control
+from busbar.server.channel import recv_msg, send_msg
 from busbar.server.listen import ListenError, probe, protocol_factory, tls_options
 
 log = logging.getLogger("busbar.admin")
 
-_LEN = struct.Struct(">I")
-
-
-async def _recv_exact(loop, sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await loop.sock_recv(sock, n - len(buf))
-        if not chunk:
-            raise EOFError("control channel closed")
-        buf += chunk
-    return bytes(buf)
-
-
-async def send_msg(loop, sock, obj):
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    await loop.sock_sendall(sock, _LEN.pack(len(data)) + data)
-
-
-async def recv_msg(loop, sock):
-    n = _LEN.unpack(await _recv_exact(loop, sock, 4))[0]
-    return pickle.loads(await _recv_exact(loop, sock, n))
-
-
-async def call_worker(loop, sock, msg, timeout):
-    async def call():
-        await send_msg(loop, sock, msg)
-        return await recv_msg(loop, sock)
-    return await asyncio.wait_for(call(), timeout)
-
-
 class ControlPlane:
-    """Made by gateway.serve() before it forks: checks both addresses are free (one busbar per
+    """Made by supervisor.serve() before it forks: checks both addresses are free (one busbar per
     address), binds the admin listener, and makes the channels."""
 
     def __init__(self, config, workers: int):
@@ -66,7 +34,7 @@ class ControlPlane:
             raise ListenError("admin_listen %s:%d: the same address as listen" % (
                 ctl.admin_host, ctl.admin_port))
         probe(ctl.admin_host, ctl.admin_port, "admin_listen")
-        from busbar.server.gateway import bind
+        from busbar.server.listen import bind
         try:
             self.admin_sock = bind(ctl.admin_host, ctl.admin_port, reuse_port=False)
         except OSError as exc:

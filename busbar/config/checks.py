@@ -148,3 +148,12 @@ def get_str(mapping: dict, key: str, path: str, out: Problems, default=None):
 
 def has_control(text: str) -> bool:
     return any(c < " " or c == "\x7f" for c in text)
+
+
+def problem_list(lines):
+    """'path: message' lines → [{path, message}] (the same lines `busbar validate` prints)."""
+    out = []
+    for line in lines:
+        path, sep, message = line.partition(": ")
+        out.append({"path": path, "message": message} if sep else {"path": "", "message": line})
+    return out

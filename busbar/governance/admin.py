@@ -12,11 +12,12 @@ import time
 from datetime import datetime
 
 from busbar.admin.site import AdminError, json_response
-from busbar.config.checks import Problems
+from busbar.config.checks import Problems, problem_list
+from busbar.server.channel import broadcast
 
 from .config import group_from_body
-from .model import (AWS_KEY_PREFIX, USAGE_FIELDS, KeyRecord, mint_token, new_key_id, token_hash)
-from .plane import spend_nano, usd
+from .model import (AWS_KEY_PREFIX, USAGE_FIELDS, KeyRecord, mint_token, new_key_id, spend_nano,
+                    token_hash, usd)
 
 # Keys are minted for 90 days unless the body says otherwise (SPEC §5's default).
 DEFAULT_KEY_DAYS = 90
@@ -47,13 +48,9 @@ def mount(site, gw, boot):
         live = getattr(gw, "live", None)
         if live is None or not live.workers:
             return
-        from busbar.admin.plane import call_worker
         async with live.lock:
-            acks = await asyncio.gather(*(
-                call_worker(gw.loop, sock, dict(msg, op="gov"), ACK_TIMEOUT_SECS)
-                for _, sock in live.workers), return_exceptions=True)
-        failed = [pid for (pid, _), a in zip(live.workers, acks)
-                  if isinstance(a, BaseException) or not a.get("ok")]
+            failed = await broadcast(gw.loop, live.workers, dict(msg, op="gov"), ACK_TIMEOUT_SECS,
+                                     lambda ack: ack.get("ok"))
         if failed:
             raise AdminError(500, "worker(s) %s did not take the change" % ", ".join(map(str, failed)),
                              code="internal")
@@ -224,7 +221,6 @@ def mount(site, gw, boot):
         g = group_from_body(name, merged, "groups.%s" % name, out,
                             pools=set(gw.snapshot.router.names()))
         if g is None or out.errors:
-            from busbar.admin.live import problem_list
             raise AdminError(400, "invalid group", problems=problem_list(out.errors))
         groups = await all_groups()
         groups[name] = g
@@ -232,7 +228,6 @@ def mount(site, gw, boot):
         chk = Problems()
         check_chains({name: g}, chk, groups.get)
         if chk.errors:
-            from busbar.admin.live import problem_list
             raise AdminError(400, "invalid group", problems=problem_list(chk.errors))
         await store().put_group(g)
         await push({"groups": [g]})

@@ -346,3 +346,15 @@ def group_from_dict(d: dict) -> GroupRecord:
     return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
                        [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"))
                         for x in d.get("limits", ())], d.get("source", "api"))
+
+
+def spend_nano(gov, row) -> int:
+    rate = (gov.rate_card or {}).get(row["model"])
+    if rate is None:
+        return 0
+    return rate.nano(row["input_tokens"], row["output_tokens"], row["cache_read_tokens"],
+                     row["cache_write_tokens"])
+
+
+def usd(nano: int) -> float:
+    return round(nano / NANO, 9)

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import pickle
 import socket
-import struct
 import time
 
-from .model import NANO, USAGE_FIELDS, bucket_key, window
+from busbar.server.channel import frame, recv_msg
+
+from .model import USAGE_FIELDS, bucket_key, spend_nano, usd, window
 
 log = logging.getLogger("busbar.governance")
-_LEN = struct.Struct(">I")
 # How often the parent recomputes the spend series of /metrics from the stored usage.
 SPEND_REFRESH_SECS = 5.0
 
@@ -61,8 +60,8 @@ class GovBoot:
 
     # ------------------------------------------------------------------ fork
     def preload(self):
-        """Imports, before the fork, what `install` and `start` import (see busbar/server/
-        gateway.py `_import_serving`: an import after the fork copies shared pages)."""
+        """Imports, before the fork, what `install` and `start` import (see
+        busbar/supervisor.py `_import_serving`: an import after the fork copies shared pages)."""
         from . import admin, gate  # noqa: F401
         if not self.local:
             from . import redis_store  # noqa: F401
@@ -164,8 +163,7 @@ class GovBoot:
     async def _read_usage(self, loop, sock):
         while True:
             try:
-                head = await _recv_exact(loop, sock, 4)
-                rows = pickle.loads(await _recv_exact(loop, sock, _LEN.unpack(head)[0]))
+                rows = await recv_msg(loop, sock)
             except (EOFError, OSError):
                 return
             except Exception:
@@ -205,24 +203,13 @@ async def _add(store, rows):
 
 
 def _send_blocking(sock, rows):
-    data = pickle.dumps(rows, protocol=pickle.HIGHEST_PROTOCOL)
     sock.setblocking(True)
     try:
-        sock.sendall(_LEN.pack(len(data)) + data)
+        sock.sendall(frame(rows))
     except OSError:
         log.error("governance: the parent is gone; %d usage rows lost", len(rows))
     finally:
         sock.setblocking(False)
-
-
-async def _recv_exact(loop, sock, n):
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = await loop.sock_recv(sock, n - len(buf))
-        if not chunk:
-            raise EOFError
-        buf += chunk
-    return bytes(buf)
 
 
 def chain_of(name, groups_of):
@@ -273,15 +260,3 @@ def seed(table, gov, api_groups: dict, store, now: float):
     if sums:
         log.info("governance: %d limit counter(s) carried over from the store", len(sums))
     return sums
-
-
-def spend_nano(gov, row) -> int:
-    rate = (gov.rate_card or {}).get(row["model"])
-    if rate is None:
-        return 0
-    return rate.nano(row["input_tokens"], row["output_tokens"], row["cache_read_tokens"],
-                     row["cache_write_tokens"])
-
-
-def usd(nano: int) -> float:
-    return round(nano / NANO, 9)

@@ -47,7 +47,7 @@ import orjson
 from busbar.governance.model import group_from_dict, group_to_dict  # noqa: F401
 from busbar.governance.model import (
     C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS,
-    Denial, GroupRecord, KeyRecord, Limit, Usage)
+    Denial, GroupRecord, KeyRecord, Usage)
 
 log = logging.getLogger("busbar.governance")
 

@@ -26,7 +26,7 @@ import zlib
 
 import orjson
 
-from busbar.mock.answer import (Ask, BadRequest, FORCE_ANY, FORCE_NONE, STOP_END, STOP_MAX_TOKENS,
+from busbar.mock.answer import (Ask, BadRequest, FORCE_ANY, STOP_MAX_TOKENS,
                                 STOP_TOOL, new_id)
 
 _dumps = orjson.dumps

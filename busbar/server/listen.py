@@ -60,3 +60,15 @@ def protocol_factory(factory, tls):
         return factory
     from busbar.upstream.tlsread import TlsReader
     return lambda: TlsReader(factory())
+
+
+def bind(host: str, port: int, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(4096)
+    sock.setblocking(False)
+    return sock

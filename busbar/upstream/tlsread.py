@@ -3,7 +3,7 @@
 With a plain asyncio.Protocol, uvloop's SSL transport reads each decrypted chunk with
 `SSLObject.read(256 KiB)`, which allocates 256 KiB per call (twice per message: the read, then
 the one that finds nothing more). Under busbar's fixed 128 KiB mmap threshold
-(busbar/server/gateway.py MMAP_THRESHOLD, which returns large request bodies to the system) each
+(busbar/supervisor.py MMAP_THRESHOLD, which returns large request bodies to the system) each
 of those is an mmap, a page fault and a munmap: measured on a TLS listener, 2 page faults and
 ~40 µs of CPU per small request (73 µs against 33 plain; the floor, without that threshold, paid
 ~3 µs for TLS). As a BufferedProtocol the transport decrypts into the buffer it is given, and each

@@ -13,7 +13,8 @@ import uvloop
 
 from busbar import config as cfgmod
 from busbar.engine.records import F_CONNECT, O_CLIENT_ERROR, O_OK
-from busbar.server.gateway import Gateway, bind
+from busbar.server.gateway import Gateway
+from busbar.server.listen import bind
 from tests.conftest import CONFIG, free_port
 
 

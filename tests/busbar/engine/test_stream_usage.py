@@ -15,7 +15,8 @@ import uvloop
 
 from busbar import config as cfgmod
 from busbar.engine.records import O_OK
-from busbar.server.gateway import Gateway, bind
+from busbar.server.gateway import Gateway
+from busbar.server.listen import bind
 from tests.conftest import free_port
 from tests.hostile import HostileUpstream, chunk, chunked_head
 

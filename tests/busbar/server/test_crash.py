@@ -10,7 +10,8 @@ import pytest
 import uvloop
 
 from busbar import config as cfgmod
-from busbar.server.gateway import Gateway, bind
+from busbar.server.gateway import Gateway
+from busbar.server.listen import bind
 from cbusbar.proto import anthropic as anthropic_codec
 from tests.conftest import free_port
 

@@ -16,7 +16,8 @@ import uvloop
 
 from busbar import config as cfgmod
 from busbar.config import ConfigError
-from busbar.server.gateway import Gateway, bind
+from busbar.server.gateway import Gateway
+from busbar.server.listen import bind
 from tests.conftest import free_port
 
 KB = 1000

@@ -1,4 +1,4 @@
-"""Forked workers import nothing (busbar/server/gateway.py `_import_serving`): an import in a worker
+"""Forked workers import nothing (busbar/supervisor.py `_import_serving`): an import in a worker
 after the fork walks the import machinery's shared objects and copies the pages they sit on, so
 every module a worker's setup needs is imported by the parent first. A config with every optional
 part on (metrics, access log, request-log sinks, OTLP, keys, every protocol), two workers: the
@@ -28,7 +28,7 @@ observability:
 
 SCRIPT = r"""
 import os, sys, threading, time, json
-from busbar.server import gateway
+from busbar import supervisor as gateway
 PARENT = os.getpid()
 OUT = sys.argv[2]
 orig = gateway.run_worker

@@ -11,7 +11,8 @@ import pytest
 import uvloop
 
 from busbar import config as cfgmod
-from busbar.server.gateway import Deadlines, Gateway, bind
+from busbar.server.gateway import Deadlines, Gateway
+from busbar.server.listen import bind
 from tests.conftest import free_port
 
 

@@ -1,9 +1,9 @@
-"""An idle worker gives its free heap back (busbar/server/gateway.py `_trim_when_idle`): glibc
+"""An idle worker gives its free heap back (busbar/supervisor.py `_trim_when_idle`): glibc
 returns freed heap memory only from the heap's top, so memory freed under a block still in use
 stays resident until malloc_trim."""
 import asyncio
 
-from busbar.server import gateway
+from busbar import supervisor
 from cbusbar.sysmem import heap_free, set_mmap_threshold
 
 
@@ -20,17 +20,17 @@ class _Site:
 
 
 def _run(inflight, monkeypatch):
-    set_mmap_threshold(gateway.MMAP_THRESHOLD)      # as a worker does: these come from the heap
+    set_mmap_threshold(supervisor.MMAP_THRESHOLD)      # as a worker does: these come from the heap
     blocks = [bytearray(100_000) for _ in range(600)]
     pin = bytearray(100_000)                        # allocated last: the heap's top stays in use
     del blocks
     assert heap_free() > 40 << 20
     before = _rss_mib()
-    monkeypatch.setattr(gateway, "TRIM_SECS", 0.01)
+    monkeypatch.setattr(supervisor, "TRIM_SECS", 0.01)
     loop = asyncio.new_event_loop()
     try:
         site = _Site(loop, inflight)
-        gateway._trim_when_idle(site)
+        supervisor._trim_when_idle(site)
         loop.run_until_complete(asyncio.sleep(0.05))
         site.draining = True
         loop.run_until_complete(asyncio.sleep(0.02))
