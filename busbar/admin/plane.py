@@ -170,10 +170,17 @@ def _mount_observability(site, gw):
     from busbar.admin.site import PUBLIC, Response
     from busbar.observability import ADMIN_ROUTES, settings
     public_metrics = settings(gw.config).metrics_public
+    def response(out):
+        status, ctype, body = out
+        return Response(status, body, ctype)
+
+    async def later(out):
+        return response(await out)
+
     for (method, path), handler in ADMIN_ROUTES.items():
         def adapted(req, handler=handler):
-            status, ctype, body = handler(gw, req)
-            return Response(status, body, ctype)
+            out = handler(gw, req)
+            return later(out) if asyncio.iscoroutine(out) else response(out)
         scope = PUBLIC if path == "/" or (path == "/metrics" and public_metrics) else None
         site.routes.add(method, path, adapted, scope=scope,
                         summary="observability: " + (handler.__doc__ or path).strip().split("\n")[0])

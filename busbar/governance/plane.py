@@ -260,3 +260,34 @@ def seed(table, gov, api_groups: dict, store, now: float):
     if sums:
         log.info("governance: %d limit counter(s) carried over from the store", len(sums))
     return sums
+
+
+async def spend_by_group(gw):
+    """(spend, None) or (None, why). spend: [{"group": name or None, "usd": x}, ...] over every
+    stored day, read from the governance store and priced with the running rate card; a key's
+    spend counts under its own group (None: keys without one). The status page's spend table."""
+    gov = gw.snapshot.governance
+    boot = getattr(gw, "gov_boot", None)
+    if gov is None or boot is None:
+        return None, "governance is off (no keys, groups or rate_card in the config)"
+    if not gov.rate_card:
+        return None, "no rate_card: tokens are counted but not priced"
+    ready = getattr(boot, "ready", None)
+    if boot.store is None or (ready is not None and not ready.is_set()):
+        return None, "the governance store is not open yet"
+    gate = getattr(gw, "gate", None)
+    if gate is not None and gate.batcher is not None:
+        gate.batcher.flush()        # this process's last calls (the sink is a task: let it run)
+        await asyncio.sleep(0)
+    from .redis_store import StoreUnavailable
+    try:
+        rows = await boot.store.usage_rows()
+    except StoreUnavailable as exc:     # the page says so; the rest of it still shows
+        return None, "the governance store is unreachable: %s" % exc
+    nano = {}
+    for row in rows:
+        g = row["group"] or None
+        nano[g] = nano.get(g, 0) + spend_nano(gov, row)
+    return [{"group": g, "usd": usd(nano[g])}
+            for g in sorted(nano, key=lambda g: (g is None, g or ""))], None
+

@@ -4,9 +4,14 @@ and `PUBLIC_ROUTES` (what `metrics_public: true` adds to the data listener).
 - `GET /metrics`: Prometheus text 0.0.4 over all workers (404 when `metrics` is off).
 - `GET /`: the status page (busbar/observability/status.html, self-contained).
 - `GET /status.json`: the page's figures over the last minute: req/s, busbar-time percentiles,
-  failovers, totals (from the shared counters' differences over time).
-- `GET /stats`: SPEC §7's lane table, from `busbar.reliability.stats_snapshot(site)` once the
-  reliability issue provides it; until then a subset built from the router (inflight, limits).
+  failovers, totals (from the shared counters' differences over time); and `spend_by_group`, USD
+  per group read from the governance store and priced with the running rate card
+  (`busbar.governance.plane.spend_by_group`), or null with `spend_off` saying why there is none.
+- `GET /stats`: SPEC §7's lane table, `busbar.reliability.stats.stats_snapshot(site)`: the very
+  function the data listener's `/stats` answers with, so both say the same.
+
+A handler takes (site, request) and returns (status, content_type, body), or a coroutine giving
+them (the admin listener awaits it; the data listener's table takes plain functions only).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import time
 import orjson
 
 from busbar.observability.metrics import REQUEST_BUCKETS_S, render
+from busbar.reliability.stats import stats_snapshot
 
 TEXT_004 = b"text/plain; version=0.0.4; charset=utf-8"
 JSON = b"application/json"
@@ -104,70 +110,19 @@ def _quantile(counts, q):
     return round(REQUEST_BUCKETS_S[-1] * 1000, 3)
 
 
-def status_json(site, req):
+async def status_json(site, req):
+    """The status page's figures: the last minute from the counters, and spend by group from
+    the governance store."""
     st = _obs(site)
     body = st.recent.window() if st is not None and st.recent is not None else {"metrics": False}
-    body["spend_by_group"] = _spend(site)
+    from busbar.governance.plane import spend_by_group
+    body["spend_by_group"], body["spend_off"] = await spend_by_group(site)
     return 200, JSON, orjson.dumps(body)
 
 
-def _spend(site):
-    # The governance issue's settlement provides spend by group; until then there is none.
-    try:
-        from busbar.governance import spend_by_group   # noqa: F401 (not landed yet)
-    except ImportError:
-        return None
-    return spend_by_group(site)
-
-
 def stats(site, req):
-    try:
-        from busbar.reliability import stats_snapshot
-    except ImportError:
-        stats_snapshot = None
-    if stats_snapshot is not None:
-        return 200, JSON, orjson.dumps(stats_snapshot(site))
-    return 200, JSON, orjson.dumps(fallback_stats(site))
-
-
-def fallback_stats(site) -> dict:
-    """SPEC §7's /stats shape with what exists before the reliability issue: no breaker yet, so
-    every lane is closed and usable; in-flight is this gateway's (all workers, when metrics on)."""
-    cfg = site.config
-    router = site.snapshot.router
-    inflight = _inflight_all(site)
-    lanes = []
-    for name, lane in sorted(router.lanes.items()):
-        m = lane.model
-        n = inflight.get(name, lane.inflight)
-        lim = m.max_concurrent
-        lanes.append({
-            "model": name, "provider": m.provider.name, "max_concurrent": lim, "limit": lim,
-            "inflight": n, "free_slots": None if lim is None else max(0, lim - n),
-            "available": "unbounded" if lim is None else max(0, lim - n),
-            "at_capacity": lim is not None and n >= lim,
-            "availability": "available" if lim is None or n < lim else "at_capacity",
-            "breaker_state": "closed", "usable": True, "dead": False, "dead_reason": None,
-            "cooldown_remaining_s": 0, "recovery_hint_ms": 0, "streak": 0,
-        })
-    return {"pools": {name: [m.model.name for m in p.members] for name, p in sorted(cfg.pools.items())},
-            "lanes": lanes}
-
-
-def _inflight_all(site) -> dict:
-    st = _obs(site)
-    if st is None or st.metrics is None:
-        return {}
-    m = st.metrics
-    m.publish()
-    L = m.L
-    v = m.values()
-    out = dict.fromkeys(L.lanes, 0)
-    for wk in range(min(v[L.worker_claim], L.workers)):
-        base = L.workers_base + wk * L.per_worker
-        for i, lane in enumerate(L.lanes):
-            out[lane] += v[base + 1 + i]
-    return out
+    """SPEC §7's lane table: the data listener's own `GET /stats` (one producer for both)."""
+    return 200, JSON, orjson.dumps(stats_snapshot(site))
 
 
 ADMIN_ROUTES = {
