@@ -17,11 +17,13 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, in their own layer: a source change does not reinstall them.
-COPY requirements.txt requirements-build.txt ./
-COPY packaging/requirements.txt packaging/
+# The runtime dependencies are pyproject.toml's [project] dependencies (packaging/runtime_deps.py).
+COPY pyproject.toml requirements-build.txt ./
+COPY packaging/requirements.txt packaging/runtime_deps.py packaging/
 RUN python3 -m venv .venv \
+ && python3 packaging/runtime_deps.py > .venv/requirements-runtime.txt \
  && .venv/bin/pip install -q --disable-pip-version-check \
-      -r requirements.txt -r requirements-build.txt -r packaging/requirements.txt
+      -r .venv/requirements-runtime.txt -r requirements-build.txt -r packaging/requirements.txt
 COPY . .
 RUN packaging/build_ext.sh \
  && packaging/build.sh \

@@ -6,9 +6,13 @@ STAMP := $(VENV)/.deps-installed
 
 .PHONY: build demo test dist bench soak-memory bench-readme clean chromium redis
 
-$(STAMP): requirements.txt requirements-build.txt requirements-dev.txt
+# The runtime dependencies are pyproject.toml's `[project] dependencies` (the one list), written
+# out as a requirements file; then the build tools and the test-only SDKs.
+$(STAMP): pyproject.toml packaging/runtime_deps.py requirements-build.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python packaging/runtime_deps.py > $(VENV)/requirements-runtime.txt
+	$(BIN)/pip install -q --disable-pip-version-check -r $(VENV)/requirements-runtime.txt \
+	  -r requirements-dev.txt
 	touch $@
 
 BUILT := $(VENV)/.built

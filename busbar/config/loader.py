@@ -10,7 +10,6 @@ Problems are strings "<path>: <message>", where <path> is the key's dotted path 
 from __future__ import annotations
 
 import datetime
-import importlib.util
 import ipaddress
 import os
 import re
@@ -34,6 +33,7 @@ from .checks import (
     suggest,
 )
 from .interpolate import interpolate, same_shape
+from .modules import require
 from .schema import (
     AUTH_MODES,
     AWS_PROTOCOLS,
@@ -654,8 +654,9 @@ def _provider(
     aws_chain = (protocol in AWS_PROTOCOLS and entry.get("api_key") is None and (
         (url is not None and url.scheme == "https") or entry.get("auth") == "sigv4"
         or profile is not None or role_arn is not None))
-    if aws_chain and importlib.util.find_spec("botocore") is None:
-        out.error(path, "the AWS credential chain needs botocore, which this build lacks; set api_key")
+    if aws_chain:
+        require(out, path, "the AWS credential chain (no api_key)", "botocore",
+                getattr(env, "offline", False))
     # BYOK (issue 10): the caller's own provider key is forwarded; busbar holds none.
     passthrough = entry.get("upstream_credentials") == "passthrough"
     if passthrough and protocol in AWS_PROTOCOLS:
@@ -864,10 +865,7 @@ def _gcp_source(entry: dict, path: str, env: Mapping[str, str], base_dir: str,
     text = _read_json_secret(raw, where, env, base_dir, out)
     if text is None:
         return None, None
-    try:
-        import cryptography  # noqa: F401  (RS256 signing; left out of the single-file build)
-    except ImportError:
-        out.error(where, "service-account credentials need the 'cryptography' package, which this build lacks")
+    if not require(out, where, "service-account credentials (RS256 signing)", "cryptography"):
         return None, None
     from busbar.upstream.gcp_oauth import ServiceAccountError, parse_service_account
     try:

@@ -268,6 +268,8 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         else:
             sc.path = os.path.join(base_dir, os.path.expanduser(path))
     elif kind == "redis":
+        from busbar.config.modules import require
+        require(out, "store.kind", "store redis", "redis", getattr(env, "offline", False))
         if "url" not in raw:
             out.error("store", "kind redis needs url: {env: BUSBAR_REDIS_URL}")
         else:

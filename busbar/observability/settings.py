@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from busbar.config.checks import (Problems, check_keys, describe, get_bool, get_int, get_mapping,
                                   get_str, join)
+from busbar.config.modules import require
 from busbar.config.secrets import resolve_secret
 from busbar.config.urls import parse_sink_url
 
@@ -167,6 +168,8 @@ def _sink(entry, where, env, base_dir, out):
         if isinstance(url, str):
             out.error(join(where, "url"), url)
             return None
+        require(out, join(where, "kind"), "a webhook request log", "aiohttp",
+                getattr(env, "offline", False))
         auth = None
         if entry.get("auth_header") is not None:
             auth = resolve_secret(entry["auth_header"], join(where, "auth_header"), env, base_dir, out)
@@ -182,6 +185,7 @@ def _otlp(section, where, env, base_dir, out):
     if section is None:
         return None
     check_keys(section, where, OTLP_KEYS, out)
+    require(out, where, "otlp (trace export)", "aiohttp", getattr(env, "offline", False))
     url = parse_sink_url(section.get("url"))
     if isinstance(url, str):
         out.error(join(where, "url"), url)

@@ -836,3 +836,41 @@ groups:
     assert any(e.startswith("groups.a.parent: groups form a cycle: a -> b -> a") for e in errs), errs
     errs = problems(MINIMAL + "store: {kind: redis}\n", GOV_ENV)
     assert "store: kind redis needs url: {env: BUSBAR_REDIS_URL}" in errs
+
+
+def test_a_config_needing_a_package_this_install_lacks_is_one_line(monkeypatch):
+    from busbar.config import modules
+    monkeypatch.setattr(modules, "lacks", lambda m: m in ("redis", "aiohttp"))
+    errs = problems(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n"
+                    "observability: {otlp: {url: \"https://collector.example.com:4318/v1/traces\"}}\n",
+                    GOV_ENV)
+    assert errs == [
+        "observability.otlp: otlp (trace export) needs the Python package `aiohttp`; this install "
+        "lacks it (pip install 'aiohttp==%s')" % _pinned("aiohttp"),
+        "store.kind: store redis needs the Python package `redis`; this install lacks it "
+        "(pip install 'redis==%s')" % _pinned("redis")]
+    # validate --offline lints for another install (CI): a warning, not an error
+    from busbar.config.secrets import OfflineEnv
+    _, out = config.build(text=MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n",
+                          env=OfflineEnv(GOV_ENV), offline=True)
+    assert not out.errors and any("`redis`" in w for w in out.warnings)
+    # the single-file executable: pip cannot add to it, so the line says what to run instead
+    monkeypatch.setattr("sys.frozen", True, raising=False)
+    errs = problems(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n", GOV_ENV)
+    assert errs == ["store.kind: store redis needs the Python package `redis`; this single-file "
+                    "executable does not include it; run busbar from a pip install of its source "
+                    "tree (pip install .) for this feature"]
+
+
+def _pinned(dist):
+    import tomllib
+    with open(os.path.join(os.path.dirname(config.__file__), "..", "..", "pyproject.toml"), "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return next(d.split("==")[1] for d in deps if d.split("==")[0].lower() == dist)
+
+
+def test_every_optional_package_is_a_pinned_runtime_dependency():
+    from busbar.config import modules
+    for module, dist in modules.OPTIONAL.items():
+        assert modules.requirement(dist) == "%s==%s" % (dist, _pinned(dist.lower()))
+        assert not modules.lacks(module), module       # the dev install has every one

@@ -103,3 +103,27 @@ def test_every_command_the_demo_banner_prints_runs_as_printed(tmp_path):
             assert "error" not in r.stdout.lower()[:200], (cmd, r.stdout)
     finally:
         stop(proc)
+
+
+# A Python without redis-py, as a pip install from before redis was a dependency (or a trimmed
+# venv): the module is blocked before busbar starts.
+WITHOUT_REDIS = "import sys; sys.modules['redis'] = None; from busbar.cli import main; sys.exit(main())"
+
+
+def test_a_config_needing_a_package_this_install_lacks_is_refused_in_one_line(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text('listen: "127.0.0.1:%d"\nproviders:\n  m: {protocol: openai, base_url: '
+                 '"http://127.0.0.1:9"}\nmodels:\n  x: {provider: m}\n'
+                 'store: {kind: redis, url: {env: BB_REDIS}}\n' % free_port())
+    from busbar.config.modules import requirement
+    want = ["error: store.kind: store redis needs the Python package `redis`; this install lacks "
+            "it (pip install '%s')" % requirement("redis")]
+    assert requirement("redis").startswith("redis==")
+    e = dict(env(), BB_REDIS="redis://127.0.0.1:9/0")
+    for cmd in (["validate"], ["serve", "--workers", "1"]):
+        r = subprocess.run([PY, "-c", WITHOUT_REDIS, *cmd, "--config", str(p)], cwd=ROOT, env=e,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert r.stderr.strip().splitlines() == want, r.stderr
+    # where redis-py is installed, the same config is valid
+    assert _cli("validate", "--config", str(p), e=e).returncode == 0

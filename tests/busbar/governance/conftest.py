@@ -11,7 +11,7 @@ from tests.redis_server import RedisServer, redis_server_path
 def _need_redis():
     if redis_server_path() is None:
         pytest.skip("redis-server not found: `make redis` installs Debian's redis-server")
-    pytest.importorskip("redis", reason="redis-py not installed (requirements.txt)")
+    pytest.importorskip("redis", reason="redis-py not installed (a pyproject.toml dependency)")
 
 
 @pytest.fixture(scope="session")
