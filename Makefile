@@ -37,12 +37,13 @@ demo: build
 test: build chromium redis
 	$(BIN)/python -m pytest
 
-# Headless Chromium for the status-page test (Debian's package). Installed when missing, as root or
+# Headless Chromium for the status-page test (Debian's package, without its recommended packages:
+# the test needs the browser only, not ~130 desktop packages). Installed when missing, as root or
 # through passwordless sudo; when neither works the test skips and says why.
 chromium:
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
-	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium; } \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; } \
 	  || echo "chromium could not be installed; the status-page test will skip"; }
 
 # redis-server for the Redis store's tests (Debian's package; tests/redis_server.py starts one per
