@@ -1,10 +1,13 @@
 """The first five minutes, as a new user meets them (issue 9): the README's example config
 validates, `validate --offline` lints without the environment, `busbar` alone prints the help,
 and every command the demo banner prints runs as printed."""
+import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -94,15 +97,72 @@ def test_every_command_the_demo_banner_prints_runs_as_printed(tmp_path):
                     line = line[:-1] + lines[i].strip()
                 commands.append(line)
             i += 1
+        # The status page and /stats are named, and the demo has the metrics the page shows.
+        assert "status: http://127.0.0.1:%d/ " % admin in banner
+        assert "stats:  http://127.0.0.1:%d/stats " % port in banner
         assert len(commands) == 6, commands
+        # This interpreter has the SDKs (the `make` venv): the Python lines name it.
+        assert sum(c.startswith(shlex.quote(PY) + " -c ") for c in commands) == 3, commands
         clean = {k: v for k, v in e.items() if not k.startswith(("OPENAI", "ANTHROPIC", "AWS"))}
-        for cmd in commands:
-            r = subprocess.run(["bash", "-c", cmd], env=clean, capture_output=True, text=True,
-                               timeout=60, cwd=tmp_path)
-            assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stdout, r.stderr)
-            assert "error" not in r.stdout.lower()[:200], (cmd, r.stdout)
+        _run_all(commands, clean, tmp_path)
+        # The single-file executable's banner (and a pip install's, whose venv has no SDK): the
+        # Python lines say `python3`, which the note asks to give the SDKs; with such a python3
+        # first on PATH they run as printed.
+        frozen = _frozen_banner(port)
+        sdk = [line.strip() for line in frozen.splitlines() if line.strip().startswith("python3 -c ")]
+        assert len(sdk) == 3 and "/tmp/staticx" not in frozen, frozen
+        assert "# (they are not installed with busbar; first: python3 -m pip install openai " \
+               "anthropic boto3)" in frozen
+        shim = tmp_path / "bin"
+        shim.mkdir()
+        # a script, not a symlink: a venv's python finds its pyvenv.cfg beside the path it runs as
+        (shim / "python3").write_text('#!/bin/sh\nexec %s "$@"\n' % shlex.quote(PY))
+        (shim / "python3").chmod(0o755)
+        _run_all(sdk, dict(clean, PATH="%s:%s" % (shim, clean["PATH"])), tmp_path)
+        status = json.loads(subprocess.run(
+            ["curl", "-s", "http://127.0.0.1:%d/status.json" % admin], capture_output=True,
+            text=True, timeout=30).stdout)
+        assert status["metrics"] is True and status["totals"]["requests"] >= 6, status
     finally:
         stop(proc)
+
+
+def _run_all(commands, e, cwd):
+    for cmd in commands:
+        r = subprocess.run(["bash", "-c", cmd], env=e, capture_output=True, text=True,
+                           timeout=60, cwd=cwd)
+        assert r.returncode == 0 and r.stdout.strip(), (cmd, r.stdout, r.stderr)
+        assert "error" not in r.stdout.lower()[:200], (cmd, r.stdout)
+
+
+def _frozen_banner(port):
+    """banner() as the single-file executable prints it: sys.frozen set (PyInstaller's mark) and
+    sys.executable the unpacked executable, which is no Python."""
+    from unittest import mock
+
+    from busbar import config
+    from busbar.demo import banner, demo_yaml
+    cfg = config.load(text=demo_yaml("127.0.0.1:%d" % port, 1))
+    with mock.patch.object(sys, "frozen", True, create=True), \
+            mock.patch.object(sys, "executable", "/tmp/staticx-AbCdEf/busbar"):
+        return banner(cfg)
+
+
+def test_banner_names_this_python_only_when_it_has_the_sdks(monkeypatch):
+    import importlib.util
+
+    from busbar import config
+    from busbar.demo import banner, demo_yaml
+    cfg = config.load(text=demo_yaml("127.0.0.1:8080", 1))
+    assert "\n  %s -c \"import openai;" % shlex.quote(sys.executable) in banner(cfg)
+    assert "pip install" not in banner(cfg)
+    # a pip install: busbar's venv has no SDK
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "anthropic" else real(name, *a))
+    text = banner(cfg)
+    assert sys.executable not in text and "\n  python3 -c \"import anthropic;" in text
+    assert "first: python3 -m pip install openai anthropic boto3" in text
 
 
 # A Python without redis-py, as a pip install from before redis was a dependency (or a trimmed
