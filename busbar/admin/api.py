@@ -81,10 +81,14 @@ def mount(site, live, plane):
     def snap():
         return gw.snapshot
 
-    def healthz(req):
-        ok = bool(snap().router.lanes)
-        return Response(200 if ok else 503, b"ok" if ok else b"no usable lanes",
-                        b"text/plain; charset=utf-8")
+    async def healthz(req):
+        if not snap().router.lanes:
+            return Response(503, b"no usable lanes", b"text/plain; charset=utf-8")
+        from busbar.governance.plane import store_problem
+        problem = await store_problem(gw)
+        if problem is not None:     # keys cannot be minted or changed: say why
+            return Response(503, problem.encode(), b"text/plain; charset=utf-8")
+        return Response(200, b"ok", b"text/plain; charset=utf-8")
 
     def info(req):
         s = snap()
@@ -176,7 +180,8 @@ def mount(site, live, plane):
         from busbar.admin.openapi import document
         return Response(200, orjson.dumps(document(site.routes)))
 
-    r.add("GET", "/healthz", healthz, scope=PUBLIC, summary="liveness: any lane configured")
+    r.add("GET", "/healthz", healthz, scope=PUBLIC,
+          summary="any lane configured, and the governance store answering")
     r.add("GET", PREFIX + "/info", info, summary="version, config version, start time, workers, listeners")
     r.add("GET", PREFIX + "/pools", pools, summary="every pool with its members")
     r.add("GET", PREFIX + "/pools/{name}", pool, summary="one pool")

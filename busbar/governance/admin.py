@@ -392,7 +392,16 @@ def _when_ready(boot, handler):
                 await asyncio.wait_for(ready.wait(), STORE_READY_SECS)
             except asyncio.TimeoutError:
                 raise AdminError(503, "the governance store is not open yet") from None
-        return await handler(req)
+        try:
+            return await handler(req)
+        except Exception as exc:
+            # Redis not answering is the store's state, not busbar's fault: a 503 that says so
+            # (the reason names the URL without its password), and no traceback in the log.
+            if not boot.local:
+                from .redis_store import StoreUnavailable
+                if isinstance(exc, StoreUnavailable):
+                    raise AdminError(503, "the governance store is unreachable: %s" % exc) from None
+            raise
     return call
 
 

@@ -262,6 +262,20 @@ def seed(table, gov, api_groups: dict, store, now: float):
     return sums
 
 
+async def store_problem(gw) -> str | None:
+    """Why the governance store cannot serve the admin API right now, or None: a Redis store that
+    does not answer a PING (a local store is this process's own file or memory)."""
+    boot = getattr(gw, "gov_boot", None)
+    if boot is None or boot.local or boot.store is None:
+        return None
+    from .redis_store import StoreUnavailable
+    try:
+        await boot.store.ping()
+    except StoreUnavailable as exc:
+        return "the governance store is unreachable: %s" % exc
+    return None
+
+
 async def spend_by_group(gw):
     """(spend, None) or (None, why). spend: [{"group": name or None, "usd": x}, ...] over every
     stored day, read from the governance store and priced with the running rate card; a key's

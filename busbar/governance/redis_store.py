@@ -297,6 +297,9 @@ class RedisStore:
         except self._down as e:
             raise StoreUnavailable("redis at %s: %s" % (_safe_url(self.url), e)) from None
 
+    async def ping(self) -> None:
+        await self._call(self._r.ping())
+
     # -- keys
     async def put_key(self, rec: KeyRecord) -> None:
         p = self.prefix

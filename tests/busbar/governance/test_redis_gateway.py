@@ -1,19 +1,22 @@
 """A fleet sharing one real redis-server (issue 10): two gateway processes, each with two
 workers, enforce one rate limit and one budget exactly; a key minted on one instance works on the
 other, and a revoke on one holds on the other within a second; with Redis stopped, fail_mode closed
-refuses in the caller's own shape and serving resumes when Redis is back."""
+refuses in the caller's own shape and serving resumes when Redis is back; the admin API says the
+store is unreachable (503, the reason, no traceback) instead of failing inside."""
 from __future__ import annotations
 
+import http.client
 import json
+import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.busbar.governance.conftest import _need_redis
-from tests.conftest import stop
+from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
 from tests.redis_server import RedisServer
-from tests.integration.gov_helpers import post, start, wait_usage
+from tests.integration.gov_helpers import ADMIN, Admin, gov_config, gov_env, post, start, wait_usage
 from tests.integration.test_governance import CARD
 
 TAIL = """
@@ -141,3 +144,58 @@ def test_fail_open_admits_counts_locally_and_reconciles(mock_port, tmp_path):
     finally:
         stop(g.proc)
         redis.close()
+
+
+def _get(port, path, token=ADMIN):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", path, headers={"authorization": "Bearer " + token})
+    r = c.getresponse()
+    out = r.status, r.read()
+    c.close()
+    return out
+
+
+def test_admin_calls_with_redis_down_are_503_with_the_reason(mock_port, tmp_path):
+    _need_redis()
+    redis = RedisServer().start()
+    text, admin = gov_config(mock_port, TAIL)
+    port = free_port()
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(text.replace("{port}", str(port)))
+    e = env()
+    e.update(gov_env({"BB_REDIS": redis.url}))
+    log = tmp_path / "stderr.txt"
+    with open(log, "w") as fh:
+        proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
+                                 "1"], cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=fh)
+    try:
+        wait_http(port, proc)
+        wait_http(admin, proc)
+        a = Admin(admin)
+        a.mint(name="before", group="money")
+        assert _get(admin, "/healthz") == (200, b"ok")
+        redis.stop()
+        why = "the governance store is unreachable: redis at %s: " % redis.url
+        for method, path, body in (("POST", "/keys", {"name": "during"}), ("GET", "/keys", None),
+                                   ("GET", "/groups/money/usage", None)):
+            status, out = a.call(method, path, body)
+            assert status == 503, (path, out)
+            assert out["error"]["code"] == "unavailable" and out["error"]["message"].startswith(why)
+        status, text = _get(admin, "/healthz")
+        assert status == 503 and text.decode().startswith(why)
+        # the status page still renders; its spend table says why it is empty
+        status, text = _get(admin, "/status.json")
+        page = json.loads(text)
+        assert status == 200 and page["spend_by_group"] is None
+        assert page["spend_off"].startswith(why)
+        redis.start()
+        deadline = time.monotonic() + 5
+        while a.call("POST", "/keys", {"name": "after"})[0] != 201:
+            assert time.monotonic() < deadline, "minting did not resume after Redis came back"
+            time.sleep(0.2)
+        assert _get(admin, "/healthz") == (200, b"ok")
+    finally:
+        stop(proc)
+        redis.close()
+    err = log.read_text()
+    assert "Traceback" not in err and "internal error" not in err, err[-3000:]
