@@ -245,11 +245,17 @@ class AdminExchange:
         site = self.site
         if site.open:
             return None
-        tok = site.tokens.principal(presented_token(self.req.headers))
+        presented = presented_token(self.req.headers)
+        tok = site.tokens.principal(presented)
         if tok is None:
-            return error_response(401, "an admin token is required (Authorization: Bearer or "
-                                  "x-admin-token)" if site.tokens.entries else
-                                  "no admin tokens are configured (auth.admin_tokens)")
+            if not site.tokens.entries:
+                return error_response(401, "no admin tokens are configured (auth.admin_tokens)")
+            if not presented:
+                return error_response(401, "an admin token is required (Authorization: Bearer or "
+                                      "x-admin-token)")
+            # Never echoes the token: a near miss pasted into a ticket is still a secret.
+            return error_response(401, "the admin token presented is not valid: it matches none "
+                                  "of auth.admin_tokens")
         need = route.scope if route is not None and route.scope else required_scope(method, self.req.path)
         if need == "full" and tok.scope != "full":
             return error_response(403, "this call needs the 'full' scope; token '%s' is %s" % (
