@@ -274,7 +274,10 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
             out.error("store", "kind redis needs url: {env: BUSBAR_REDIS_URL}")
         else:
             from busbar.config.secrets import resolve_secret
-            url = resolve_secret(raw["url"], "store.url", env, base_dir, out)
+            if isinstance(raw["url"], str):
+                url = _inline_redis_url(raw["url"], out)
+            else:
+                url = resolve_secret(raw["url"], "store.url", env, base_dir, out)
             offline = getattr(env, "offline", False)
             if url is not None and not offline and not (url.startswith("redis://") or url.startswith("rediss://")
                                         or url.startswith("unix://")):
@@ -284,3 +287,23 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         if k in raw and (k == "path") != (kind == "sqlite") and not (k == "url" and kind == "redis"):
             out.error(join("store", k), "not used by a %s store" % kind)
     return sc
+
+
+def _inline_redis_url(url: str, out: Problems) -> str | None:
+    """A Redis URL written in the config itself: an address is not a secret, a password is. A URL
+    with user info (`redis://user:pass@host`, `redis://:pass@host`, and a lone `name@`, which
+    some clients send as the password) or a `password=`/`username=` parameter (redis-py reads
+    both) must come from a reference, as every secret."""
+    from urllib.parse import parse_qsl, urlsplit
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query)
+    except ValueError:
+        out.error("store.url", "expected a redis://, rediss:// or unix:// URL")
+        return None
+    if "@" in parts.netloc or any(k.lower() in ("password", "username") for k, _ in query):
+        # The message never quotes the URL: it holds the password.
+        out.error("store.url", "this URL carries credentials, and inline secrets are not allowed; "
+                  "put the whole URL in a reference, e.g. url: {env: BUSBAR_REDIS_URL}")
+        return None
+    return url

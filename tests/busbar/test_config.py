@@ -838,6 +838,28 @@ groups:
     assert "store: kind redis needs url: {env: BUSBAR_REDIS_URL}" in errs
 
 
+def test_redis_url_inline_without_a_password_but_a_reference_with_one():
+    # An address is not a secret: written inline it is taken as it is.
+    for url in ("redis://127.0.0.1:6379", "rediss://redis.internal:6380/2", "unix:///run/redis.sock"):
+        c = cfg(MINIMAL + "store: {kind: redis, url: \"%s\"}\n" % url, GOV_ENV)
+        assert c.governance.store.url == url and url not in repr(c.governance)
+    # A password (in the user info or as a parameter) is: refused inline, never echoed.
+    for url in ("redis://:hunter2pw@127.0.0.1:6379/0", "redis://app:hunter2pw@127.0.0.1:6379",
+                "rediss://hunter2pw@redis.internal:6380", "redis://127.0.0.1:6379/0?password=hunter2pw",
+                "unix:///run/redis.sock?username=app&password=hunter2pw"):
+        errs = problems(MINIMAL + "store: {kind: redis, url: \"%s\"}\n" % url, GOV_ENV)
+        assert errs == ["store.url: this URL carries credentials, and inline secrets are not "
+                        "allowed; put the whole URL in a reference, e.g. url: {env: BUSBAR_REDIS_URL}"]
+        assert not any("hunter2pw" in e for e in errs)
+    # The same URL behind a reference is fine.
+    c = cfg(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n",
+            dict(GOV_ENV, REDIS="redis://:hunter2pw@127.0.0.1:6379/0"))
+    assert c.governance.store.url == "redis://:hunter2pw@127.0.0.1:6379/0"
+    # Inline, the scheme is still checked.
+    assert problems(MINIMAL + "store: {kind: redis, url: \"http://127.0.0.1:6379\"}\n", GOV_ENV) == [
+        "store.url: expected a redis://, rediss:// or unix:// URL"]
+
+
 def test_a_config_needing_a_package_this_install_lacks_is_one_line(monkeypatch):
     from busbar.config import modules
     monkeypatch.setattr(modules, "lacks", lambda m: m in ("redis", "aiohttp"))
