@@ -212,12 +212,16 @@ def build(
     file of a mutable config (busbar/admin/live.py writes it)."""
     out = Problems()
     if text is None:
+        given = path is not None
         if path is None:
             path = env.get(CONFIG_ENV) or DEFAULT_CONFIG_PATH
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except (OSError, UnicodeDecodeError) as exc:
+            if not given and isinstance(exc, FileNotFoundError):
+                out.errors.append(_where_looked(path, env))
+                return None, out
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             out.error(path, f"cannot read config file: {reason}")
             return None, out
@@ -238,6 +242,17 @@ def build(
     if out.errors:
         return None, out
     return config, out
+
+
+def _where_looked(path: str, env: Mapping[str, str]) -> str:
+    """No --config and no file where busbar looked: say where that was and how to point it."""
+    where = os.path.abspath(path)
+    if env.get(CONFIG_ENV):
+        looked = f"${CONFIG_ENV} names {where}, which does not exist"
+    else:
+        looked = f"no config file: --config was not given, ${CONFIG_ENV} is not set, and there is no {where}"
+    return (f"{looked}; point busbar at one with --config PATH or ${CONFIG_ENV}=PATH "
+            f"(or try `busbar serve --demo`, which needs none)")
 
 
 _VAR_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")

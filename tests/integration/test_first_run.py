@@ -165,6 +165,24 @@ def test_banner_names_this_python_only_when_it_has_the_sdks(monkeypatch):
     assert "first: python3 -m pip install openai anthropic boto3" in text
 
 
+def test_validate_without_a_config_says_where_it_looked_and_how_to_point_it(tmp_path):
+    e = {k: v for k, v in env().items() if k != "BUSBAR_CONFIG"}
+    for cmd in (["validate"], ["serve"]):
+        r = subprocess.run([PY, "-m", "busbar.cli", *cmd], cwd=tmp_path, env=e,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 1 and "Traceback" not in r.stderr
+        assert r.stderr.strip().splitlines() == [
+            "error: no config file: --config was not given, $BUSBAR_CONFIG is not set, and there "
+            "is no %s; point busbar at one with --config PATH or $BUSBAR_CONFIG=PATH (or try "
+            "`busbar serve --demo`, which needs none)" % (tmp_path / "config.yaml")], r.stderr
+    e["BUSBAR_CONFIG"] = str(tmp_path / "nowhere.yaml")
+    r = subprocess.run([PY, "-m", "busbar.cli", "validate"], cwd=tmp_path, env=e,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.startswith("error: $BUSBAR_CONFIG names %s, which does not exist; point busbar "
+                               "at one with --config PATH" % (tmp_path / "nowhere.yaml")), r.stderr
+
+
 # A Python without redis-py, as a pip install from before redis was a dependency (or a trimmed
 # venv): the module is blocked before busbar starts.
 WITHOUT_REDIS = "import sys; sys.modules['redis'] = None; from busbar.cli import main; sys.exit(main())"
