@@ -34,6 +34,11 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, formatter_class=formatter_class, **kw)
 
 
+# `busbar mock`'s default port: beside the gateway's 8080 and the admin listener's 8081, clear of
+# both (and of 8000, vLLM's and many a dev server's).
+MOCK_PORT = 8089
+
+
 def _split_listen(value: str):
     """--listen HOST:PORT, checked as the config's `listen:` is (one line on error)."""
     from busbar.config import ConfigError
@@ -108,10 +113,21 @@ def main(argv=None) -> int:
     v.add_argument("--offline", action="store_true",
                    help="lint without the environment: secret references and ${VAR} need not be set (CI)")
     v.set_defaults(func=cmd_validate)
-    m = sub.add_parser("mock", help="run the built-in mock provider alone")
-    m.add_argument("--port", type=int, default=8089)
-    m.add_argument("--host", default="127.0.0.1")
-    m.add_argument("--require-auth", action="store_true")
+    m = sub.add_parser(
+        "mock", help="run the built-in mock provider alone (http://127.0.0.1:8089)",
+        description="The built-in mock provider: all six wire protocols (OpenAI Chat, Responses, "
+        "Anthropic, Gemini, Cohere v2, Bedrock Converse) on one port, deterministic answers "
+        "('mock: <your text> w1 ... w8'), failure switches per request (header x-mock-status: 503, "
+        "x-mock-delay-ms, ...; see busbar/mock/__init__.py). Point a provider at it with its "
+        "protocol and base_url, e.g. in config.yaml: providers: {mock: {protocol: openai, "
+        "base_url: \"http://127.0.0.1:8089\"}}; no api_key is needed unless --require-auth.")
+    m.add_argument("--port", type=int, default=MOCK_PORT,
+                   help="port to listen on (default: %(default)s)")
+    m.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: %(default)s, loopback only)")
+    m.add_argument("--require-auth", action="store_true",
+                   help="refuse a request without its protocol's credential (Bearer, x-api-key, "
+                   "x-goog-api-key or ?key=, SigV4) as the real provider does; any value is accepted")
     m.set_defaults(func=cmd_mock)
     args = p.parse_args(argv)
     if args.cmd is None:

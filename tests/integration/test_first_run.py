@@ -1,6 +1,8 @@
 """The first five minutes, as a new user meets them (issue 9): the README's example config
 validates, `validate --offline` lints without the environment, `busbar` alone prints the help,
-and every command the demo banner prints runs as printed."""
+`validate` without a config says where it looked, a config needing a package this install lacks
+is refused in one line, `busbar mock --help` says its port, and every command the demo banner
+prints runs as printed, whichever Python (or none) busbar runs on."""
 import json
 import os
 import re
@@ -205,3 +207,45 @@ def test_a_config_needing_a_package_this_install_lacks_is_refused_in_one_line(tm
         assert r.stderr.strip().splitlines() == want, r.stderr
     # where redis-py is installed, the same config is valid
     assert _cli("validate", "--config", str(p), e=e).returncode == 0
+
+
+def test_readme_provider_on_the_mock_answers(tmp_path):
+    """The README's provider pointed at `busbar mock` validates and, on a running mock (started
+    as the README says, without a key), answers."""
+    import http.client
+    text = (ROOT / "README.md").read_text()
+    block = next(b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "127.0.0.1:8089" in b)
+    mock_port, port = free_port(), free_port()
+    p = tmp_path / "c.yaml"
+    p.write_text('listen: "127.0.0.1:%d"\n' % port + block.replace("8089", str(mock_port)))
+    assert _cli("validate", "--config", str(p)).returncode == 0
+    mock = subprocess.Popen([PY, "-m", "busbar.cli", "mock", "--port", str(mock_port)], cwd=ROOT,
+                            env=env())
+    proc = None
+    try:
+        wait_http(mock_port, mock)
+        proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(p), "--workers",
+                                 "1"], cwd=ROOT, env=env(), stdout=subprocess.DEVNULL)
+        wait_http(port, proc)
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+        c.request("POST", "/v1/chat/completions", json.dumps(
+            {"model": "gpt-mock", "messages": [{"role": "user", "content": "hi"}]}),
+            {"content-type": "application/json"})
+        r = c.getresponse()
+        body = json.loads(r.read())
+        assert r.status == 200, body
+        assert body["choices"][0]["message"]["content"].startswith("mock: hi")
+    finally:
+        if proc is not None:
+            stop(proc)
+        stop(mock)
+
+
+def test_mock_help_says_its_port_and_flags():
+    r = _cli("mock", "--help")
+    assert r.returncode == 0
+    out = " ".join(r.stdout.split())
+    for want in ("--port PORT", "(default: 8089)", "--host HOST", "--require-auth",
+                 'base_url: "http://127.0.0.1:8089"'):
+        assert want in out, (want, r.stdout)
+    assert "mock provider alone (http://127.0.0.1:8089)" in " ".join(_cli("--help").stdout.split())
