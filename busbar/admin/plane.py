@@ -10,6 +10,7 @@ messages are busbar/server/channel.py's (a 4-byte length and a pickle).
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import socket
