@@ -1,29 +1,123 @@
 """The Helm chart (packaging/helm/busbar) and its plain rendering (packaging/k8s/busbar.yaml),
-without a cluster or network: the templates are rendered by tests/packaging/helm_render.py (or by
-`helm template` too, when a helm binary is on PATH) and every object is validated against the
-Kubernetes API's schemas in strict mode (kubernetes-validate, which ships them). Then the
-properties the chart exists for are asserted one by one, so removing one fails here: non-root,
-read-only root filesystem with a writable, executable /tmp, probes, the two Services, the Redis URL
-from a Secret, a config busbar accepts."""
+without a cluster or network: the chart is rendered by Helm itself (the Go SDK, through
+helm-python-sdk's binding to libhelm_c: the install action in client dry-run mode, which is what
+`helm template` runs) and every object is validated against the Kubernetes API's schemas in strict
+mode (kubernetes-validate, which ships them). Then the properties the chart exists for are asserted
+one by one, so removing one fails here: non-root, read-only root filesystem with a writable,
+executable /tmp, probes, the two Services, the Redis URL from a Secret, a config busbar accepts.
+
+    python tests/packaging/test_helm.py --write-plain    # rewrites packaging/k8s/busbar.yaml
+"""
 from __future__ import annotations
 
 import copy
+import functools
 import os
 import re
-import shutil
-import subprocess
+import sys
+from dataclasses import dataclass
 
+import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 
-from tests.packaging import helm_render as hr
-from tests.packaging.helm_render import TemplateError, render
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CHART = os.path.join(ROOT, "packaging", "helm", "busbar")
+PLAIN = os.path.join(ROOT, "packaging", "k8s", "busbar.yaml")
 
 # The oldest Kubernetes the chart supports (Chart.yaml's kubeVersion; preStop's sleep action is on
 # by default from 1.30) and the newest whose schemas kubernetes-validate ships.
 KUBE_MIN = "1.30.0"
 KUBE_VERSIONS = (KUBE_MIN, kubernetes_validate.utils.latest_version() + ".0")
+
+
+# ------------------------------------------------------------------------------ rendering by Helm
+class DuplicateKey(ValueError):
+    pass
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """YAML with duplicate keys refused: Helm parses a rendered manifest only for its kind and
+    name, and keeps the last of two equal keys; the API server's strict field validation refuses
+    them."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise DuplicateKey(f"duplicate key {key!r} at line {key_node.start_mark.line + 1}")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml_strict(text: str):
+    return yaml.load(text, Loader=_StrictLoader)
+
+
+@dataclass
+class Rendered:
+    manifest: str       # as `helm template` prints it: install order, a `# Source:` line each
+    objects: list       # [(template path, object)], in that order
+    notes: str          # NOTES.txt, rendered
+
+    def of_kind(self, kind: str) -> list:
+        return [obj for _, obj in self.objects if obj["kind"] == kind]
+
+    def one(self, kind: str) -> dict:
+        found = self.of_kind(kind)
+        if len(found) != 1:
+            raise AssertionError(f"expected one {kind}, found {len(found)}")
+        return found[0]
+
+
+@functools.cache
+def chart() -> helm.Chart:
+    return helm.Chart.load(CHART)
+
+
+def render(values: dict | None = None, release: str = "busbar",
+           namespace: str = "default") -> Rendered:
+    """`helm template <release> packaging/helm/busbar --namespace <namespace> -f <values>`. A
+    template error (`required`, a nil pointer, YAML that does not parse) raises
+    helm.HelmReleaseError with Helm's message. Memory storage: nothing is kept, and client dry-run
+    contacts no cluster."""
+    with helm.Config(namespace=namespace, storage_driver="memory") as cfg:
+        rel = cfg.install(chart(), release, values or {}, namespace=namespace, dry_run="client")
+    manifest = rel["manifest"].strip() + "\n"      # what `helm template` prints
+    # Helm writes each document (one per object, a template's `---` split) as
+    # "---\n# Source: <template path>\n<document>\n".
+    parts = re.split(r"(?m)^---\n# Source: (.+)\n", manifest)
+    assert parts[0] == "", parts[0]
+    objects = []
+    for source, doc in zip(parts[1::2], parts[2::2]):
+        obj = load_yaml_strict(doc)
+        assert isinstance(obj, dict) and {"apiVersion", "kind"} <= obj.keys(), (source, doc)
+        objects.append((source, obj))
+    return Rendered(manifest, objects, rel["notes"])
+
+
+PLAIN_HEADER = """\
+# busbar as plain Kubernetes manifests: packaging/helm/busbar rendered with its default values
+# (`helm template busbar packaging/helm/busbar`), for
+# `kubectl apply -n <namespace> -f packaging/k8s/busbar.yaml`.
+# Generated; do not edit: change the chart and run
+#   python tests/packaging/test_helm.py --write-plain
+# (tests/packaging/test_helm.py fails while this file is out of date).
+#
+# Before applying, create the Secret the pods read (not included here; see docs/kubernetes.md):
+#   kubectl create secret generic busbar \\
+#     --from-literal=BUSBAR_REDIS_URL=redis://redis:6379/0 \\
+#     --from-literal=BUSBAR_SIGNING_KEY=$(openssl rand -hex 32) \\
+#     --from-literal=BUSBAR_ADMIN_TOKEN=$(openssl rand -hex 24) \\
+#     --from-literal=OPENAI_API_KEY=sk-...
+"""
+
+
+def plain_manifest() -> str:
+    return PLAIN_HEADER + render().manifest
+
 
 # Everything the defaults leave off, turned on or away from the default.
 OTHER_VALUES = {
@@ -97,14 +191,14 @@ def container(r):
 
 
 def config_of(r) -> dict:
-    return hr.load_yaml_strict(r.one("ConfigMap")["data"]["config.yaml"])
+    return load_yaml_strict(r.one("ConfigMap")["data"]["config.yaml"])
 
 
 # ----------------------------------------------------------------------------- schema validation
 @pytest.mark.parametrize("version", KUBE_VERSIONS)
 def test_every_object_validates_strictly(rendered, version):
     kinds = set()
-    for source, obj, _ in rendered.objects:
+    for source, obj in rendered.objects:
         try:
             kubernetes_validate.validate(obj, version, strict=True)
         except kubernetes_validate.ValidationError as exc:
@@ -123,11 +217,11 @@ def test_strict_validation_rejects_an_unknown_field(default):
 
 
 def test_the_objects_each_default_values_set_renders(default, other):
-    assert sorted(o["kind"] for _, o, _ in default.objects) == [
+    assert sorted(o["kind"] for _, o in default.objects) == [
         "ConfigMap", "Deployment", "HorizontalPodAutoscaler", "PodDisruptionBudget", "Service",
         "Service", "ServiceAccount"]
     # HPA off, an existing Secret, no ServiceAccount of its own, a NetworkPolicy.
-    assert sorted(o["kind"] for _, o, _ in other.objects) == [
+    assert sorted(o["kind"] for _, o in other.objects) == [
         "ConfigMap", "Deployment", "NetworkPolicy", "PodDisruptionBudget", "Service", "Service"]
     assert "replicas" not in default.one("Deployment")["spec"]          # the HPA owns it
     assert other.one("Deployment")["spec"]["replicas"] == 3
@@ -138,7 +232,7 @@ def test_the_objects_each_default_values_set_renders(default, other):
 
 
 def test_names_and_selectors_hold_together(rendered):
-    names = [(o["kind"], o["metadata"]["name"]) for _, o, _ in rendered.objects]
+    names = [(o["kind"], o["metadata"]["name"]) for _, o in rendered.objects]
     assert len(names) == len(set(names))
     for kind, name in names:
         assert re.fullmatch(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?", name), (kind, name)
@@ -254,7 +348,7 @@ def test_redis_url_and_secrets_come_from_a_secret(rendered):
     assert cfg["auth"]["admin_tokens"] == [{"name": "ops", "token": {"env": "BUSBAR_ADMIN_TOKEN"},
                                             "scope": "full"}]
     # No secret value in the ConfigMap or in the pod spec, whatever the values hold.
-    text = rendered.manifest()
+    text = rendered.manifest
     for obj in rendered.of_kind("ConfigMap") + rendered.of_kind("Deployment"):
         dumped = yaml.safe_dump(obj)
         assert "redis://" not in dumped and "sk-test" not in dumped
@@ -296,7 +390,10 @@ def test_admin_mtls(default, other):
     (volume,) = [v for v in pod_spec(other)["volumes"] if v["name"] == "admin-tls"]
     assert volume["secret"]["secretName"] == "busbar-admin-tls"
     assert volume["secret"]["defaultMode"] == 0o440       # readable by fsGroup 65532 only
-    with pytest.raises(TemplateError, match="admin.mtls.secretName"):
+    # `required` in the template: Helm's own error, with the template's position.
+    with pytest.raises(helm.HelmReleaseError,
+                       match=r"execution error at \(busbar/templates/deployment\.yaml:\d+:\d+\): "
+                             r"admin\.mtls\.secretName: the Secret"):
         render(values={"admin": {"mtls": {"enabled": True}}})
 
 
@@ -353,22 +450,69 @@ def test_a_config_change_rolls_the_pods(default):
         != checksum(default)
 
 
-def test_a_key_in_both_config_and_the_chart_is_refused(default):
+def test_a_key_in_both_config_and_the_chart_is_refused():
     # `listen` belongs to the chart (ports.data): given in config too, it is a duplicate key, which
-    # YAML parsing here (and busbar at boot) refuses instead of silently picking one.
+    # busbar refuses at boot (and YAML parsing here) instead of silently picking one. Helm does not
+    # see it: config.yaml is a string to Helm.
+    from busbar.config import loader
+    from busbar.config.secrets import OfflineEnv
+
     r = render(values={"config": {"listen": "0.0.0.0:9999"}})
-    with pytest.raises(TemplateError, match="duplicate key 'listen'"):
+    with pytest.raises(DuplicateKey, match="duplicate key 'listen'"):
         config_of(r)
+    config, out = loader.build(text=r.one("ConfigMap")["data"]["config.yaml"],
+                               base_dir="/etc/busbar/conf", env=OfflineEnv({}), offline=True,
+                               overlay=False)
+    assert config is None and any("duplicate key 'listen'" in e for e in out.errors), out.errors
+
+
+def test_a_null_value_removes_the_charts_default(default, other):
+    # values.yaml's advice for dropping the example provider (config.providers.openai: null):
+    # Helm deletes a chart default a user value sets to null.
+    assert "openai" in config_of(default)["providers"]
+    cfg = config_of(other)
+    assert set(cfg["providers"]) == {"anthropic"} and set(cfg["models"]) == {"claude-haiku-4-5"}
+
+
+@pytest.mark.parametrize("values, error", [
+    # A missing map on the way to a value: Go's text/template error.
+    ({"admin": None},
+     r"at <\.Values\.admin\.mtls\.enabled>:\s+nil pointer evaluating interface \{\}\.mtls"),
+    # A value that breaks the YAML the template writes: Helm parses every rendered document.
+    ({"service": {"type": "a: [b"}}, r"YAML parse error on busbar/templates/service\.yaml"),
+])
+def test_helm_refuses_a_bad_value(values, error):
+    with pytest.raises(helm.HelmReleaseError, match=error):
+        render(values=values)
+
+
+def test_a_map_for_a_number_renders_and_strict_validation_refuses_it():
+    # Helm prints a map as Go does (map[a:1]) where the chart expects a number: the template
+    # engine lets it through, the schema check does not.
+    r = render(values={"autoscaling": {"enabled": False}, "replicaCount": {"a": 1}})
+    deployment = r.one("Deployment")
+    assert deployment["spec"]["replicas"] == "map[a:1]"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(deployment, KUBE_MIN, strict=True)
+
+
+def test_chart_lints_clean():
+    # `helm lint --strict`, with the defaults and with everything turned on: nothing above info
+    # (the one info: Chart.yaml has no icon).
+    for values in ({}, OTHER_VALUES, CHART_SECRET_VALUES):
+        report = helm.lint(CHART, values, strict=True)
+        assert report["errors"] == [], report
+        assert [m for m in report["messages"] if m["severity"] > 1] == [], report
 
 
 # ---------------------------------------------------------------------- plain manifest, NOTES
 def test_plain_manifest_is_the_chart_rendered_with_defaults():
-    with open(hr.PLAIN, encoding="utf-8") as fh:
+    with open(PLAIN, encoding="utf-8") as fh:
         committed = fh.read()
-    assert committed == hr.plain_manifest(), (
-        "packaging/k8s/busbar.yaml is out of date: python tests/packaging/helm_render.py --write-plain")
+    assert committed == plain_manifest(), (
+        "packaging/k8s/busbar.yaml is out of date: python tests/packaging/test_helm.py --write-plain")
     docs = [d for d in yaml.safe_load_all(committed) if d]
-    assert [d["kind"] for d in docs] == [o["kind"] for _, o, _ in render().objects]
+    assert [d["kind"] for d in docs] == [o["kind"] for _, o in render().objects]
 
 
 def test_notes(default, other):
@@ -380,91 +524,21 @@ def test_notes(default, other):
 
 
 def test_chart_metadata():
-    meta = hr.chart_meta(hr.CHART)
-    assert meta["APIVersion"] == "v2" and meta["Name"] == "busbar"
+    meta = chart().metadata
+    assert meta["apiVersion"] == "v2" and meta["name"] == "busbar"
     from busbar import __version__
-    assert meta["AppVersion"] == __version__
-    assert meta["KubeVersion"] == ">=" + KUBE_MIN + "-0"
+    assert meta["appVersion"] == __version__
+    assert meta["kubeVersion"] == ">=" + KUBE_MIN + "-0"
 
 
-# --------------------------------------------------------------------------- the renderer itself
-def _t(src, values=None, **defines):
-    defs = {}
-    for name, body in defines.items():
-        defs.update(hr.parse(f'{{{{- define "{name}" -}}}}{body}{{{{- end }}}}', name).defines)
-    tpl = hr.parse(src, "t")
-    root = {"Values": values or {}, "Release": {"Name": "rel"}, "Chart": {"Name": "c"}}
-    return hr.Renderer(defs | tpl.defines).render(tpl.body, root)
+def test_strict_yaml_refuses_duplicate_keys():
+    with pytest.raises(DuplicateKey, match="duplicate key 'a'"):
+        load_yaml_strict("a: 1\nb: 2\na: 3\n")
 
 
-@pytest.mark.parametrize("src, values, want", [
-    ("a {{ .Values.x }} b", {"x": 1}, "a 1 b"),
-    ("a\n  {{- .Values.x }}\nb", {"x": "v"}, "av\nb"),
-    ("a {{ .Values.x -}}  \n\n b", {"x": "v"}, "a vb"),
-    ("{{ .Values.x }}|{{ .Values.y }}|{{ .Values.z }}", {"x": True, "y": 0.5, "z": 1000000}, "true|0.5|1e+06"),
-    ("[{{ .Values.missing }}]", {}, "[]"),
-    ("{{ .Values.s | quote }}", {"s": 'a"b\\c\n'}, '"a\\"b\\\\c\\n"'),
-    ("{{ .Values.n | quote }}", {"n": 8080}, '"8080"'),
-    ("{{ .Values.s | default \"d\" }}/{{ .Values.e | default \"d\" }}", {"s": "x", "e": ""}, "x/d"),
-    ("{{ if .Values.a }}A{{ else if .Values.b }}B{{ else }}C{{ end }}", {"b": [1]}, "B"),
-    ("{{ if and .Values.a (not .Values.b) }}yes{{ end }}", {"a": 1, "b": {}}, "yes"),
-    ("{{ or .Values.a .Values.b }}", {"a": "", "b": "z"}, "z"),
-    ("{{ printf \"%s-%v\" .Release.Name .Values.p | trunc 6 | trimSuffix \"-\" }}", {"p": 80}, "rel-80"),
-    ("x:{{- toYaml .Values.m | nindent 2 }}", {"m": {"b": [1, "on"], "a": "x: y"}},
-     "x:\n  a: 'x: y'\n  b:\n  - 1\n  - 'on'"),
-    ("{{ include \"n\" . | indent 2 }}", {}, "  c-rel"),
-    ("{{/* a comment */}}ok{{- /* trimmed */}}", {}, "ok"),
-    ("{{ .Values.s | sha256sum }}", {"s": "abc"},
-     "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"),
-    ("{{ eq .Values.a \"x\" }} {{ ne .Values.n 2 }}", {"a": "x", "n": 2}, "true false"),
-    ("{{ contains \"bus\" .Release.Name }}", {}, "false"),
-])
-def test_renderer(src, values, want):
-    assert _t(src, values, n='{{ .Chart.Name }}-{{ .Release.Name }}') == want
-
-
-@pytest.mark.parametrize("src, values, error", [
-    ("{{ .Values.a.b }}", {}, "nil pointer evaluating interface {}.b"),
-    ("{{ .Values.m }}", {"m": {"a": 1}}, "printing a dict"),
-    ("{{ upper .Values.s }}", {"s": "x"}, "function 'upper' is not supported"),
-    ("{{ range .Values.l }}x{{ end }}", {"l": [1]}, "'range' is not supported"),
-    ("{{ if .Values.a }}x", {}, "not closed"),
-    ("{{ include \"nope\" . }}", {}, "no template 'nope'"),
-    ("{{ required \"need x\" .Values.x }}", {}, "need x"),
-    ("{{ printf \"%d\" .Values.n }}", {"n": 1}, "%d is not supported"),
-    ("{{ eq .Values.n \"1\" }}", {"n": 1}, "incompatible types"),
-    ("{{ .Values.x ", {}, "unclosed action"),
-])
-def test_renderer_refuses(src, values, error):
-    with pytest.raises(TemplateError, match=re.escape(error)):
-        _t(src, values)
-
-
-def test_values_merge_like_helm():
-    base = {"a": {"b": 1, "c": {"d": 2}}, "l": [1, 2], "k": "v"}
-    assert hr.merge_values(base, {"a": {"c": {"e": 3}, "b": None}, "l": [3]}) == \
-        {"a": {"c": {"d": 2, "e": 3}}, "l": [3], "k": "v"}
-    assert base == {"a": {"b": 1, "c": {"d": 2}}, "l": [1, 2], "k": "v"}
-
-
-def test_rendered_yaml_refuses_duplicate_keys():
-    with pytest.raises(TemplateError, match="duplicate key 'a'"):
-        hr.load_yaml_strict("a: 1\nb: 2\na: 3\n")
-
-
-# ------------------------------------------------------------------------- against helm itself
-@pytest.mark.skipif(shutil.which("helm") is None, reason="no helm binary on PATH (the renderer "
-                    "above is what the other tests use)")
-@pytest.mark.parametrize("name", sorted(RENDERS))
-def test_helm_template_renders_the_same_objects(name, tmp_path):
-    values, release = RENDERS[name]
-    path = tmp_path / "values.yaml"
-    path.write_text(yaml.safe_dump(values))
-    out = subprocess.run(["helm", "template", release, hr.CHART, "-f", str(path),
-                          "--namespace", "llm", "--kube-version", KUBE_MIN],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
-    theirs = sorted((d for d in yaml.safe_load_all(out) if d),
-                    key=lambda o: (o["kind"], o["metadata"]["name"]))
-    ours = sorted((o for _, o, _ in render(values=values, release=release, namespace="llm").objects),
-                  key=lambda o: (o["kind"], o["metadata"]["name"]))
-    assert theirs == ours
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write-plain"]:
+        sys.exit(__doc__)
+    with open(PLAIN, "w", encoding="utf-8") as fh:
+        fh.write(plain_manifest())
+    print(f"wrote {os.path.relpath(PLAIN, ROOT)}", file=sys.stderr)
