@@ -88,7 +88,7 @@ cdef class Exchange(Timed):
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
     cpdef error(self, int status, kind, message, retry_after=*, outcome=*)
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
-                   ch=RecordHook, target=Target)
+                   ch=RecordHook, target=Target, kind=cython.int)
     cpdef finish(self, outcome, bint keep_alive=*)
 
 

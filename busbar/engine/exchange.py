@@ -915,8 +915,13 @@ class Exchange(Timed):
                 _log_hook_failure(site.gate.settle)
             self.ticket = None
         hooks = site.finish_hooks
-        if hooks:
-            # the RequestRecord, built in C; the attempts read here, where they are typed
+        kind = self.route.kind
+        if hooks and (kind == CHAT or not (kind == HEALTH or kind == STATS or kind == MODELS
+                                           or kind == MODEL_GET)):
+            # The RequestRecord, built in C; the attempts read here, where they are typed. Only
+            # calls are records: what busbar answers about itself (/healthz, /stats, the model
+            # list) is not an LLM request, and a Kubernetes probe every few seconds would drown
+            # the real traffic in the counters, the access log and the request-log sinks.
             up = 0
             failed = 0
             a = None

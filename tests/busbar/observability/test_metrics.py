@@ -79,8 +79,8 @@ def test_counters_sum_over_two_workers_and_access_log(mock_port, tmp_path):
         # The pool label is never raw client input.
         assert _sum(s, "busbar_requests_total", pool="unresolved", outcome="client_error") == n_unknown
         assert not any("no-such-pool" in str(k) for k in s)
-        # The start-up probe (GET /healthz) has no protocol; scrapes themselves are not requests.
-        assert _sum(s, "busbar_requests_total", ingress_protocol="none") == 1
+        # Neither the start-up probe (GET /healthz) nor the scrapes themselves are requests.
+        assert _sum(s, "busbar_requests_total", ingress_protocol="none") == 0
         assert _sum(s, "busbar_request_duration_seconds_count", ingress_protocol="openai") == \
             n_ok + n_fail + n_unknown
         assert _sum(s, "busbar_upstream_attempts_total", pool="mixed") == n_ok
