@@ -79,11 +79,14 @@ class Limits:
     default_max_tokens: int = 4096
     # Upstream error bodies are buffered to be classified and re-enveloped (SPEC §8: 256 KiB).
     error_body_max_bytes: int = 256 * _KiB
-    # Reading an upstream error body once its status arrived: the status already says what
-    # happened, so a body that stalls must not hold the request (and the failover) for the whole
-    # upstream_request_timeout. Real error bodies are < 1 KiB and arrive with the head; 5 s covers
-    # a slow link without making a caller wait long for the next lane.
-    upstream_error_body_timeout_secs: float = 5.0
+    # Reading an upstream error body once its status arrived, within what is left of the
+    # attempt's own bound: the status already says what happened (mostly "fail over"), so a body
+    # that stalls must not hold the next lane back. Error bodies are small (< 1 KiB) and written
+    # with their head, so they come within a round trip of it; 250 ms is several long-haul round
+    # trips. 5 s (the old value) was a whole interactive client's timeout: callers failed while a
+    # healthy lane was there (issue 34). When it passes, the status alone classifies, and a
+    # caller with no lane left gets busbar's own error for that status.
+    upstream_error_body_timeout_secs: float = 0.25
     # A TLS client must finish its handshake within this (SPEC §8: 10 s); a client that opens a
     # connection and stalls mid-handshake holds a socket and memory, like a slow header read.
     tls_handshake_timeout_secs: float = 10.0

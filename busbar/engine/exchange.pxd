@@ -69,7 +69,7 @@ cdef class Exchange(Timed):
     cpdef routed(self)
     @cython.locals(snap=Snapshot, eg=Egress)
     cpdef attempt(self, lane=*)
-    cpdef double _attempt_secs(self) except? -1.0
+    cpdef double _attempt_secs(self, double elapsed) except? -1.0
     @cython.locals(att=Attempt)
     cpdef _on_conn(self, UpstreamConnection conn)
     @cython.locals(a=Attempt, ah=AttemptHook)

@@ -340,16 +340,17 @@ class Exchange(Timed):
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
         self.data = eg.request(path, body, stream, extra)
-        self.wheel.arm(self, self._attempt_secs())
+        self.wheel.arm(self, self._attempt_secs(0.0))
         # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
         # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
         self.t_send = now_ns()
         self.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
 
-    def _attempt_secs(self) -> float:
-        """The attempt's own bound: connect + time to headers, and a buffered body or a stream's
-        first byte (both before the client saw anything, so failover is still possible)."""
-        t = self.snap.limits.upstream_request_timeout_secs
+    def _attempt_secs(self, elapsed) -> float:
+        """What is left of the attempt's own bound `elapsed` seconds into it: connect + time to
+        headers, and a buffered body or a stream's first byte (both before the client saw
+        anything, so failover is still possible)."""
+        t = self.snap.limits.upstream_request_timeout_secs - elapsed
         ato = self.lane.model.attempt_timeout_ms
         pol = self.target.policy
         if pol is not None:
@@ -359,10 +360,10 @@ class Exchange(Timed):
                 ato = cell.attempt_timeout_ms
             left = pol.failover.timeout_secs - (now_ns() - self.req.t0) / 1e9
             if left < t:
-                t = left if left > 0.001 else 0.001
-        if ato is not None and ato / 1000.0 < t:
-            t = ato / 1000.0
-        return t
+                t = left
+        if ato is not None and ato / 1000.0 - elapsed < t:
+            t = ato / 1000.0 - elapsed
+        return t if t > 0.001 else 0.001
 
     def _on_conn(self, conn):
         att = self.att
@@ -394,9 +395,9 @@ class Exchange(Timed):
             return
         if not self.sent:
             if self.mode == M_ERROR:
-                # An error body that stalls: the status alone decides.
-                body = b"".join(self.chunks) if self.chunks else b""
-                self.status_error(body, " (body timed out)")
+                # An error body that stalls: the status alone decides (what came of the body is
+                # not JSON one could relay).
+                self.status_error(None)
                 return
             self.end_attempt(F_TIMEOUT, "upstream timeout")
             self.attempt()
@@ -526,8 +527,12 @@ class Exchange(Timed):
         if status < 200 or status >= 300:
             self.mode = M_ERROR
             self.chunks = []
-            # An error body has its own short bound: the status already says what happened.
-            self.wheel.arm(self, self.snap.limits.upstream_error_body_timeout_secs)
+            # An error body has its own short bound, within what is left of the attempt's: the
+            # status already says what happened (mostly: fail over), and a body that does not
+            # come must not hold the next lane back.
+            left = self._attempt_secs((t - att.t_start) / 1e9)
+            lim = self.snap.limits.upstream_error_body_timeout_secs
+            self.wheel.arm(self, lim if lim < left else left)
             return
         # A 2xx body, or a stream up to its first byte to the client, counts against the attempt:
         # the deadline armed when the attempt started keeps running (not re-armed here).
@@ -622,9 +627,7 @@ class Exchange(Timed):
         self.upconn = None      # the pool took the connection back (or closed it)
         mode = self.mode
         if mode == M_ERROR:
-            status = self.status
-            body = b"".join(self.chunks) if self.chunks is not None else b""
-            self.status_error(body)
+            self.status_error(b"".join(self.chunks) if self.chunks is not None else b"")
         elif mode == M_RELAY_STREAM:
             tap = self.tap
             if tap is not None:
@@ -702,17 +705,24 @@ class Exchange(Timed):
                 return
             self.answer(b"application/json", out, ing.response_headers(None, self.rid()))
 
-    def status_error(self, body, note=""):
+    def status_error(self, body):
         """A non-2xx upstream answer: classified (busbar/reliability/classify.py), its attempt
-        ended with the disposition, then another lane or the caller's answer."""
+        ended with the disposition, then another lane or the caller's answer. `body` None: it did
+        not come in time, the status alone decides, and the caller's answer is busbar's own
+        error for that status, in its shape."""
         status = self.status
-        f = RC.classify_status(self.codec, status, self.up_headers, body, self.egress.provider)
+        f = RC.classify_status(self.codec, status, self.up_headers, body or b"",
+                               self.egress.provider)
         att = self.att
         att.disposition = d = f.disposition
         att.retry_after = f.retry_after
         lane = self.lane
-        self.end_attempt(F_STATUS, "upstream status %d%s" % (status, note))
-        le = (status, body, self.up_headers, self.codec, self.same)
+        if body is None:
+            self.end_attempt(F_STATUS, "upstream status %d (body timed out)" % status)
+            le = (status, b"", self.up_headers, self.codec, False)
+        else:
+            self.end_attempt(F_STATUS, "upstream status %d" % status)
+            le = (status, body, self.up_headers, self.codec, self.same)
         if d in RC.FAIL_OVER:
             self.last_error = le
             if d == RC.D_CONTEXT:

@@ -23,10 +23,12 @@ log = logging.getLogger("busbar")
 
 
 def _resolution(config) -> float:
-    """A twentieth of the shortest configured timeout, between 5 ms and 100 ms."""
+    """A twentieth of the shortest configured timeout, between 5 ms and 100 ms. Not the error
+    body's: that bound is short (250 ms) but coarse on purpose, and may end up to one resolution
+    late; a finer wheel for it would cost every request a new slot more often."""
     lim = config.limits
     shortest = min(lim.header_read_timeout_secs, lim.idle_timeout_secs,
-                   lim.upstream_request_timeout_secs, lim.upstream_error_body_timeout_secs)
+                   lim.upstream_request_timeout_secs)
     for m in config.models.values():
         if m.attempt_timeout_ms is not None:
             shortest = min(shortest, m.attempt_timeout_ms / 1000.0)
