@@ -36,7 +36,7 @@ cdef enum:
     S_OK = 3
     CELL_SLOTS = 8
     L_INFLIGHT = 1      # a lane's slots (breaker.py L_*)
-    LANE_SLOTS = 7
+    LANE_SLOTS = 8
 
 LAYOUT = (S_UNTIL, S_STREAK, S_OK, CELL_SLOTS, L_INFLIGHT, LANE_SLOTS)
 

@@ -86,7 +86,7 @@ cdef class Exchange(Timed):
     cpdef head_chunked(self, int status, ctype, extra=*)
     cpdef _w(self, data)
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
-    cpdef error(self, int status, kind, message, retry_after=*, outcome=*)
+    cpdef error(self, int status, kind, message, retry_after=*, outcome=*, extra=*)
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
                    ch=RecordHook, target=Target, kind=cython.int)
     cpdef finish(self, outcome, bint keep_alive=*)

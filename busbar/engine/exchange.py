@@ -475,6 +475,13 @@ class Exchange(Timed):
                     return
         atts = self.attempts
         last = atts[-1] if atts else None
+        if last is None and pol is not None:
+            held = rel.held(target, self.tried)
+            if held is not None:
+                # Every lane left is held by its provider's Retry-After: answered here, without
+                # a call, with the time left (SPEC §4.2).
+                self.held(held[0], held[1])
+                return
         if last is None or last.fault == F_CREDENTIALS or last.disposition == RC.D_HARD_DOWN:
             if pol is None:
                 why = "all are at capacity"
@@ -504,6 +511,24 @@ class Exchange(Timed):
             msg = ("busbar could not connect to the upstream provider: its TLS certificate was "
                    "not accepted.")
         self.error(status, kind, msg, outcome=O_EXHAUSTED)
+
+    def held(self, wait, rate_limit):
+        """The caller's answer while the lanes' providers asked busbar to wait: their rate limit
+        in the caller's own words (429), else overloaded (503), with Retry-After the time left,
+        rounded up, at least 1 s."""
+        kind = "rate_limit" if rate_limit else "overloaded"
+        ra = int(wait)
+        if ra < wait:
+            ra += 1
+        if ra < 1:
+            ra = 1
+        if rate_limit:
+            msg = ("The upstream provider is rate limiting '%s' and asked busbar to wait; "
+                   "please retry after the indicated time." % self.name)
+        else:
+            msg = ("The upstream provider of '%s' is unavailable and asked busbar to wait; "
+                   "please retry after the indicated time." % self.name)
+        self.error(self.own_error(kind)[0], kind, msg, retry_after=ra, outcome=O_EXHAUSTED)
 
     def fault(self, fault, reason):
         """The current attempt failed in a way another lane may not: fail over while the client has
@@ -716,6 +741,7 @@ class Exchange(Timed):
         att = self.att
         att.disposition = d = f.disposition
         att.retry_after = f.retry_after
+        att.error_class = f.cls
         lane = self.lane
         if body is None:
             self.end_attempt(F_STATUS, "upstream status %d (body timed out)" % status)
@@ -779,10 +805,13 @@ class Exchange(Timed):
 
     def final_error(self, status, body, headers, codec, same, outcome=O_UPSTREAM_ERROR):
         mask = self.snap.mask
+        # The upstream's own Retry-After goes with its error, relayed or re-enveloped: an SDK
+        # that reads it waits as long as the provider asked.
+        ra = _retry_after_lines(headers)
         if same:
             # Same-protocol upstream errors are relayed verbatim (SPEC §1.3), secrets masked.
             self.respond(status, _header(headers, b"content-type") or b"application/json",
-                         mask.mask(body), self.ingress.response_headers(headers, self.rid()),
+                         mask.mask(body), self.ingress.response_headers(headers, self.rid()) + ra,
                          outcome=outcome)
             return
         msg, _code = codec.read_error_detail(body)
@@ -790,7 +819,7 @@ class Exchange(Timed):
             msg = mask.mask_text(msg)
         kind = ir.kind_of_status(status)
         self.error(status, kind, msg or "The upstream provider returned an error (%d)." % status,
-                   outcome=outcome)
+                   outcome=outcome, extra=ra)
 
     # ================================================================== client side
     def pause_upstream(self):
@@ -867,9 +896,8 @@ class Exchange(Timed):
             outcome = O_OK if status < 400 else O_CLIENT_ERROR
         self.finish(outcome)
 
-    def error(self, status, kind, message, retry_after=None, outcome=O_CLIENT_ERROR):
-        """An error in the caller's own protocol shape (SPEC §1.7)."""
-        extra = b""
+    def error(self, status, kind, message, retry_after=None, outcome=O_CLIENT_ERROR, extra=b""):
+        """An error in the caller's own protocol shape (SPEC §1.7); `extra`: header lines."""
         if retry_after is not None:
             extra += b"Retry-After: %d\r\n" % retry_after
         codec = CODECS[self.proto or "openai"]
@@ -976,6 +1004,17 @@ def new_exchange(site, conn, req, route):
 def _log_hook_failure(hook):
     import logging
     logging.getLogger("busbar").exception("lifecycle hook %r failed", hook)
+
+
+def _retry_after_lines(headers):
+    """An upstream answer's Retry-After (and OpenAI's retry-after-ms) as header lines, as sent."""
+    out = b""
+    for k, v in headers:
+        if k == b"retry-after":
+            out += b"Retry-After: " + v + b"\r\n"
+        elif k == b"retry-after-ms":
+            out += b"retry-after-ms: " + v + b"\r\n"
+    return out
 
 
 def _header(headers, name):

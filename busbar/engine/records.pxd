@@ -9,7 +9,7 @@ cdef class Attempt:
     cdef public int status
     cdef public object fault, reason
     cdef public long long bytes_in
-    cdef public object retry_after, disposition
+    cdef public object retry_after, disposition, error_class
 
 @cython.locals(a=Attempt)
 cpdef Attempt new_attempt(lane, long long t_start)

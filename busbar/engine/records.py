@@ -53,6 +53,9 @@ class Attempt:
         # reliability: what the fault means (busbar/reliability/classify.py D_*); None on success
         # and for faults that are not the lane's (cancelled, refused, credentials pending).
         self.disposition = None
+        # reliability: the error class of a non-2xx answer (classify.py: rate_limit, overloaded,
+        # server_error, ...); None for every other ending.
+        self.error_class = None
 
     @property
     def ok(self) -> bool:

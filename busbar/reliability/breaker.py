@@ -324,8 +324,9 @@ class Cell(CellCore):
 class LaneState(LaneCore):
     """What is lane-global across pools and workers (SPEC §3), in one block of slots: the lifetime
     budget used (`max_requests`) and the attempts in flight; the health prober's claim on the
-    lane and its outcome counts (busbar/reliability/health.py); and the lane's wait queue's
-    gateway-wide waiter count and oldest waiter (busbar/reliability/queue.py). The budget is taken
+    lane and its outcome counts (busbar/reliability/health.py); the lane's wait queue's
+    gateway-wide waiter count and oldest waiter (busbar/reliability/queue.py); and the hold a
+    provider's Retry-After put on the lane (`hold`, busbar/reliability/state.py). The budget is taken
     when a selection claims the lane and given back when the attempt does not end in a whole
     answer, so a body that fails is refunded and concurrent requests never overshoot. Slots start
     at zero in a fresh mapping, so no worker has to initialise them. Its fields are
@@ -365,6 +366,26 @@ class LaneState(LaneCore):
     def inflight(self) -> int:
         return self.slots.value(self.i + L_INFLIGHT)
 
+    def hold(self, until_ms: int, rate_limit: bool):
+        """The provider asked for no call to this lane before `until_ms` (its Retry-After): kept
+        unless a hold already there ends later. Lane-global, as the provider's limit is (its
+        key and model, whatever pool the call came through), and every worker's."""
+        v = until_ms * 2 + (1 if rate_limit else 0)
+        slots = self.slots
+        i = self.i + L_HOLD
+        while True:
+            cur = slots.value(i)
+            if (cur >> 1) >= until_ms or slots.cas(i, cur, v):
+                return
+
+    def held(self, now_ms: int):
+        """(milliseconds left, whether it was a rate limit) of the provider's hold, or None."""
+        v = self.slots.value(self.i + L_HOLD)
+        left = (v >> 1) - now_ms
+        if left <= 0:
+            return None
+        return left, bool(v & 1)
+
 
 # Slot layout of a lane's block.
 L_USED = 0          # lifetime budget used
@@ -374,7 +395,9 @@ L_PROBE_OK = 3      # health probes answered
 L_PROBE_FAIL = 4    # health probes failed
 L_WAITING = 5       # requests queued for a permit of this lane, every worker
 L_OLDEST = 6        # monotonic ms the oldest of them was queued (0: none)
-LANE_SLOTS = 7
+L_HOLD = 7          # monotonic ms before which the provider asked not to be called (Retry-After),
+                    # times 2, plus 1 when it was a rate limit (0: none)
+LANE_SLOTS = 8
 
 # cbusbar/cellcore.pyx reads these slots in C: its copy of the layout must be this one.
 assert LAYOUT == (S_UNTIL, S_STREAK, S_OK, CELL_SLOTS, L_INFLIGHT, LANE_SLOTS), LAYOUT

@@ -132,7 +132,8 @@ class HealthProber:
             if h is None or h.mode == "none" or "chat" not in lane.model.operations:
                 continue    # (a probe is a chat request: an embeddings-only lane is not probed)
             ls = rel.lanes.get(name)
-            if ls is None:
+            if ls is None or ls.held(now) is not None:
+                # (held: its provider asked for no call before then, Retry-After; a probe is one)
                 continue
             i = ls.i + L_PROBE_AT
             last = slots.value(i)

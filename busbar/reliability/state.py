@@ -29,12 +29,17 @@ import time
 
 from busbar.reliability.breaker import (CELL_SLOTS, HALF_OPEN, LANE_SLOTS, OPEN, S_STATE, S_UNTIL,
                                         Cell, LaneState, LocalSlots, Window)
-from busbar.reliability.classify import FAULT_DISPOSITION
+from busbar.reliability.classify import D_TRANSIENT, FAULT_DISPOSITION
 from busbar.reliability.policy import DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED
 
 # Retry-After when nothing is cooling down (saturation, nothing configured): the reference's 2 s,
 # never 1 (SPEC §4.3), so clients that retry at once do not hammer a saturated gateway.
 RETRY_FLOOR_SECS = 2
+
+# A provider's Retry-After holds its lane at least this long (a provider's rate limit: SPEC §4.2),
+# up to limits.max_honored_retry_after_secs. The header counts whole seconds (RFC 9110 §10.2.3),
+# and a `Retry-After: 0` on a 429 under load would otherwise let every caller straight back.
+HOLD_FLOOR_SECS = 1.0
 
 # Every block is this many slots, whatever it holds, so one free list serves all three kinds.
 BLOCK = 8
@@ -285,7 +290,25 @@ class Reliability:
                 cell.slots.store(cell.base + S_UNTIL, cell.now_ms())
                 cell.slots.store(cell.base + S_STATE, OPEN)
             return
-        cell.record(d, a.retry_after, a.reason)
+        ra = a.retry_after
+        cell.record(d, ra, a.reason)
+        if ra is not None and d == D_TRANSIENT:
+            self.hold(cell, ra, a.error_class == "rate_limit")
+
+    def hold(self, cell, retry_after, rate_limit):
+        """A provider's Retry-After on a transient failure: its lane is held for max(Retry-After,
+        HOLD_FLOOR_SECS), capped by limits.max_honored_retry_after_secs, in every pool and
+        direct route and every worker, whether or not another lane could take its calls. The
+        breaker cooldown only steers traffic to other members (with none left, `cooling_closed`
+        calls the lane anyway); a hold is the provider's word, and no call goes to the lane
+        before it ends: callers are answered locally (Exchange.exhausted)."""
+        secs = min(max(retry_after, HOLD_FLOOR_SECS), cell.limits.max_honored_retry_after_secs)
+        until = cell.now_ms() + int(secs * 1000)
+        cell.budget.hold(until, rate_limit)
+        # Selection (Target.pick, in C) skips a cooling cell: every cell of the lane cools at
+        # least as long, so the happy path reads nothing new.
+        for c in self.cells_by_lane.get(cell.lane.name, ()):
+            c._extend(until)
 
     # ------------------------------------------------------------------ questions
     def healthy(self) -> bool:
@@ -304,6 +327,32 @@ class Reliability:
             if r > 0 and (best is None or r < best):
                 best = r
         return best
+
+    def held(self, target, exclude):
+        """When a provider's Retry-After holds every lane of `target` that could take the request
+        (not in `exclude`): (seconds until the first may be called again, whether every hold is
+        a rate limit). None when some candidate lane is not held (or there is none)."""
+        now = None
+        wait = None
+        rate_limit = True
+        for lane, cell in target.policy.cell_of.items():
+            if lane in exclude or lane in target.excluded:
+                continue
+            if now is None:
+                now = cell.now_ms()
+            h = cell.budget.held(now)
+            if h is None:
+                return None
+            left = h[0] / 1000.0
+            if cell.state() != 0:
+                # Tripped as well: the cooldown may end later than the hold.
+                left = max(left, cell.cooldown_remaining())
+            if wait is None or left < wait:
+                wait = left
+            rate_limit = rate_limit and h[1]
+        if wait is None:
+            return None
+        return wait, rate_limit
 
     def why(self, target, exclude) -> str:
         """Why no lane of `target` could take the request, in words for the caller."""
@@ -360,12 +409,18 @@ class Reliability:
 
 
 def _soonest(target, exclude, closed_only):
-    """The lane of `target` (not excluded, with budget and a free permit; closed cells only when
-    asked) whose cooldown ends first, its permit and budget taken; None when there is none."""
+    """The lane of `target` (not excluded, not held by its provider's Retry-After, with budget
+    and a free permit; closed cells only when asked) whose cooldown ends first, its permit and
+    budget taken; None when there is none."""
     best = None
     best_until = None
+    now = None
     for lane, cell in target.policy.cell_of.items():
         if lane in exclude or lane in target.excluded or (closed_only and cell.state() != 0):
+            continue
+        if now is None:
+            now = cell.now_ms()
+        if cell.budget.held(now) is not None:
             continue
         if cell.budget.limit is not None and not cell.budget.left():
             continue
