@@ -292,7 +292,10 @@ class Reliability:
             return
         ra = a.retry_after
         cell.record(d, ra, a.reason)
-        if ra is not None and d == D_TRANSIENT:
+        if ra is not None and d == D_TRANSIENT and \
+                a.lane.model.provider.upstream_credentials != "passthrough":
+            # (passthrough: the limit is the caller's key's, not the lane's; other callers' keys
+            # may still be served, so only the breaker cooldown steers)
             self.hold(cell, ra, a.error_class == "rate_limit")
 
     def hold(self, cell, retry_after, rate_limit):

@@ -27,12 +27,14 @@ listen: "127.0.0.1:{port}"
 providers:
   h:    {protocol: openai, base_url: "http://127.0.0.1:%(h)d", api_key: {env: HOSTILE_KEY}}
   good: {protocol: openai, base_url: "http://127.0.0.1:%(m)d", api_key: {env: MOCK_KEY}}
+  byok: {protocol: openai, base_url: "http://127.0.0.1:%(h)d", upstream_credentials: passthrough}
 models:
   ok:       {provider: good, upstream_model: gpt-4o-mini}
   rl2:      {provider: h, upstream_model: rl2}
   rl60:     {provider: h, upstream_model: rl60}
   shared:   {provider: h, upstream_model: shared}
   busy:     {provider: h, upstream_model: busy}
+  mine:     {provider: byok, upstream_model: mine}
 pools:
   solo:
     members:
@@ -55,6 +57,8 @@ LIMITED = {
                                     "code": "rate_limit_exceeded"}}),
     "busy": (503, "2", {"error": {"message": "The engine is currently overloaded",
                                   "type": "server_error"}}),
+    "mine": (429, "2", {"error": {"message": "Rate limit reached for requests", "type": "requests",
+                                  "code": "rate_limit_exceeded"}}),
 }
 
 
@@ -96,11 +100,13 @@ def gw(tmp_path, hostile, mock_port):
     stop(g.proc)
 
 
-def call(gw, model, anthropic=False):
+def call(gw, model, anthropic=False, key=None):
     """One call on a fresh connection: (status, headers (lower-case names), parsed body)."""
     c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=10)
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
     h = {"content-type": "application/json"}
+    if key is not None:
+        h["authorization"] = "Bearer " + key
     path = "/v1/chat/completions"
     if anthropic:
         path = "/v1/messages"
@@ -187,6 +193,16 @@ def test_a_503_with_retry_after_is_answered_locally_as_503(gw, hostile):
     assert status == 503 and body["error"]["type"] == "server_error"
     _local_retry_after(h, 2, t0)
     assert hostile.count("busy") == 1
+
+
+def test_a_callers_own_key_limited_does_not_hold_the_lane_for_others(gw, hostile):
+    # upstream_credentials: passthrough: the 429 is the caller's key's limit (relayed, with its
+    # Retry-After); another caller's key is still sent to the provider.
+    status, h, _ = call(gw, "mine", key="sk-caller-one-0123456789")
+    assert status == 429 and h["retry-after"] == "2"
+    status, _, body = call(gw, "mine", key="sk-caller-two-0123456789")
+    assert status == 200 and body["choices"][0]["message"]["content"] == "fine"
+    assert hostile.count("mine") == 2
 
 
 def test_the_hold_is_every_workers(tmp_path, hostile, mock_port):
