@@ -49,8 +49,10 @@ from .schema import (
     Provider,
 )
 from .control import apply_overlay, parse_control
-from .secrets import OFFLINE_PLACEHOLDER, resolve_secret
+from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
+from busbar.governance.config import parse as _governance
+from busbar.observability.settings import parse as _observability
 from busbar.reliability import config as reliability_config
 
 CONFIG_ENV = "BUSBAR_CONFIG"
@@ -184,7 +186,6 @@ def validate_main(path: str | None, offline: bool = False) -> int:
     """`busbar validate`: exit status 0 with an "ok:" line on stdout, or 1 with one line per
     problem on stderr. Warnings go to stderr either way. `offline`: secrets and ${VAR} need not
     be present (CI lints a config without the production environment)."""
-    from .secrets import OfflineEnv
     env = OfflineEnv(os.environ) if offline else os.environ
     config, out = build(path, env=env, offline=offline)
     for name in sorted(getattr(env, "missing", ())):
@@ -407,11 +408,9 @@ def _build_config(
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
     # observability: parsed by its own module (busbar/observability/settings.py).
-    from busbar.observability.settings import parse as _observability
     observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
     control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
     # governance: keys, groups, rate card, store (busbar/governance/config.py).
-    from busbar.governance.config import parse as _governance
     auth_doc = doc.get("auth") if isinstance(doc.get("auth"), dict) else {}
     governance = _governance(doc, auth_doc, models, pools, env, base_dir, out, offline)
     if out.errors:

@@ -16,6 +16,8 @@ count).
 from __future__ import annotations
 
 from busbar.config.checks import Problems, check_keys, describe, get_mapping, join
+from busbar.config.modules import require
+from busbar.config.secrets import resolve_secret
 
 from .model import MAX_GROUP_DEPTH, GroupRecord, Rate, parse_limit
 
@@ -100,7 +102,6 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
         keys = "keys" in chain_raw
     signing_key = None
     if "signing_key" in auth:
-        from busbar.config.secrets import resolve_secret
         n = len(out.errors)
         secret = resolve_secret(auth["signing_key"], "auth.signing_key", env, base_dir, out)
         if len(out.errors) == n and secret is not None:
@@ -268,12 +269,10 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         else:
             sc.path = os.path.join(base_dir, os.path.expanduser(path))
     elif kind == "redis":
-        from busbar.config.modules import require
         require(out, "store.kind", "store redis", "redis", getattr(env, "offline", False))
         if "url" not in raw:
             out.error("store", "kind redis needs url: {env: BUSBAR_REDIS_URL}")
         else:
-            from busbar.config.secrets import resolve_secret
             if isinstance(raw["url"], str):
                 url = _inline_redis_url(raw["url"], out)
             else:
