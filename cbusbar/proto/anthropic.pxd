@@ -19,6 +19,7 @@ cdef class StreamDecoder:
     cpdef list close(self)
     cdef void _frame(self, object event, bytes data, list out) except *
     cdef void _block_start(self, dict obj, list out) except *
+    cdef object _block(self, dict obj)
     cdef void _block_delta(self, dict obj, list out) except *
     cdef void _message_delta(self, dict obj, list out) except *
 

@@ -132,7 +132,7 @@ cdef object _citation(object c):
     if not isinstance(c, dict):
         return None
     t = c.get("type")
-    if t in CITATION_TYPES:
+    if type(t) is str and t in CITATION_TYPES:     # a list there is not a key (TypeError)
         return c
     if t == "url_citation":
         u = c.get("url_citation")
@@ -1010,7 +1010,8 @@ cpdef ir.Response read_response(bytes body):
             if b is not None:
                 resp.content.append(b)
     v = d.get("stop_reason")
-    resp.stop_reason = STOP_IN.get(v, ir.SR_OTHER) if v is not None else ir.SR_UNSET
+    resp.stop_reason = (ir.SR_UNSET if v is None else STOP_IN.get(v, ir.SR_OTHER) if type(v) is str
+                        else ir.SR_OTHER)
     v = d.get("stop_sequence")
     resp.stop_sequence = v if type(v) is str else None
     resp.usage = _read_usage_obj(d.get("usage"))
@@ -1217,8 +1218,8 @@ cdef class StreamDecoder:
         cdef ir.Usage u
         if self.done:
             return
-        if not data:
-            return  # an event without data (a keep-alive)
+        if not data or ((data[0] == 32 or data[0] == 9) and not data.strip()):
+            return  # an event without data, or blank data (a keep-alive; docs/codecs.md)
         obj = jsonget.frame_object(data)
         t = obj.get("type")
         if type(t) is not str and event is not None:
@@ -1228,7 +1229,7 @@ cdef class StreamDecoder:
         elif t == "content_block_start":
             self._block_start(obj, out)
         elif t == "content_block_stop":
-            t = self.blocks.get(obj.get("index"))
+            t = self._block(obj)
             if t is not None:
                 out.append(ir.ev_block_stop(t))
         elif t == "message_delta":
@@ -1253,7 +1254,8 @@ cdef class StreamDecoder:
                 err = {}
             self.done = True
             out.append(ir.ev_error(
-                ERROR_KIND_IN.get(err.get("type"), "api_error"),
+                ERROR_KIND_IN.get(err["type"], "api_error") if type(err.get("type")) is str
+                else "api_error",
                 err.get("message") if type(err.get("message")) is str else "The upstream stream failed."))
         # ping and unknown event types carry nothing for the IR
 
@@ -1309,8 +1311,14 @@ cdef class StreamDecoder:
             if type(v) is str and v:
                 out.append(ir.ev_block_delta(index, ir.D_SIGNATURE, v))
 
+    cdef object _block(self, dict obj):
+        """The IR index of the block a frame's `index` names, or None. Only a JSON integer names
+        one (a list there is not a key; a float or a bool is not Anthropic's index)."""
+        cdef object up = obj.get("index")
+        return self.blocks.get(up) if is_int(up) else None
+
     cdef void _block_delta(self, dict obj, list out) except *:
-        cdef object index = self.blocks.get(obj.get("index")), delta = obj.get("delta"), t, v
+        cdef object index = self._block(obj), delta = obj.get("delta"), t, v
         if index is None or not isinstance(delta, dict):
             return
         t = delta.get("type")
@@ -1345,7 +1353,7 @@ cdef class StreamDecoder:
         if isinstance(delta, dict):
             v = delta.get("stop_reason")
             if v is not None:
-                sr = STOP_IN.get(v, ir.SR_OTHER)
+                sr = STOP_IN.get(v, ir.SR_OTHER) if type(v) is str else ir.SR_OTHER
             v = delta.get("stop_sequence")
             if type(v) is str:
                 seq = v
