@@ -207,6 +207,8 @@ cdef void _read_source(ir.Block b, object src, str where, bint document) except 
         if type(content) is str:
             b.text = content
         elif isinstance(content, list):
+            # Each block is a chunk Anthropic cites on its own: a passage, not a piece of one
+            # text. Joined into one document text, the line keeps that boundary.
             texts = [c["text"] for c in content
                      if isinstance(c, dict) and c.get("type") == "text" and type(c.get("text")) is str]
             b.text = "\n".join(texts)

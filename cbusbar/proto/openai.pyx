@@ -695,7 +695,10 @@ cdef void _write_user(Message m, list out) except *:
                             parts.append(part)
             elif b.text_json is not None or b.text is not None:
                 texts.append(b)
-            out.append((TOOL_HEAD, orjson.dumps(b.id or ""), TOOL_CONTENT, join_literal(texts, "\n"),
+            # The parts of one result are one text as written: nothing goes between them (an
+            # Anthropic result ["18C ", "sunny"] is "18C sunny", as the Rust gateway's
+            # req_a2o_tools golden has it).
+            out.append((TOOL_HEAD, orjson.dumps(b.id or ""), TOOL_CONTENT, join_literal(texts, ""),
                         MESSAGE_TAIL))
         else:
             part = _content_part(b)
@@ -760,6 +763,9 @@ cpdef bytes write_request(Request req):
         if b.kind == B_TEXT and not text_is_empty(b):
             system.append(b)
     if system:
+        # One system message: the chat template behind an OpenAI-compatible server may read only
+        # a first one. The blank line keeps the blocks' boundary (docs/codecs.md, "What a
+        # translation keeps").
         messages.append((SYSTEM_HEAD, join_literal(system, "\n\n"), MESSAGE_TAIL))
     for m in req.messages:
         if m.role == ROLE_ASSISTANT:

@@ -227,7 +227,7 @@ cdef Block _reasoning(dict item):
             for p in as_list(parts, "reasoning.content", SHAPE):
                 part = as_dict(p, "reasoning.content", SHAPE)
                 texts.append(as_str(part.get("text"), "reasoning.content.text", SHAPE))
-    b.text = "\n\n".join(texts)
+    b.text = "\n\n".join(texts)     # summary parts are paragraphs (the stream decoder joins them so)
     b.signature = opt_str(item, "encrypted_content", "encrypted_content", SHAPE)
     return b
 
@@ -447,7 +447,7 @@ cdef object _tool_output(Block b):
         if p is not None:
             parts.append(p)
     if plain:
-        return _text_of(b.content, "\n")
+        return _text_of(b.content, "")    # the parts of one result, as written: no separator
     return parts
 
 

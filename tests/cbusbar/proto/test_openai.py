@@ -369,7 +369,7 @@ def test_write_request_messages():
     thinking = ir.Block(ir.THINKING, "hmm", signature="sig")
     call = ir.Block(ir.TOOL_USE, id="toolu_1", name="weather", input={"city": "Paris"})
     result = ir.Block(ir.TOOL_RESULT, id="toolu_1",
-                      content=[ir.Block(ir.TEXT, "18C"), ir.Block(ir.TEXT, "sunny"), img_url])
+                      content=[ir.Block(ir.TEXT, "18C "), ir.Block(ir.TEXT, "sunny"), img_url])
     pdf = ir.Block(ir.DOCUMENT, src_kind=ir.SOURCE_BASE64, media_type="application/pdf", data="JVBER")
     text_doc = ir.Block(ir.DOCUMENT, "plain doc", name="notes")
     req = _req(system=["one", "two"], messages=[
@@ -392,7 +392,7 @@ def test_write_request_messages():
         ]},
         {"role": "assistant", "content": "Let me check.", "tool_calls": [
             {"id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "toolu_1", "content": "18C\nsunny"},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "18C sunny"},   # as written, no separator
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
                                      {"type": "text", "text": "and?"}]},
         {"role": "assistant", "content": ""},
