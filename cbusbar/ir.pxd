@@ -108,6 +108,10 @@ cdef class Block:
     cdef public bint is_error       # B_TOOL_RESULT
     cdef public str signature       # B_THINKING
     cdef public bint redacted       # B_THINKING: opaque (data holds it)
+    cdef public bint refusal        # B_TEXT: the text is the model declining (OpenAI's `refusal`
+                                    # field and content part). Still a text block, so a protocol
+                                    # with no refusal form writes it as text: it never vanishes;
+                                    # openai and responses write it back as a refusal.
     cdef public object cache_control
     cdef public object citations    # list of raw citation objects, or None
 
@@ -189,6 +193,7 @@ cpdef Event ev_message_delta(int stop_reason, str stop_sequence, Usage usage)
 cpdef Event ev_message_stop()
 cpdef Event ev_error(str error_kind, str message)
 cpdef Block text_block(str text)
+cpdef Block refusal_block(str text)             # a B_TEXT block with refusal set
 cpdef Block json_text_block(bytes literal)      # a B_TEXT block holding `literal` as its text_json
 
 

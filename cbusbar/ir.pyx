@@ -129,6 +129,8 @@ cdef class Block:
             d["is_error"] = True
         if self.redacted:
             d["redacted"] = True
+        if self.refusal:
+            d["refusal"] = True
         return d
 
     def __repr__(self):
@@ -287,6 +289,12 @@ cpdef Block text_block(str text):
     cdef Block b = Block.__new__(Block)
     b.kind = B_TEXT
     b._text = text
+    return b
+
+
+cpdef Block refusal_block(str text):
+    cdef Block b = text_block(text)
+    b.refusal = True
     return b
 
 

@@ -15,13 +15,17 @@ cdef class BlockSequencer:
     cdef readonly int open_kind     # B_* kind of the open block, 0 when none
     cdef readonly bint filled       # the open block got content (text, thinking or argument
                                     # bytes; not a signature or a citation)
+    cdef readonly bint open_refusal # the open block is a refusal (a B_TEXT block, ir.pxd): text
+                                    # and refusal deltas never share a block
 
     cdef int start(self, list out, Block block) except -1       # close the open block, start this one
     cdef int open(self, list out, int kind) except -1           # ... start a new empty one of `kind`
-    cdef int ensure(self, list out, int kind) except -1         # the open block if it is of `kind`,
-                                                                # else a new empty one of `kind`
+    cdef int ensure(self, list out, int kind) except -1         # the open block if it is of `kind`
+                                                                # (and not a refusal), else a new
+                                                                # empty one of `kind`
     cdef Event text(self, list out, str text)                   # text delta, opening a text block
     cdef Event thinking(self, list out, str text)               # reasoning delta, opening a thinking block
+    cdef Event refusal(self, list out, str text)                # refusal text, opening a refusal block
     cdef int tool_start(self, list out, str id, str name) except -1
     cdef Event tool_args(self, list out, str fragment)          # argument bytes for the open tool block
     cdef Event delta(self, list out, int delta_kind, str text)  # any delta on the open block as it is

@@ -21,6 +21,7 @@ cdef class BlockSequencer:
         self.open_index = self.next_index
         self.next_index += 1
         self.open_kind = block.kind
+        self.open_refusal = block.kind == B_TEXT and block.refusal
         self.filled = False
         out.append(ev_block_start(self.open_index, block))
         return self.open_index
@@ -33,7 +34,7 @@ cdef class BlockSequencer:
         return self.start(out, b)
 
     cdef int ensure(self, list out, int kind) except -1:
-        if self.open_kind == kind:
+        if self.open_kind == kind and not self.open_refusal:
             return self.open_index
         return self.open(out, kind)
 
@@ -46,6 +47,17 @@ cdef class BlockSequencer:
         self.ensure(out, B_THINKING)
         self.filled = True
         return self.delta(out, D_THINKING, text)
+
+    cdef Event refusal(self, list out, str text):
+        cdef Block b
+        if not self.open_refusal:
+            b = Block.__new__(Block)
+            b.kind = B_TEXT
+            b.text = ""
+            b.refusal = True
+            self.start(out, b)
+        self.filled = True
+        return self.delta(out, D_TEXT, text)
 
     cdef int tool_start(self, list out, str id, str name) except -1:
         cdef Block b = Block.__new__(Block)
@@ -68,4 +80,5 @@ cdef class BlockSequencer:
             out.append(ev_block_stop(self.open_index))
             self.open_index = -1
             self.open_kind = 0
+            self.open_refusal = False
             self.filled = False

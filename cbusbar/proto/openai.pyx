@@ -23,7 +23,7 @@ from cbusbar cimport ids
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
     ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
-    ev_message_stop, ev_error, text_block, text_is_empty,
+    ev_message_stop, ev_error, text_block, refusal_block, text_is_empty,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
     SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
     TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
@@ -277,7 +277,7 @@ cdef list _parts(object content, str path, int allowed):
         if kind == "text":
             b = text_block(req_str(part, "text", ppath + ".text", SHAPE))
         elif kind == "refusal" and allowed & P_REFUSAL:
-            b = text_block(req_str(part, "refusal", ppath + ".refusal", SHAPE))
+            b = refusal_block(req_str(part, "refusal", ppath + ".refusal", SHAPE))
         elif kind == "image_url" and allowed & P_MEDIA:
             v = part.get("image_url")
             if isinstance(v, str):  # a common client shortcut the OpenAI-compatible servers take
@@ -333,7 +333,7 @@ cdef list _assistant(dict m, str path, dict legacy):
                 out.append(b)
     v = opt_str(m, "refusal", path + ".refusal", SHAPE)
     if v:
-        out.append(text_block(v))
+        out.append(refusal_block(v))
     v = m.get("tool_calls")
     if v is not None:
         if not isinstance(v, list):
@@ -714,11 +714,14 @@ cdef void _write_user(Message m, list out) except *:
 
 cdef void _write_assistant(Message m, list out, set custom_names) except *:
     cdef list texts = []    # text blocks (jsonspan.join_text)
+    cdef list refusals = []
     cdef list calls = []
     cdef dict msg
     cdef Block b
     for b in m.content:
-        if b.kind == B_TEXT:
+        if b.kind == B_TEXT and b.refusal:
+            refusals.append(b)
+        elif b.kind == B_TEXT:
             texts.append(b)
         elif b.kind == B_TOOL_USE:
             if b.name in custom_names and isinstance(b.input, str):
@@ -728,14 +731,16 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
                 calls.append({"id": b.id or "", "type": "function",
                               "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
     # Text blocks split by citations are one text: join without a separator.
-    if texts and not calls:
+    if texts and not calls and not refusals:
         out.append((ASSISTANT_HEAD, join_literal(texts, ""), MESSAGE_TAIL))
         return
     msg = {"role": "assistant", "content": join_text(texts, "") if texts else None}
+    if refusals:
+        msg["refusal"] = join_text(refusals, "")
     if calls:
         msg["tool_calls"] = calls
     elif msg["content"] is None:
-        msg["content"] = ""
+        msg["content"] = ""      # content is required unless tool_calls are given (API reference)
     out.append(msg)
 
 
@@ -1004,7 +1009,7 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
     cdef dict c, fn
     cdef str kind, id, text
     cdef Block b
-    cdef list texts
+    cdef Py_ssize_t first
     if not isinstance(reasoning, str):
         reasoning = msg.get("reasoning")
     if isinstance(reasoning, str) and reasoning:
@@ -1012,25 +1017,31 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
         b.text = reasoning
         out.append(b)
     v = msg.get("content")
-    text = None
+    first = len(out)
     if isinstance(v, str):
-        text = v
-    elif isinstance(v, list):  # some compatible servers answer with text parts
-        texts = []
+        if v:
+            out.append(text_block(v))
+    elif isinstance(v, list):
+        # Some compatible servers answer with content parts: one block per part, in order, a
+        # refusal part as a refusal block (the Rust gateway's resp_o2a_multipart golden).
         for call in v:
-            if isinstance(call, dict) and isinstance(call.get("text"), str):
-                texts.append(call["text"])
-        text = "".join(texts)
-    if text:
-        b = text_block(text)
+            if not isinstance(call, dict):
+                continue
+            text = str_or_none(call.get("text"))
+            if call.get("type") == "refusal" and isinstance(call.get("refusal"), str):
+                if call["refusal"]:
+                    saw_refusal[0] = True
+                    out.append(refusal_block(call["refusal"]))
+            elif text:
+                out.append(text_block(text))
+    if len(out) > first and not (<Block>out[first]).refusal:
         v = msg.get("annotations")
         if isinstance(v, list) and v:
-            b.citations = [a for a in v if isinstance(a, dict)]
-        out.append(b)
+            (<Block>out[first]).citations = [a for a in v if isinstance(a, dict)]
     v = msg.get("refusal")
     if isinstance(v, str) and v:
         saw_refusal[0] = True
-        out.append(text_block(v))
+        out.append(refusal_block(v))
     v = msg.get("tool_calls")
     if isinstance(v, list):
         for call in v:
@@ -1105,6 +1116,7 @@ cdef list _annotations(Block b, Py_ssize_t start):
 
 cpdef bytes write_response(Response resp):
     cdef list texts = []
+    cdef list refusals = []
     cdef list thinking = []
     cdef list calls = []
     cdef list annotations = []
@@ -1113,7 +1125,9 @@ cpdef bytes write_response(Response resp):
     cdef Block b
     cdef Usage u = resp.usage if resp.usage is not None else Usage()
     for b in resp.content:
-        if b.kind == B_TEXT:
+        if b.kind == B_TEXT and b.refusal:
+            refusals.append(b.text or "")
+        elif b.kind == B_TEXT:
             if b.citations:
                 annotations.extend(_annotations(b, pos))
             texts.append(b.text or "")
@@ -1125,8 +1139,8 @@ cpdef bytes write_response(Response resp):
             calls.append({"id": b.id or "", "type": "function",
                           "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
     msg = {"role": "assistant",
-           "content": "".join(texts) if texts or not calls else None,
-           "refusal": None}
+           "content": "".join(texts) if texts or not (calls or refusals) else None,
+           "refusal": "".join(refusals) if refusals else None}
     if calls:
         msg["tool_calls"] = calls
     if annotations:
@@ -1516,7 +1530,7 @@ cdef class StreamDecoder:
             v = d.get("refusal")
             if isinstance(v, str) and v:
                 self.saw_refusal = True
-                self.seq.text(out, v)
+                self.seq.refusal(out, v)
             v = d.get("tool_calls")
             if isinstance(v, list):
                 for call in v:
@@ -1783,12 +1797,21 @@ cdef class StreamEncoder:
                     out += self._chunk({"tool_calls": [{
                         "index": k, "id": b.id or "", "type": "function",
                         "function": {"name": b.name or "", "arguments": ""}}]}, None, None)
+                elif b.kind == B_TEXT and b.refusal:
+                    if self.refusal_blocks is None:
+                        self.refusal_blocks = set()
+                    self.refusal_blocks.add(ev.index)
+                    if b.text:
+                        out += self._chunk({"refusal": b.text}, None, None)
                 elif b.kind == B_TEXT and b.text:
                     out += self._chunk({"content": b.text}, None, None)
             elif ev.kind == EV_BLOCK_DELTA:
                 if not ev.text:
                     continue
                 if ev.delta_kind == D_TEXT:
+                    if self.refusal_blocks is not None and ev.index in self.refusal_blocks:
+                        out += self._chunk({"refusal": ev.text}, None, None)
+                        continue
                     logprobs = {"content": ev.data, "refusal": None} if isinstance(ev.data, list) else None
                     out += self._chunk({"content": ev.text}, None, logprobs)
                 elif ev.delta_kind == D_THINKING:

@@ -30,6 +30,8 @@ cdef class StreamDecoder:
     cdef int _find(self, dict data) except -2
     cdef int _open(self, int kind, dict data, str id, str name, list out) except -1
     cdef int _ensure(self, int kind, dict data, list out) except -1
+    cdef int _text_block(self, dict data, bint refusal, list out) except -2
+    cdef void _name(self, dict data, int index) except *
     cdef void _item_done(self, dict data, list out) except *
     cdef void _finish(self, dict response, bint incomplete, list out) except *
 
@@ -37,6 +39,7 @@ cdef class StreamDecoder:
 cdef class _Item:
     """One output item of the client's stream, as the encoder builds it."""
     cdef int kind                   # B_TEXT (message), B_TOOL_USE (function_call), B_THINKING (reasoning)
+    cdef bint refusal               # message: its one content part is a refusal, not output_text
     cdef int output_index
     cdef str item_id                # msg_… / fc_… / rs_…
     cdef str call_id                # function_call: the IR tool-use id
@@ -68,6 +71,6 @@ cdef class StreamEncoder:
     cdef bytes _frame(self, str type, dict payload)
     cdef dict _response(self, bint in_progress, object error)
     cdef bytes _start(self)
-    cdef _Item _open(self, int index, int kind, str call_id, str name, list out)
+    cdef _Item _open(self, int index, int kind, str call_id, str name, bint refusal, list out)
     cdef void _close(self, _Item item, list out) except *
     cdef bytes _end(self)

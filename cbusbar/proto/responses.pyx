@@ -38,7 +38,7 @@ from cbusbar.ir cimport (
     TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL, TC_UNSET,
     Block, Event, Message, Request, Response, Tool, Usage,
     ev_block_delta, ev_block_start, ev_block_stop, ev_error, ev_message_delta, ev_message_start,
-    ev_message_stop, text_block,
+    ev_message_stop, text_block, refusal_block,
 )
 
 NAME = "responses"
@@ -170,7 +170,7 @@ cdef list _parts(object content, str what):
         if t == "input_text" or t == "output_text" or t == "text":
             out.append(text_block(as_str(part.get("text"), what + ".text", SHAPE)))
         elif t == "refusal":
-            out.append(text_block(as_str(part.get("refusal"), what + ".refusal", SHAPE)))
+            out.append(refusal_block(as_str(part.get("refusal"), what + ".refusal", SHAPE)))
         elif t == "input_image":
             out.append(_input_image(part))
         elif t == "input_file":
@@ -771,7 +771,7 @@ cdef void _read_output(list output, Response resp, bint* tool, bint* refusal) ex
                         resp.logprobs.extend(_logprobs_in(part["logprobs"]))
                     resp.content.append(b)
                 elif pt == "refusal" and type(part.get("refusal")) is str:
-                    resp.content.append(text_block(<str>part["refusal"]))
+                    resp.content.append(refusal_block(<str>part["refusal"]))
                     refusal[0] = True
         elif t == "function_call":
             b = Block.__new__(Block)
@@ -903,6 +903,11 @@ cdef dict _message_item(str item_id, str status, str text, list annotations, obj
             "content": [part]}
 
 
+cdef dict _refusal_item(str item_id, str status, str text):
+    return {"id": item_id, "type": "message", "status": status, "role": "assistant",
+            "content": [{"type": "refusal", "refusal": text}]}
+
+
 cdef dict _call_item(str item_id, str status, str call_id, str name, str arguments):
     return {"id": item_id, "type": "function_call", "status": status, "call_id": call_id,
             "name": name, "arguments": arguments}
@@ -941,7 +946,9 @@ cpdef bytes write_response(Response resp):
     if type(resp.logprobs) is list:
         logprobs = _logprobs_out(resp.logprobs, True)
     for b in resp.content:
-        if b.kind == B_TEXT:
+        if b.kind == B_TEXT and b.refusal:
+            output.append(_refusal_item(_item_id("msg", base, i), "completed", b.text or ""))
+        elif b.kind == B_TEXT:
             output.append(_message_item(_item_id("msg", base, i), "completed", b.text or "",
                                         _annotations(b.citations),
                                         None if logprobs_used else logprobs))
@@ -1227,7 +1234,9 @@ cdef class StreamDecoder:
             if type(v) is not dict:
                 return
             k = _ITEM_KINDS.get((<dict>v).get("type"), 0)
-            if k == 0:
+            if k == 0 or k == B_TEXT:
+                # A message opens its block with its first content: that says whether the part
+                # is text or a refusal (_text_block).
                 return
             self._open(k, d, _str_or_none((<dict>v).get("call_id")),
                        _str_or_none((<dict>v).get("name")), out)
@@ -1239,10 +1248,12 @@ cdef class StreamDecoder:
         elif code == E_TEXT or code == E_REFUSAL:
             v = d.get("delta")
             if type(v) is str and v:
-                if self._ensure(B_TEXT, d, out) >= 0:
+                if self._text_block(d, code == E_REFUSAL, out) >= 0:
                     if code == E_REFUSAL:
                         self.saw_refusal = True
-                    self.seq.text(out, <str>v)
+                        self.seq.refusal(out, <str>v)
+                    else:
+                        self.seq.text(out, <str>v)
         elif code == E_ANNOTATION:
             v = d.get("annotation")
             if type(v) is dict:
@@ -1302,14 +1313,37 @@ cdef class StreamDecoder:
         else:
             index = self.seq.open(out, kind)
         self.open_summary = 0
-        v = data.get("output_index")
+        self._name(data, index)
+        return index
+
+    cdef int _text_block(self, dict data, bint refusal, list out) except -2:
+        """The block for a message's text or refusal delta: the item's open block when it is of
+        that kind; a new one for the item's first content, or for its next part when the kind
+        changes (a message may hold both); -1 (dropped) for an item already closed."""
+        cdef int i = self._find(data)
+        cdef Block b
+        if i >= 0:
+            if i != self.seq.open_index or self.seq.open_kind != B_TEXT:
+                return -1
+            if self.seq.open_refusal == refusal:
+                return i
+        b = Block.__new__(Block)
+        b.kind = B_TEXT
+        b.text = ""
+        b.refusal = refusal
+        i = self.seq.start(out, b)
+        self._name(data, i)
+        return i
+
+    cdef void _name(self, dict data, int index) except *:
+        """An event's output_index and item id name the IR block `index` from now on."""
+        cdef object v = data.get("output_index")
         if type(v) is int:
             self.by_output[v] = index
         v = data.get("item")
         v = (<dict>v).get("id") if type(v) is dict else data.get("item_id")
         if type(v) is str:
             self.by_item[v] = index
-        return index
 
     cdef int _ensure(self, int kind, dict data, list out) except -1:
         """The open block for a content event; an event for an item never announced opens one,
@@ -1332,6 +1366,17 @@ cdef class StreamDecoder:
         if kind == 0:
             return
         i = self._find(data)
+        if i < 0 and kind == B_TEXT:
+            # A message whose content was not streamed: its parts from the finished item, each
+            # text or refusal part its own block.
+            for b in _item_blocks(it):
+                if b.kind == B_TEXT:
+                    self.seq.start(out, _bare(b))
+                    self._name(data, self.seq.open_index)
+                    if b.text:
+                        self.seq.delta(out, D_TEXT, b.text)
+            self.seq.close(out)
+            return
         if i < 0:
             i = self._open(kind, data, _str_or_none(it.get("call_id")), _str_or_none(it.get("name")),
                            out)
@@ -1388,15 +1433,23 @@ cdef list _item_blocks(dict item):
     return r.content
 
 
-cdef void _emit_block(BlockSequencer seq, Block b, list out) except *:
-    """A whole block read from a finished response, as its start, deltas and stop."""
+cdef Block _bare(Block b):
+    """The block a stream starts for `b`: its kind and names, its content to come in deltas."""
     cdef Block start = Block.__new__(Block)
     start.kind = b.kind
     start.id = b.id
     start.name = b.name
-    seq.start(out, start)
+    start.refusal = b.refusal
+    if b.kind == B_TEXT:
+        start.text = ""
+    return start
+
+
+cdef void _emit_block(BlockSequencer seq, Block b, list out) except *:
+    """A whole block read from a finished response, as its start, deltas and stop."""
+    seq.start(out, _bare(b))
     if b.kind == B_TEXT and b.text:
-        seq.text(out, b.text)
+        seq.delta(out, D_TEXT, b.text)
     elif b.kind == B_TOOL_USE:
         seq.tool_args(out, _dumps(b.input))
     elif b.kind == B_THINKING:
@@ -1450,10 +1503,11 @@ cdef class StreamEncoder:
         return (self._frame("response.created", {"response": self._response(True, None)})
                 + self._frame("response.in_progress", {"response": self._response(True, None)}))
 
-    cdef _Item _open(self, int index, int kind, str call_id, str name, list out):
+    cdef _Item _open(self, int index, int kind, str call_id, str name, bint refusal, list out):
         cdef _Item item = _Item.__new__(_Item)
         cdef str prefix = "msg" if kind == B_TEXT else "fc" if kind == B_TOOL_USE else "rs"
         item.kind = kind
+        item.refusal = refusal and kind == B_TEXT
         item.output_index = len(self.items)
         item.item_id = _item_id(prefix, self.base, item.output_index)
         item.parts = []
@@ -1465,7 +1519,11 @@ cdef class StreamEncoder:
         self.blocks[index] = item
         out.append(self._frame("response.output_item.added", {
             "output_index": item.output_index, "item": _item_json(item, "in_progress")}))
-        if kind == B_TEXT:
+        if item.refusal:
+            out.append(self._frame("response.content_part.added", {
+                "item_id": item.item_id, "output_index": item.output_index, "content_index": 0,
+                "part": {"type": "refusal", "refusal": ""}}))
+        elif kind == B_TEXT:
             out.append(self._frame("response.content_part.added", {
                 "item_id": item.item_id, "output_index": item.output_index, "content_index": 0,
                 "part": {"type": "output_text", "text": "", "annotations": []}}))
@@ -1477,7 +1535,12 @@ cdef class StreamEncoder:
         if item.closed:
             return
         item.closed = True
-        if item.kind == B_TEXT:
+        if item.refusal:
+            out.append(self._frame("response.refusal.done", dict(
+                ids, content_index=0, refusal=text)))
+            out.append(self._frame("response.content_part.done", dict(
+                ids, content_index=0, part={"type": "refusal", "refusal": text})))
+        elif item.kind == B_TEXT:
             out.append(self._frame("response.output_text.done", dict(
                 ids, content_index=0, text=text, logprobs=[])))
             out.append(self._frame("response.content_part.done", dict(
@@ -1527,7 +1590,7 @@ cdef class StreamEncoder:
                 kind = e.block.kind if e.block is not None else 0
                 if kind == B_TEXT or kind == B_TOOL_USE or (
                         kind == B_THINKING and not e.block.redacted):
-                    self._open(e.index, kind, e.block.id, e.block.name, out)
+                    self._open(e.index, kind, e.block.id, e.block.name, e.block.refusal, out)
                 else:
                     self.blocks[e.index] = None   # images, redacted thinking: no Responses form
             elif e.kind == EV_BLOCK_DELTA:
@@ -1538,8 +1601,13 @@ cdef class StreamEncoder:
                 else:
                     kind = (B_TEXT if e.delta_kind == D_TEXT or e.delta_kind == D_CITATION else
                             B_TOOL_USE if e.delta_kind == D_INPUT_JSON else B_THINKING)
-                    item = self._open(e.index, kind, None, None, out)
-                if e.delta_kind == D_TEXT and item.kind == B_TEXT and e.text:
+                    item = self._open(e.index, kind, None, None, False, out)
+                if e.delta_kind == D_TEXT and item.refusal and e.text:
+                    item.parts.append(e.text)
+                    out.append(self._frame("response.refusal.delta", {
+                        "item_id": item.item_id, "output_index": item.output_index,
+                        "content_index": 0, "delta": e.text}))
+                elif e.delta_kind == D_TEXT and item.kind == B_TEXT and e.text:
                     item.parts.append(e.text)
                     out.append(self._frame("response.output_text.delta", {
                         "item_id": item.item_id, "output_index": item.output_index,
@@ -1562,7 +1630,7 @@ cdef class StreamEncoder:
                         "summary_index": 0, "delta": e.text}))
                 elif e.delta_kind == D_SIGNATURE and item.kind == B_THINKING and e.text:
                     item.signature = e.text
-                elif e.delta_kind == D_CITATION and item.kind == B_TEXT:
+                elif e.delta_kind == D_CITATION and item.kind == B_TEXT and not item.refusal:
                     a = _annotation(e.data)
                     if a is not None:
                         out.append(self._frame("response.output_text.annotation.added", {
@@ -1600,6 +1668,8 @@ cdef dict _item_json(_Item item, str status):
         if status == "in_progress":
             return {"id": item.item_id, "type": "message", "status": status, "role": "assistant",
                     "content": []}
+        if item.refusal:
+            return _refusal_item(item.item_id, status, text)
         return _message_item(item.item_id, status, text, item.annotations, None)
     if item.kind == B_TOOL_USE:
         return _call_item(item.item_id, status, item.call_id, item.name, text)

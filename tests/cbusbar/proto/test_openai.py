@@ -999,3 +999,68 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals (issue #34 (7)): nothing the model said vanishes
+
+
+def test_read_response_content_parts_keep_a_refusal_part():
+    # the Rust gateway's resp_o2a_multipart input: text, text, refusal
+    resp = codec.read_response(completion({"content": [
+        {"type": "text", "text": "part one "}, {"type": "text", "text": "part two"},
+        {"type": "refusal", "refusal": "no thanks"}]}, finish="length"))
+    assert [(b.kind, b.text, b.refusal) for b in resp.content] == [
+        (ir.TEXT, "part one ", False), (ir.TEXT, "part two", False), (ir.TEXT, "no thanks", True)]
+    assert resp.stop_reason == ir.MAX_TOKENS
+    resp = codec.read_response(completion({"content": None, "refusal": "I can't."}))
+    assert [(b.text, b.refusal) for b in resp.content] == [("I can't.", True)]
+    assert resp.stop_reason == ir.REFUSAL
+
+
+def test_write_response_refusal_is_the_refusal_field():
+    raw = codec.write_response(_resp([ir.Block(ir.TEXT, "Some context. "),
+                                      ir.refusal_block("I can't help with that.")], ir.REFUSAL))
+    msg = ChatCompletion.model_validate_json(raw).choices[0].message
+    assert (msg.content, msg.refusal) == ("Some context. ", "I can't help with that.")
+    msg = ChatCompletion.model_validate_json(codec.write_response(
+        _resp([ir.refusal_block("No.")], ir.REFUSAL))).choices[0].message
+    assert (msg.content, msg.refusal) == (None, "No.")
+
+
+def test_request_refusal_round_trip():
+    req = codec.read_request(body(messages=[
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "refusal", "refusal": "no"}]},
+        {"role": "assistant", "content": None, "refusal": "never"}]))
+    assert [[(b.text, b.refusal) for b in m.content] for m in req.messages[1:]] == [
+        [("a", False), ("no", True)], [("never", True)]]
+    out = orjson.loads(codec.write_request(req))["messages"]
+    assert out[1:] == [{"role": "assistant", "content": "a", "refusal": "no"},
+                       {"role": "assistant", "content": "", "refusal": "never"}]
+
+
+def test_decoder_refusal_gets_its_own_block():
+    events = decode(sse(chunk({"role": "assistant", "content": ""}), chunk({"content": "Here. "}),
+                        chunk({"refusal": "I can't "}), chunk({"refusal": "do that."}),
+                        chunk({"content": "Bye."}), chunk(finish="stop"), b"[DONE]"), 9)
+    check_order(events)
+    starts = [(e.index, e.block.refusal) for e in events if e.kind == ir.BLOCK_START]
+    assert starts == [(0, False), (1, True), (2, False)]
+    assert [(e.index, e.text) for e in events if e.kind == ir.BLOCK_DELTA] == [
+        (0, "Here. "), (1, "I can't "), (1, "do that."), (2, "Bye.")]
+    assert events[-2].stop_reason == ir.REFUSAL
+
+
+def test_encoder_refusal_block_streams_as_delta_refusal():
+    events = [ir.ev_message_start("u", "m", ir.Usage(input_tokens=3)),
+              ir.ev_block_start(0, ir.Block(ir.TEXT, "")), ir.ev_block_delta(0, ir.DELTA_TEXT, "Here. "),
+              ir.ev_block_stop(0),
+              ir.ev_block_start(1, ir.refusal_block("")), ir.ev_block_delta(1, ir.DELTA_TEXT, "I can't."),
+              ir.ev_block_stop(1),
+              ir.ev_message_delta(ir.REFUSAL, None, ir.Usage(3, 4)), ir.ev_message_stop()]
+    enc = codec.StreamEncoder("chatcmpl-xyz", "target-model")
+    client = serve(enc.encode(events), content_type="text/event-stream")
+    with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "x"}]) as s:
+        final = s.get_final_completion()
+    assert (final.choices[0].message.content, final.choices[0].message.refusal) == ("Here. ", "I can't.")

@@ -978,3 +978,65 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals (issue #34 (7))
+
+
+def test_refusal_read_and_written_as_a_refusal_part():
+    doc = dict(UPSTREAM, output=[{"id": "m", "type": "message", "role": "assistant", "status": "completed",
+                                  "content": [{"type": "output_text", "text": "Context. ", "annotations": []},
+                                              {"type": "refusal", "refusal": "I can't."}]}])
+    resp = R.read_response(orjson.dumps(doc))
+    assert [(b.text, b.refusal) for b in resp.content] == [("Context. ", False), ("I can't.", True)]
+    resp.id = "resp_x1"
+    sdk = SDKResponse.model_validate_json(R.write_response(resp))
+    assert [[(c.type, getattr(c, "refusal", None)) for c in o.content] for o in sdk.output] == [
+        [("output_text", None)], [("refusal", "I can't.")]]
+
+
+def test_decode_refusal_stream_and_encode_it_for_the_sdk():
+    stream = sse(
+        ("response.created", {"response": RESP_OBJ}),
+        ("response.output_item.added", {"output_index": 0, "item": {
+            "id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant", "content": []}}),
+        ("response.content_part.added", {"item_id": "msg_1", "output_index": 0, "content_index": 0,
+                                         "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ("response.output_text.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 0,
+                                        "delta": "Context. "}),
+        ("response.content_part.added", {"item_id": "msg_1", "output_index": 0, "content_index": 1,
+                                         "part": {"type": "refusal", "refusal": ""}}),
+        ("response.refusal.delta", {"item_id": "msg_1", "output_index": 0, "content_index": 1,
+                                    "delta": "I can't."}),
+        ("response.output_item.done", {"output_index": 0, "item": {
+            "id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": "Context. ", "annotations": []},
+                        {"type": "refusal", "refusal": "I can't."}]}}),
+        ("response.completed", {"response": dict(RESP_OBJ, status="completed", usage=USAGE)}),
+    )
+    events = decode(stream, 11)
+    starts = [(e.index, e.block.refusal) for e in events if e.kind == ir.BLOCK_START]
+    assert starts == [(0, False), (1, True)]     # one message, two parts: a block each
+    assert [(e.index, e.text) for e in events if e.kind == ir.BLOCK_DELTA] == [(0, "Context. "), (1, "I can't.")]
+    assert events[-2].stop_reason == ir.REFUSAL
+    raw = encode(events)
+    for _, d in frames(raw):
+        EVENT.validate_python(d)
+    seen, final = sdk_stream(raw)
+    assert "response.refusal.delta" in seen and "response.refusal.done" in seen
+    assert [[(c.type, getattr(c, "refusal", None) or getattr(c, "text", None)) for c in o.content]
+            for o in final.output] == [[("output_text", "Context. ")], [("refusal", "I can't.")]]
+
+
+def test_decode_whole_message_item_with_a_refusal_part():
+    stream = sse(
+        ("response.created", {"response": RESP_OBJ}),
+        ("response.output_item.done", {"output_index": 0, "item": {
+            "id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "refusal", "refusal": "No."}]}}),
+        ("response.completed", {"response": dict(RESP_OBJ, status="completed", usage=USAGE)}),
+    )
+    events = decode(stream, 64)
+    assert [(e.kind, e.block.refusal if e.block else None, e.text) for e in events[1:-2]] == [
+        (ir.BLOCK_START, True, None), (ir.BLOCK_DELTA, None, "No."), (ir.BLOCK_STOP, None, None)]
