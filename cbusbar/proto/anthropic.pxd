@@ -36,6 +36,7 @@ cdef class StreamEncoder:
     cdef dict wire_kind             # wire index -> K_* shape of the block
     cdef dict pending_signature     # wire index -> signature to send before the block stops
     cdef set whole_input            # wire indices whose tool input arrived whole on BLOCK_START
+    cdef dict arguments             # wire index -> ObjectStream of a tool block's streamed input
     cdef list open_blocks           # wire indices started and not yet stopped, in order
     cdef int next_index
 
@@ -46,4 +47,5 @@ cdef class StreamEncoder:
     cdef void _close(self, int wire, list out) except *
     cdef void _close_all(self, list out) except *
     cdef void _delta(self, ir.Event ev, list out) except *
+    cdef void _json_delta(self, int wire, str partial, list out) except *
     cdef void _message_delta(self, int stop_reason, str stop_sequence, ir.Usage usage, list out) except *

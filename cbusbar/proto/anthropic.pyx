@@ -30,6 +30,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport ObjectStream, object_of
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "anthropic"
@@ -548,18 +549,9 @@ cdef str _tool_id(str s):
 
 
 cdef dict _tool_input(object v):
-    """Anthropic wants the arguments as an object. A string is what a reader kept when the other
-    vendor's arguments were not parseable JSON: parse it if possible, else send {}."""
-    if isinstance(v, dict):
-        return v
-    if type(v) is str:
-        try:
-            v = orjson.loads(v)
-        except ValueError:
-            return {}
-        if isinstance(v, dict):
-            return v
-    return {}
+    """Anthropic wants the arguments as an object: arguments.object_of (text that was not one
+    object arrives as {"_raw_arguments": text})."""
+    return object_of(v)
 
 
 cdef object _cc(object cache_control, int* left):
@@ -1437,6 +1429,7 @@ cdef class StreamEncoder:
         self.wire_kind = {}
         self.pending_signature = {}
         self.whole_input = set()
+        self.arguments = {}
         self.open_blocks = []
         self.next_index = 0
 
@@ -1555,10 +1548,9 @@ cdef class StreamEncoder:
             out.append(jsonspan.text_literal(block))
             out.append(DELTA_TAIL)
         elif kind == K_TOOL and block.input:
-            v = block.input
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                 "delta": {"type": "input_json_delta",
-                          "partial_json": v if type(v) is str else orjson.dumps(v).decode()}}))
+                          "partial_json": orjson.dumps(object_of(block.input)).decode()}}))
             self.whole_input.add(wire)
         elif kind == K_THINKING:
             if block.text:
@@ -1569,10 +1561,13 @@ cdef class StreamEncoder:
         return wire
 
     cdef void _close(self, int wire, list out) except *:
-        cdef object sig
+        cdef object sig, args
         if wire not in self.open_blocks:
             return
         sig = self.pending_signature.pop(wire, None)
+        args = self.arguments.pop(wire, None)
+        if args is not None:
+            self._json_delta(wire, (<ObjectStream>args).close(), out)
         if sig is not None:
             out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                     "delta": {"type": "signature_delta", "signature": sig}}))
@@ -1590,7 +1585,7 @@ cdef class StreamEncoder:
         cdef int kind, dk = ev.delta_kind
         cdef ir.Block b
         cdef dict delta
-        cdef object c
+        cdef object c, args
         if wire == -1:
             return  # a block Anthropic's stream cannot carry
         if wire is None or wire not in self.open_blocks:
@@ -1616,11 +1611,13 @@ cdef class StreamEncoder:
         elif dk == ir.D_INPUT_JSON and kind == K_TOOL:
             if not ev.text or wire in self.whole_input:
                 return
-            out.append(DELTA_HEAD)
-            out.append(_int_bytes(wire))
-            out.append(JSON_DELTA)
-            out.append(orjson.dumps(ev.text))
-            out.append(DELTA_TAIL)
+            # The client accumulates the fragments into one object: ObjectStream keeps them one
+            # (arguments.pxd), holding back the close and completing a broken text.
+            args = self.arguments.get(wire)
+            if args is None:
+                args = ObjectStream()
+                self.arguments[wire] = args
+            self._json_delta(wire, (<ObjectStream>args).feed(ev.text), out)
             return
         elif dk == ir.D_THINKING and kind == K_THINKING:
             if not ev.text:
@@ -1645,6 +1642,15 @@ cdef class StreamEncoder:
             return
         out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
                                                 "delta": delta}))
+
+    cdef void _json_delta(self, int wire, str partial, list out) except *:
+        if not partial:
+            return
+        out.append(DELTA_HEAD)
+        out.append(_int_bytes(wire))
+        out.append(JSON_DELTA)
+        out.append(orjson.dumps(partial))
+        out.append(DELTA_TAIL)
 
     cdef void _message_delta(self, int stop_reason, str stop_sequence, ir.Usage usage, list out) except *:
         self._close_all(out)

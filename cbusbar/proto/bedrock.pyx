@@ -51,6 +51,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport ObjectStream, object_of
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 
 NAME = "bedrock"
@@ -715,7 +716,7 @@ cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
             item = {"text": text_value(b)}      # a client's literal stays one (jsonspan)
     elif k == B_TOOL_USE:
         item = {"toolUse": {"toolUseId": b.id or "", "name": b.name or "",
-                            "input": b.input if b.input is not None else {}}}
+                            "input": object_of(b.input)}}
     elif k == B_TOOL_RESULT:
         inner = []
         for c in (b.content or ()):
@@ -1280,6 +1281,7 @@ cdef class StreamEncoder:
         self.kinds = {}
         self.wire = {}
         self.input_sent = {}
+        self.arguments = {}
         self.signatures = {}
         self.stop_reason = SR_UNSET
 
@@ -1301,8 +1303,15 @@ cdef class StreamEncoder:
         w = self.wire.pop(index, None)
         sig = self.signatures.pop(index, None)
         sent = self.input_sent.pop(index, False)
+        args = self.arguments.pop(index, None)
         if w is None:
             return
+        if args is not None:
+            text = (<ObjectStream>args).close()
+            if text:
+                sent = True
+                out += _event("contentBlockDelta", {"contentBlockIndex": w,
+                                                    "delta": {"toolUse": {"input": text}}})
         if kind == B_TOOL_USE and not sent:
             # Clients join the input deltas and parse the result; a call without arguments still
             # needs an object to parse.
@@ -1351,10 +1360,19 @@ cdef class StreamEncoder:
                 elif ev.delta_kind == D_INPUT_JSON:
                     if kind != B_TOOL_USE or not ev.text or self.input_sent.get(ev.index) == 2:
                         continue
+                    # Clients join the input deltas and parse them as one object: ObjectStream
+                    # keeps them one (arguments.pxd).
+                    args = self.arguments.get(ev.index)
+                    if args is None:
+                        args = ObjectStream()
+                        self.arguments[ev.index] = args
+                    text = (<ObjectStream>args).feed(ev.text)
+                    if not text:
+                        continue
                     w = self._wire(ev.index)
                     self.input_sent[ev.index] = 1
                     out += _event("contentBlockDelta", {"contentBlockIndex": w,
-                                                        "delta": {"toolUse": {"input": ev.text}}})
+                                                        "delta": {"toolUse": {"input": text}}})
                 elif ev.delta_kind == D_THINKING:
                     if not ev.text or (kind != B_THINKING and kind != 0):
                         continue
@@ -1383,8 +1401,7 @@ cdef class StreamEncoder:
                         self.input_sent[ev.index] = 2
                         out += _event("contentBlockDelta", {
                             "contentBlockIndex": w,
-                            "delta": {"toolUse": {"input": b.input if isinstance(b.input, str)
-                                                  else orjson.dumps(b.input).decode()}}})
+                            "delta": {"toolUse": {"input": orjson.dumps(object_of(b.input)).decode()}}})
                 elif b.kind == B_TEXT:
                     self.kinds[ev.index] = B_TEXT
                     if b.text:

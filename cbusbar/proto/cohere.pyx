@@ -38,6 +38,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport input_of, text_of
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -135,15 +136,9 @@ cdef object _get(object obj, str key):
 
 
 cdef object _parse_arguments(str arguments):
-    """Tool-call arguments are a JSON string on Cohere's wire, a parsed value in the IR. An empty
-    string is a call without arguments; text that is not JSON is kept as the raw string so that it
-    is not lost (the IR allows any JSON value there)."""
-    if arguments is None or not arguments.strip():
-        return {}
-    try:
-        return orjson.loads(arguments)
-    except ValueError:
-        return arguments
+    """Tool-call arguments are a JSON string on Cohere's wire (arguments.input_of: an object, {}
+    for a call without arguments, else the text as it came)."""
+    return input_of(arguments)
 
 
 cdef Block _image_block(str url):
@@ -465,9 +460,7 @@ cdef list _tool_content(Block result):
 
 
 cdef str _arguments(object input):
-    if input is None:
-        return "{}"
-    return orjson.dumps(input).decode()
+    return text_of(input)
 
 
 cdef void _write_user(list out, Message m):

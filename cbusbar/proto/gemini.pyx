@@ -41,6 +41,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport object_of
 from cbusbar.reasoning cimport budget_of_effort
 
 NAME = "gemini"
@@ -800,8 +801,7 @@ cdef list _write_parts(Message m, dict names):
         elif b.kind == B_TOOL_USE:
             names[b.id] = b.name
             call = {"name": b.name or "",
-                    "args": b.input if isinstance(b.input, dict) else (
-                        {} if b.input is None else {"input": b.input})}
+                    "args": object_of(b.input)}
             if b.id:
                 call["id"] = b.id
             p = {"functionCall": call}
@@ -1052,8 +1052,7 @@ cpdef bytes write_response(Response resp):
             parts.append(p)
         elif b.kind == B_TOOL_USE:
             call = {"name": b.name or "",
-                    "args": b.input if isinstance(b.input, dict) else (
-                        {} if b.input is None else {"input": b.input})}
+                    "args": object_of(b.input)}
             if b.id:
                 call["id"] = b.id
             p = {"functionCall": call}
@@ -1441,12 +1440,7 @@ cdef class StreamEncoder:
                 tool = self.tools.pop(e.index, None)
                 if tool is not None:
                     # Gemini has no argument deltas: the call goes out whole when it is complete
-                    try:
-                        args = orjson.loads("".join(tool[2])) if tool[2] else {}
-                    except orjson.JSONDecodeError:
-                        args = {}
-                    call = {"name": tool[1] or "",
-                            "args": args if isinstance(args, dict) else {"input": args}}
+                    call = {"name": tool[1] or "", "args": object_of("".join(tool[2]))}
                     if tool[0]:
                         call["id"] = tool[0]
                     out += self._parts_chunk([{"functionCall": call}], None)

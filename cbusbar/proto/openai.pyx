@@ -53,6 +53,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
 
 NAME = "openai"
@@ -170,28 +171,13 @@ cdef Usage _unknown_usage():
 
 
 cdef object _parse_arguments(object raw):
-    """A tool call's `arguments` string -> the IR input: a parsed object, {} for an empty string
-    (OpenAI-compatible servers send "" for argument-less tools), else the raw string kept as is."""
-    cdef object parsed
+    """A tool call's `arguments` -> the IR input (arguments.input_of; an object some compatible
+    servers send in place of the string is kept)."""
     if isinstance(raw, dict):
         return raw
     if not isinstance(raw, str):
         return {}
-    if not raw.strip():
-        return {}
-    try:
-        parsed = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return raw
-    return parsed if isinstance(parsed, dict) else raw
-
-
-cdef str _arguments_of(object value):
-    if value is None:
-        return "{}"
-    if isinstance(value, str):
-        return value
-    return orjson.dumps(value).decode()
+    return input_of(<str>raw)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -729,7 +715,7 @@ cdef void _write_assistant(Message m, list out, set custom_names) except *:
                               "custom": {"name": b.name, "input": b.input}})
             else:
                 calls.append({"id": b.id or "", "type": "function",
-                              "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
+                              "function": {"name": b.name or "", "arguments": text_of(b.input)}})
     # Text blocks split by citations are one text: join without a separator.
     if texts and not calls and not refusals:
         out.append((ASSISTANT_HEAD, join_literal(texts, ""), MESSAGE_TAIL))
@@ -1137,7 +1123,7 @@ cpdef bytes write_response(Response resp):
                 thinking.append(b.text)
         elif b.kind == B_TOOL_USE:
             calls.append({"id": b.id or "", "type": "function",
-                          "function": {"name": b.name or "", "arguments": _arguments_of(b.input)}})
+                          "function": {"name": b.name or "", "arguments": text_of(b.input)}})
     msg = {"role": "assistant",
            "content": "".join(texts) if texts or not (calls or refusals) else None,
            "refusal": "".join(refusals) if refusals else None}

@@ -24,6 +24,7 @@ from cbusbar.jsonget cimport (
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
+from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
 
 from cbusbar.ir cimport (
@@ -72,18 +73,9 @@ cdef OpenAIShape SHAPE = OpenAIShape()
 
 
 cdef object _args(str arguments):
-    """A function call's JSON argument string as parsed JSON. Models sometimes emit broken JSON and
-    clients send it back; an empty object keeps the conversation valid for every target."""
-    if not arguments:
-        return {}
-    try:
-        return orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        return {}
-
-
-cdef str _dumps(object v):
-    return orjson.dumps(v).decode()
+    """A function call's argument string -> the IR input (arguments.input_of: text that is not
+    one JSON object is kept as it came, never dropped)."""
+    return input_of(arguments)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,8 +468,7 @@ cdef void _write_input(Request req, list items) except *:
                 elif b.kind == B_TOOL_USE:
                     items.append({
                         "type": "function_call", "call_id": b.id, "name": b.name,
-                        "arguments": b.input if type(b.input) is str else
-                        _dumps(b.input if b.input is not None else {})})
+                        "arguments": text_of(b.input)})
                 elif b.kind == B_THINKING and b.signature and not b.redacted:
                     # Only reasoning OpenAI can verify goes back: without encrypted_content the
                     # item is useless to it.
@@ -956,8 +947,7 @@ cpdef bytes write_response(Response resp):
         elif b.kind == B_TOOL_USE:
             output.append(_call_item(_item_id("fc", base, i), "completed",
                                      b.id or _item_id("call", base, i), b.name or "",
-                                     b.input if type(b.input) is str else
-                                     _dumps(b.input if b.input is not None else {})))
+                                     text_of(b.input)))
         elif b.kind == B_THINKING and not b.redacted:
             output.append(_reasoning_item(_item_id("rs", base, i), b.text or "", b.signature))
         else:
@@ -1451,7 +1441,7 @@ cdef void _emit_block(BlockSequencer seq, Block b, list out) except *:
     if b.kind == B_TEXT and b.text:
         seq.delta(out, D_TEXT, b.text)
     elif b.kind == B_TOOL_USE:
-        seq.tool_args(out, _dumps(b.input))
+        seq.tool_args(out, text_of(b.input))
     elif b.kind == B_THINKING:
         if b.text:
             seq.thinking(out, b.text)

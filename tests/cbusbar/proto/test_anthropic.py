@@ -485,7 +485,9 @@ def test_write_request_tool_input_always_an_object():
              ir.Block(ir.TOOL_USE, id="c", name="f", input=None),
              ir.Block(ir.TOOL_USE, id="d", name="f", input=[1, 2])]
     out = written(make_request([user("q"), assistant(*calls)]))
-    assert [b["input"] for b in out["messages"][1]["content"]] == [{"x": 1}, {}, {}, {}]
+    # text that is not one object arrives whole under _raw_arguments (arguments.object_of)
+    assert [b["input"] for b in out["messages"][1]["content"]] == [
+        {"x": 1}, {"_raw_arguments": "not json"}, {}, {"_raw_arguments": "[1,2]"}]
 
 
 def test_write_request_sources():
@@ -1532,3 +1534,31 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments that are not one JSON object (issue #34 (7)): the SDK's accumulator still gets an
+# object, and the model's text is in it
+
+
+def _tool_events(*fragments):
+    out = [ir.ev_message_start("u", "m", ir.Usage(input_tokens=1)),
+           ir.ev_block_start(0, ir.Block(ir.TOOL_USE, id="call_1", name="f"))]
+    out += [ir.ev_block_delta(0, ir.DELTA_INPUT_JSON, f) for f in fragments]
+    return out + [ir.ev_block_stop(0), ir.ev_message_delta(ir.TOOL_USE_STOP, None, ir.Usage(1, 2)),
+                  ir.ev_message_stop()]
+
+
+@pytest.mark.parametrize("fragments,want", [
+    (['{"city":', ' "Paris"}'], {"city": "Paris"}),
+    (["not ", "json"], {"_raw_arguments": "not json"}),
+    (['{"city": "Paris", ', "'tz': True}"], {"city": "Paris", "_raw_arguments": "{\"city\": \"Paris\", 'tz': True}"}),
+    (['{"port": "Brest"}', '{"port": "Nantes"}'],
+     {"port": "Brest", "_raw_arguments": '{"port": "Brest"}{"port": "Nantes"}'}),
+    (['{"city": "Par'], {"city": "Par", "_raw_arguments": '{"city": "Par'}),   # cut off
+])
+def test_encoder_arguments_accumulate_to_an_object_in_the_sdk(fragments, want):
+    out = encode(_tool_events(*fragments))
+    sdk_validate(parse_sse(out))
+    message = sdk_accumulate(out)
+    assert message.content[0].input == want

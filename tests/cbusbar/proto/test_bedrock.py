@@ -1149,3 +1149,29 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+def test_arguments_that_are_not_one_object_reach_boto3_as_one():
+    """Issue #34 (7): the client joins the toolUse input deltas and parses them; the model's own
+    text is under _raw_arguments (arguments.pxd)."""
+    events = [ir.ev_message_start("u", "m", ir.Usage(input_tokens=1))]
+    for i, frags in enumerate([['{"a": 1, ', "'b': 2}"], ["not json"], ['{"a":', "1}"]]):
+        events.append(ir.ev_block_start(i, blk(ir.TOOL_USE, id="c%d" % i, name="f")))
+        events += [ir.ev_block_delta(i, ir.DELTA_INPUT_JSON, f) for f in frags]
+        events.append(ir.ev_block_stop(i))
+    events += [ir.ev_message_delta(ir.TOOL_USE_STOP, None, ir.Usage(1, 1)), ir.ev_message_stop()]
+    inputs = {}
+    for e in boto3_stream(bedrock.StreamEncoder("id", "m").encode(events)):
+        d = e.get("contentBlockDelta")
+        if d:
+            inputs[d["contentBlockIndex"]] = inputs.get(d["contentBlockIndex"], "") + d["delta"]["toolUse"]["input"]
+    assert [orjson.loads(inputs[i]) for i in range(3)] == [
+        {"a": 1, "_raw_arguments": "{\"a\": 1, 'b': 2}"}, {"_raw_arguments": "not json"}, {"a": 1}]
+    # buffered, and back in a request
+    resp = ir.Response()
+    resp.content = [blk(ir.TOOL_USE, id="c", name="f", input="not json")]
+    resp.stop_reason, resp.usage = ir.TOOL_USE_STOP, ir.Usage(1, 1)
+    body = bedrock.write_response(resp)
+    assert_valid_response(body)
+    assert orjson.loads(body)["output"]["message"]["content"][0]["toolUse"]["input"] == {
+        "_raw_arguments": "not json"}

@@ -923,3 +923,17 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+def test_write_request_arguments_text_goes_back_as_it_came():
+    """Issue #34 (7): arguments are text on Cohere's wire; text that was not JSON goes back as it
+    came (not as a JSON string literal of itself), and the {"_raw_arguments": text} an object
+    protocol's client sends back is that text again."""
+    req = co.read_request(_req(messages=[
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "not json"}}]},
+    ]))
+    req.messages[1].content.append(ir.Block(ir.TOOL_USE, id="d", name="f", input={"_raw_arguments": "[1,"}))
+    calls = orjson.loads(co.write_request(req))["messages"][1]["tool_calls"]
+    assert [c["function"]["arguments"] for c in calls] == ["not json", "[1,"]

@@ -1016,3 +1016,23 @@ def test_read_request_conversation_field_type(value, message):
     with pytest.raises(_ir.CodecError) as e:
         _codec.read_request(_orjson.dumps(body))
     assert str(e.value) == message
+
+
+def test_arguments_that_are_not_one_object_keep_their_text():
+    """Issue #34 (7): args is an object on Gemini's wire; the model's text goes under
+    _raw_arguments (arguments.pxd), in the stream as in a buffered answer."""
+    events = [ir.ev_message_start("u", "m", ir.Usage(input_tokens=1)),
+              ir.ev_block_start(0, ir.Block(ir.TOOL_USE, id="c1", name="f")),
+              ir.ev_block_delta(0, ir.DELTA_INPUT_JSON, "not "), ir.ev_block_delta(0, ir.DELTA_INPUT_JSON, "json"),
+              ir.ev_block_stop(0),
+              ir.ev_message_delta(ir.TOOL_USE_STOP, None, ir.Usage(1, 1)), ir.ev_message_stop()]
+    chunks = _sse_chunks(g.StreamEncoder("golden-id", "target-model").encode(events))
+    for c in chunks:
+        types.GenerateContentResponse.model_validate(c)
+    assert chunks[0]["candidates"][0]["content"]["parts"] == [
+        {"functionCall": {"name": "f", "args": {"_raw_arguments": "not json"}, "id": "c1"}}]
+    resp = ir.Response()
+    resp.content = [ir.Block(ir.TOOL_USE, id="c1", name="f", input="[1, 2]")]
+    resp.stop_reason, resp.usage = ir.TOOL_USE_STOP, ir.Usage(1, 1)
+    got = types.GenerateContentResponse.model_validate_json(g.write_response(resp))
+    assert got.candidates[0].content.parts[0].function_call.args == {"_raw_arguments": "[1, 2]"}

@@ -1002,7 +1002,7 @@ def test_read_request_conversation_field_type(value, message):
 
 
 # ---------------------------------------------------------------------------------------------
-# Refusals (issue #34 (7)): nothing the model said vanishes
+# Refusals and arguments that are not JSON (issue #34 (7)): nothing the model said vanishes
 
 
 def test_read_response_content_parts_keep_a_refusal_part():
@@ -1064,3 +1064,20 @@ def test_encoder_refusal_block_streams_as_delta_refusal():
     with client.chat.completions.stream(model="m", messages=[{"role": "user", "content": "x"}]) as s:
         final = s.get_final_completion()
     assert (final.choices[0].message.content, final.choices[0].message.refusal) == ("Here. ", "I can't.")
+
+
+def test_arguments_that_are_not_json_keep_their_text():
+    resp = codec.read_response(completion({"content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "not json"}},
+        {"id": "c2", "type": "function", "function": {"name": "g", "arguments": ""}}]}, finish="tool_calls"))
+    assert [b.input for b in resp.content] == ["not json", {}]
+    # An object protocol's client got {"_raw_arguments": text} (arguments.object_of) and sends the
+    # call back: OpenAI gets the model's text as it was.
+    req = _req([ir.Message(ir.USER, [ir.text_block("q")]),
+                ir.Message(ir.ASSISTANT, [ir.Block(ir.TOOL_USE, id="c1", name="f",
+                                                   input={"_raw_arguments": "not json"}),
+                                          ir.Block(ir.TOOL_USE, id="c2", name="f",
+                                                   input={"_raw_arguments": "x", "other": 1})])])
+    calls = orjson.loads(codec.write_request(req))["messages"][1]["tool_calls"]
+    assert [c["function"]["arguments"] for c in calls] == [
+        "not json", '{"_raw_arguments":"x","other":1}']   # only the wrapper alone is unwrapped

@@ -981,7 +981,7 @@ def test_read_request_conversation_field_type(value, message):
 
 
 # ---------------------------------------------------------------------------------------------
-# Refusals (issue #34 (7))
+# Refusals and arguments that are not JSON (issue #34 (7))
 
 
 def test_refusal_read_and_written_as_a_refusal_part():
@@ -1040,3 +1040,15 @@ def test_decode_whole_message_item_with_a_refusal_part():
     events = decode(stream, 64)
     assert [(e.kind, e.block.refusal if e.block else None, e.text) for e in events[1:-2]] == [
         (ir.BLOCK_START, True, None), (ir.BLOCK_DELTA, None, "No."), (ir.BLOCK_STOP, None, None)]
+
+
+def test_function_call_arguments_that_are_not_json_keep_their_text():
+    req = R.read_request(body(input=[
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "not json"},
+        {"type": "function_call_output", "call_id": "c1", "output": "x"}]))
+    assert req.messages[0].content[0].input == "not json"     # was {}: the text was lost
+    items = orjson.loads(R.write_request(req))["input"]
+    assert items[0]["arguments"] == "not json"
+    doc = dict(UPSTREAM, output=[{"id": "fc", "type": "function_call", "status": "completed",
+                                  "call_id": "c1", "name": "f", "arguments": "{\"a\": 1"}])
+    assert R.read_response(orjson.dumps(doc)).content[0].input == "{\"a\": 1"
