@@ -799,7 +799,7 @@ def migrate_text(text: str) -> tuple[str, Migration]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = " (line %d)" % (mark.line + 1) if mark is not None else ""
-        raise MigrateError("not YAML%s: %s" % (where, getattr(exc, "problem", None) or exc))
+        raise MigrateError("not YAML%s: %s" % (where, getattr(exc, "problem", None) or exc)) from None
     if not isinstance(doc, dict):
         raise MigrateError("not a config: the top level must be a mapping")
     out, m = migrate(doc)
