@@ -23,10 +23,20 @@ DEFAULT_ADMIN_LISTEN = ("127.0.0.1", 8081)
 ADMIN_LISTEN_ENV = "BUSBAR_ADMIN_LISTEN"
 SCOPES = ("full", "read-only")
 TLS_KEYS = ("cert", "key", "client_ca")
-# `chain` and `signing_key` are governance's (busbar/governance/config.py).
-AUTH_KEYS = ("admin_tokens", "admin_open", "chain", "signing_key")
-AUTH_UNSUPPORTED = ("admin_auth", "keys", "methods")
+# `chain`, `signing_key`, `role_bindings` and `key_ttl` are governance's
+# (busbar/governance/config.py); `admin_auth` and the identity providers it names are parsed here.
+AUTH_KEYS = ("admin_tokens", "admin_open", "admin_auth", "chain", "signing_key", "role_bindings",
+             "key_ttl")
+AUTH_UNSUPPORTED = ("keys", "methods")
 TOKEN_KEYS = ("name", "token", "scope")
+# `identity-providers.<name>`: a definition the chains name by bare name (the Rust 1.5.3 grammar).
+IDP_KEYS = ("module", "settings", "max_admin_scope", "token", "browser_login")
+# The identity-provider modules built into busbar: signed virtual keys on the data plane, and the
+# operator's admin token. Any other module is a plugin busbar does not load.
+IDP_MODULES = ("keys", "admin-tokens")
+# With no `auth.admin_auth`, the admin plane is guarded by the built-in `admin-tokens` provider
+# (which, undefined, holds no token: every admin call is then 401).
+DEFAULT_ADMIN_AUTH = ("admin-tokens",)
 CONFIG_KEYS = ("locked", "overlay")
 # SPEC §2.4: the overlay file's default name, next to config.yaml.
 DEFAULT_OVERLAY = "busbar-overlay.json"
@@ -242,6 +252,87 @@ def _tokens(section: dict, env, out: Problems, offline: bool) -> tuple[AdminToke
     return tuple(tokens)
 
 
+def identity_providers(doc: dict, out: Problems) -> dict:
+    """`identity-providers`: {name: definition mapping}, each checked for its shape (secrets are
+    resolved by whoever uses the definition). A module busbar does not have is refused in one
+    line that names it."""
+    raw = doc.get("identity-providers")
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        out.error("identity-providers", f"expected a mapping of name: definition, got {describe(raw)}")
+        return {}
+    defs = {}
+    for name, spec in raw.items():
+        where = f"identity-providers.{name}"
+        if not isinstance(spec, dict):
+            out.error(where, f"expected a mapping {{module, settings, ...}}, got {describe(spec)}")
+            continue
+        check_keys(spec, where, IDP_KEYS, out)
+        module = get_str(spec, "module", where, out)
+        if not module:
+            out.error(where, "missing required key 'module'")
+            continue
+        if module not in IDP_MODULES:
+            out.error(join(where, "module"), f"identity-provider module '{module}' is not built into "
+                      f"busbar (built in: {', '.join(IDP_MODULES)}); busbar loads no plugins")
+            continue
+        scope = spec.get("max_admin_scope")
+        if scope is not None and scope not in SCOPES:
+            out.error(join(where, "max_admin_scope"), f"expected one of {', '.join(SCOPES)}")
+            continue
+        if "token" in spec and module != "admin-tokens":
+            out.error(join(where, "token"), "only a module: admin-tokens provider holds a token")
+            continue
+        if "browser_login" in spec:
+            out.error(join(where, "browser_login"), f"module '{module}' has no browser login")
+            continue
+        defs[name] = spec
+    return defs
+
+
+def _admin_auth(auth: dict, idps: dict, env, out: Problems, offline: bool):
+    """`auth.admin_auth`: the admin plane's providers by name -> (admin tokens, open). `[]` is an
+    open admin API. Each `admin-tokens` provider with a token is one operator credential, of its
+    `max_admin_scope` (full by default for this module)."""
+    from .secrets import resolve_secret
+    raw = auth.get("admin_auth", list(DEFAULT_ADMIN_AUTH))
+    if not isinstance(raw, list):
+        out.error("auth.admin_auth", f"expected a list of identity-provider names, got {describe(raw)}")
+        return (), False
+    tokens = []
+    for i, name in enumerate(raw):
+        where = f"auth.admin_auth[{i}]"
+        if not isinstance(name, str) or not name:
+            out.error(where, "expected the bare name of an identity provider (a mapping here is the "
+                      "1.5.0 inline form: define it under identity-providers; busbar "
+                      "--migrate-config does)")
+            continue
+        spec = idps.get(name)
+        if spec is None:
+            if name in IDP_MODULES:     # a built-in named bare: admin-tokens without a token
+                continue
+            out.error(where, f"'{name}' is not defined under identity-providers (built in: "
+                      f"{', '.join(IDP_MODULES)})")
+            continue
+        if spec.get("module") != "admin-tokens":
+            out.error(where, f"'{name}' (module {spec.get('module')}) cannot authenticate operators")
+            continue
+        if "token" not in spec or offline:
+            continue
+        token_where = f"identity-providers.{name}.token"
+        errors = len(out.errors)
+        token = resolve_secret(spec["token"], token_where, env, "", out)
+        if len(out.errors) > errors or token is None:
+            continue
+        if not token:
+            # A blank admin token would let an empty header through.
+            out.error(token_where, "resolves to an empty token")
+            continue
+        tokens.append(AdminToken(name, token, spec.get("max_admin_scope") or "full"))
+    return tuple(tokens), raw == []
+
+
 def parse_control(doc: dict, base_dir: str, env: Mapping[str, str], out: Problems,
                   listen_of, offline: bool = False) -> Control:
     """The control sections of `doc`. `listen_of(value, key)` parses a HOST:PORT like `listen:`."""
@@ -262,12 +353,23 @@ def parse_control(doc: dict, base_dir: str, env: Mapping[str, str], out: Problem
 
     auth = get_mapping(doc, "auth", "", out) or {}
     check_keys(auth, "auth", AUTH_KEYS, out, AUTH_UNSUPPORTED)
-    tokens = _tokens(auth, env, out, offline)
-    admin_open = bool(get_bool(auth, "admin_open", "auth", out, False))
-    if admin_open and not is_loopback(admin_host):
-        out.error("auth.admin_open", "an open admin API is allowed on a loopback admin_listen only")
-    elif admin_open:
-        out.warn("auth.admin_open", "the admin API is open to anyone on this host (no token needed)")
+    idps = identity_providers(doc, out)
+    if "admin_auth" in auth or "identity-providers" in doc:
+        if "admin_tokens" in auth or "admin_open" in auth:
+            out.error("auth.admin_tokens" if "admin_tokens" in auth else "auth.admin_open",
+                      "busbar's earlier spelling; with identity-providers and auth.admin_auth, "
+                      "write each operator token as an admin-tokens provider")
+        tokens, admin_open = _admin_auth(auth, idps, env, out, offline)
+        if admin_open:
+            out.warn("auth.admin_auth", "[]: the admin API is open to anyone who reaches "
+                     f"{admin_host}:{admin_port} (no token needed)")
+    else:
+        tokens = _tokens(auth, env, out, offline)
+        admin_open = bool(get_bool(auth, "admin_open", "auth", out, False))
+        if admin_open and not is_loopback(admin_host):
+            out.error("auth.admin_open", "an open admin API is allowed on a loopback admin_listen only")
+        elif admin_open:
+            out.warn("auth.admin_open", "the admin API is open to anyone on this host (no token needed)")
 
     cfg = get_mapping(doc, "config", "", out) or {}
     check_keys(cfg, "config", CONFIG_KEYS, out)

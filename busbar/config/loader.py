@@ -68,14 +68,15 @@ TOP_LEVEL_KEYS = (
     # control plane (busbar/config/control.py)
     "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
     # governance (busbar/governance/config.py)
-    "groups", "rate_card", "store",
+    "groups", "rate_card", "store", "identity-providers", "per_request_fee",
+    # accepted blocks: plugins (none are loaded), routing (the hooks' default timeout)
+    "plugins", "routing",
     # reliability: process-wide probe defaults (busbar/reliability/config.py)
     "health",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "public_url", "identity-providers", "hooks", "per_request_fee", "secrets",
-    "export", "plugins", "routing",
+    "public_url", "hooks", "secrets", "export",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
 TOP_LEVEL_RETIRED = {
@@ -110,20 +111,40 @@ OPERATIONS = ("chat", "embeddings")
 _EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
 MODEL_UNSUPPORTED = ("prompt_caching",)
 
-POOL_KEYS = ("members", "breaker", "failover", "on_exhausted")
-POOL_UNSUPPORTED = ("hooks", "affinity", "upstream_credentials")
-MEMBER_KEYS = ("model", "weight", "reasoning", "context_max", "attempt_timeout_ms")
-MEMBER_UNSUPPORTED = ("tier", "tags")
+POOL_KEYS = ("members", "breaker", "failover", "on_exhausted", "hooks", "affinity",
+             "upstream_credentials")
+POOL_UNSUPPORTED = ()
+MEMBER_KEYS = ("model", "weight", "reasoning", "context_max", "attempt_timeout_ms", "tier", "tags")
+MEMBER_UNSUPPORTED = ()
+# `pools:` holds two section-wide keys beside the pools: the hooks every pool fires and the
+# default of whose credentials go upstream (a pool's own value replaces it).
+POOLS_SECTION_KEYS = ("hooks", "upstream_credentials")
+UPSTREAM_CREDENTIALS = ("own", "passthrough")
+# The ordering strategies a pool's hooks may name (at most one); `weighted` is the default.
+STRATEGIES = ("weighted", "cheapest", "fastest", "least_busy", "usage")
+AFFINITY_KEYS = ("mode", "header_name")
+# The Rust default session header.
+DEFAULT_AFFINITY_HEADER = "x-session-id"
 MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
 LIMITS_UNSUPPORTED = (
     "max_auto_provisioned_groups",
-    "max_keys_per_principal", "reasoning_effort_budgets",
+    "max_keys_per_principal",
 )
-ADVANCED_KEYS = ("worker_threads", "response_headers")
-ADVANCED_UNSUPPORTED = (
-    "upstream_http1_only", "upstream_h2_prior_knowledge", "usage_flush_interval_ms",
-)
+# The Rust grammar's names for three of busbar's limits (same meaning, same field).
+LIMIT_ALIASES = {"pool_max_idle_per_host": "upstream_pool_max_idle_per_host",
+                 "pool_idle_timeout_secs": "upstream_pool_idle_timeout_secs",
+                 "upstream_error_body_max_bytes": "error_body_max_bytes"}
+# The reasoning budget each effort level maps to (cbusbar/reasoning.pyx), as the Rust grammar's
+# `limits.reasoning_effort_budgets` spells them; busbar's codecs hold these fixed.
+REASONING_EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
+ADVANCED_KEYS = ("worker_threads", "response_headers", "rate_sweep_interval",
+                 "usage_flush_interval_ms", "upstream_http1_only", "upstream_h2_prior_knowledge")
+ADVANCED_UNSUPPORTED = ()
+# `plugins:` is accepted as a block (busbar loads no plugins: its stores, identity providers and
+# secret modules are built in).
+PLUGINS_KEYS = ("enabled", "dir", "trust", "min_versions", "fetch")
+ROUTING_KEYS = ("default_policy_timeout_ms",)
 RESPONSE_HEADERS_KEYS = ("server_timing",)
 RESPONSE_HEADERS_UNSUPPORTED = ("route_policy",)
 SECURITY_KEYS = ("blocked_metadata_hosts", "allow_metadata_hosts", "allow_all_metadata")
@@ -399,14 +420,29 @@ def _build_config(
             models[name] = model
 
     pools: dict[str, Pool] = {}
+    for key in POOLS_SECTION_KEYS:
+        if isinstance(pools_doc.get(key), dict):
+            out.error(join("pools", key), f"the name '{key}' is reserved: pools.{key} is "
+                      + ("the list of hooks every pool fires" if key == "hooks" else
+                         "every pool's default (own or passthrough)"))
+    section_hooks = () if isinstance(pools_doc.get("hooks"), dict) else _pool_hooks(
+        pools_doc.get("hooks"), "pools.hooks", out)
+    section_creds = "own" if isinstance(pools_doc.get("upstream_credentials"), dict) else \
+        _upstream_credentials(pools_doc, "pools", out, "own")
     for name, entry in pools_doc.items():
-        pool = _pool(name, entry, models, models_doc, providers_doc, out)
+        if name in POOLS_SECTION_KEYS:
+            continue
+        pool = _pool(name, entry, models, models_doc, providers_doc, out, section_hooks,
+                     section_creds)
         if pool is not None:
             pools[name] = pool
 
     reliability_config.check_fallbacks(pools, out)
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
+    _plugins(get_mapping(doc, "plugins", "", out), out)
+    _routing(get_mapping(doc, "routing", "", out), out)
+    _per_request_fee(doc, out)
     # observability: parsed by its own module (busbar/observability/settings.py).
     observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
     control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
@@ -1001,7 +1037,13 @@ def _model(
     default_max_tokens = get_int(entry, "default_max_tokens", path, out, 1)
     reasoning = get_bool(entry, "reasoning", path, out, False)
     attempt_timeout_ms = get_int(entry, "attempt_timeout_ms", path, out, 1)
-    max_requests = get_int(entry, "max_requests", path, out, 1)
+    # The Rust default is -1: any negative value means unlimited; 0 would refuse every request.
+    max_requests = get_int(entry, "max_requests", path, out, -(2 ** 63))
+    if max_requests == 0:
+        out.error(join(path, "max_requests"), "0 would refuse every request; a negative value "
+                  "(the default, -1) means unlimited")
+    elif max_requests is not None and max_requests < 0:
+        max_requests = None
     operations = _operations(entry, path, upstream_model, out)
     if provider is None or len(out.errors) > errors_before:
         return None
@@ -1037,6 +1079,68 @@ def _operations(entry: dict, path: str, upstream_model: object, out: Problems) -
     return tuple(ops) or ("chat",)
 
 
+def _pool_hooks(raw: object, where: str, out: Problems) -> tuple[str, ...]:
+    """A `hooks:` list of bare names: at most one ordering strategy; any other name is a hook
+    definition (`hooks:` at the top level), which busbar does not run yet (issue #40)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        out.error(where, f"expected a list of names such as [cheapest], got {describe(raw)}")
+        return ()
+    names = []
+    for i, h in enumerate(raw):
+        at = f"{where}[{i}]"
+        if not isinstance(h, str) or not h:
+            out.error(at, "expected the bare name of a strategy or a hook (an inline hook is the "
+                      "1.x form: busbar --migrate-config lifts it into hooks:)")
+        elif h not in STRATEGIES:
+            out.error(at, f"'{h}' is not a strategy ({', '.join(STRATEGIES)}); hook definitions "
+                      "are not supported by this busbar version")
+        elif h not in names:
+            names.append(h)
+    if len([h for h in names if h in STRATEGIES]) > 1:
+        out.error(where, "at most one ordering strategy per pool")
+    return tuple(names)
+
+
+def _upstream_credentials(entry: dict, where: str, out: Problems, default: str) -> str:
+    raw = entry.get("upstream_credentials")
+    if raw is None:
+        return default
+    if raw not in UPSTREAM_CREDENTIALS:
+        out.error(join(where, "upstream_credentials"),
+                  f"expected one of {', '.join(UPSTREAM_CREDENTIALS)}, got {describe(raw)}")
+        return default
+    return raw
+
+
+def _affinity(raw: object, where: str, out: Problems) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        out.error(where, f"expected {{mode: session, header_name?}}, got {describe(raw)}")
+        return None
+    check_keys(raw, where, AFFINITY_KEYS, out)
+    if raw.get("mode") != "session":
+        out.error(join(where, "mode"), "expected session")
+        return None
+    header = get_str(raw, "header_name", where, out, DEFAULT_AFFINITY_HEADER)
+    if header is not None and not header:
+        out.error(join(where, "header_name"), "must not be empty")
+        return None
+    return header.lower() if header else None
+
+
+def _tags(raw: dict, where: str, out: Problems) -> tuple[str, ...]:
+    tags = raw.get("tags")
+    if tags is None:
+        return ()
+    if not isinstance(tags, list) or any(not isinstance(t, str) for t in tags):
+        out.error(join(where, "tags"), f"expected a list of strings, got {describe(tags)}")
+        return ()
+    return tuple(tags)
+
+
 def _pool(
     name: object,
     entry: object,
@@ -1044,6 +1148,8 @@ def _pool(
     models_doc: dict,
     providers_doc: dict,
     out: Problems,
+    section_hooks: tuple[str, ...] = (),
+    section_creds: str = "own",
 ) -> Pool | None:
     if _target_name(name, "pools", RESERVED_POOL_NAMES, out) is None:
         return None
@@ -1081,6 +1187,10 @@ def _pool(
         reasoning = get_bool(raw, "reasoning", where, out, None)
         context_max = get_int(raw, "context_max", where, out, 1)
         member_ato = get_int(raw, "attempt_timeout_ms", where, out, 1)
+        tier = raw.get("tier")
+        if tier is not None and not isinstance(tier, str):
+            out.error(join(where, "tier"), f"expected a string or null, got {describe(tier)}")
+        tags = _tags(raw, where, out)
         if model_name is None:
             if "model" not in raw and "target" not in raw:
                 out.error(where, "missing required key 'model'")
@@ -1093,7 +1203,8 @@ def _pool(
             continue
         seen.add(model_name)
         if model_name in models:
-            members.append(Member(models[model_name], weight, reasoning, context_max, member_ato))
+            members.append(Member(models[model_name], weight, reasoning, context_max, member_ato,
+                                  tier if isinstance(tier, str) else None, tags))
         elif model_name not in models_doc:
             out.error(join(where, "model"), f"unknown model '{model_name}'{suggest(model_name, models_doc)}")
     if len(out.errors) > errors_before:
@@ -1105,20 +1216,49 @@ def _pool(
             f"members speak different protocols ({', '.join(protocols)}); "
             "requests are translated per lane",
         )
+    own = _pool_hooks(entry.get("hooks"), join(path, "hooks"), out)
+    hooks = tuple(dict.fromkeys(section_hooks + own))     # the section's first, deduplicated
+    # The pool's own strategy, else the section's, else weighted.
+    strategies = [h for h in own if h in STRATEGIES] or [h for h in section_hooks if h in STRATEGIES]
+    strategy = strategies[0] if strategies else "weighted"
+    affinity = _affinity(entry.get("affinity"), join(path, "affinity"), out)
+    creds = _upstream_credentials(entry, path, out, section_creds)
+    if creds == "passthrough":
+        out.error(join(path, "upstream_credentials"), "passthrough per pool is not supported by "
+                  "this busbar version; set upstream_credentials: passthrough on the providers")
+    # Accepted as written, not yet applied (issue #40): said at boot rather than silently ignored.
+    if strategy != "weighted":
+        out.warn(join(path, "hooks"), f"strategy '{strategy}' is not applied yet: this pool "
+                 "routes by weight (smooth weighted round-robin)")
+    if affinity is not None:
+        out.warn(join(path, "affinity"), "session affinity is not applied yet: requests are "
+                 "spread by weight")
+    if any(m.tier is not None for m in members):
+        out.warn(path, "member tiers are not applied yet: every tier is routed to by weight")
     # reliability (SPEC §4.2, §4.3)
     failover = reliability_config.failover(get_mapping(entry, "failover", path, out), path, sorted(seen), out)
     return Pool(name, tuple(members),
                 breaker=reliability_config.breaker(get_mapping(entry, "breaker", path, out), path, out),
                 failover=failover,
                 on_exhausted=reliability_config.on_exhausted(entry.get("on_exhausted"), path,
-                                                             failover.timeout_secs, out))
+                                                             failover.timeout_secs, out),
+                hooks=hooks, strategy=strategy, affinity_header=affinity,
+                upstream_credentials=creds)
 
 
 def _limits(section: dict | None, out: Problems) -> Limits:
     if section is None:
         return Limits()
-    known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS
+    known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS + tuple(LIMIT_ALIASES) + (
+        "reasoning_effort_budgets",)
     check_keys(section, "limits", known, out, LIMITS_UNSUPPORTED)
+    section = dict(section)
+    for alias, key in LIMIT_ALIASES.items():
+        if alias in section:
+            if key in section:
+                out.error(join("limits", alias), f"the same limit as limits.{key}: write one")
+            section[key] = section.pop(alias)
+    _reasoning_budgets(section.get("reasoning_effort_budgets"), out)
     defaults = Limits()
     values = {}
     for key, floor in LIMIT_INT_FLOORS.items():
@@ -1128,10 +1268,64 @@ def _limits(section: dict | None, out: Problems) -> Limits:
     return Limits(**values)
 
 
+def _reasoning_budgets(raw, out: Problems) -> None:
+    if raw is None:
+        return
+    where = "limits.reasoning_effort_budgets"
+    if not isinstance(raw, dict):
+        out.error(where, f"expected a mapping of effort: tokens, got {describe(raw)}")
+        return
+    check_keys(raw, where, tuple(REASONING_EFFORT_BUDGETS), out)
+    merged = dict(REASONING_EFFORT_BUDGETS)
+    for k, v in raw.items():
+        if k in merged:
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                out.error(join(where, k), f"expected a positive integer, got {describe(v)}")
+                return
+            merged[k] = v
+    values = [merged[k] for k in REASONING_EFFORT_BUDGETS]
+    if values != sorted(values):
+        out.error(where, "budgets must ascend from minimal to high")
+    elif merged != REASONING_EFFORT_BUDGETS:
+        out.error(where, "this busbar version maps efforts to fixed budgets (%s); other values "
+                  "are not supported" % ", ".join("%s %d" % kv for kv in REASONING_EFFORT_BUDGETS.items()))
+
+
+def _plugins(section: dict | None, out: Problems) -> None:
+    if section is None:
+        return
+    check_keys(section, "plugins", PLUGINS_KEYS, out)
+    if get_bool(section, "enabled", "plugins", out, False):
+        out.warn("plugins.enabled", "busbar loads no plugins: its stores (memory, sqlite, valkey), "
+                 "identity providers (keys, admin-tokens) and secret modules (env, file) are built in")
+    if section.get("fetch"):
+        out.warn("plugins.fetch", "busbar fetches no plugins; the entries are not downloaded")
+
+
+def _routing(section: dict | None, out: Problems) -> None:
+    if section is not None:
+        check_keys(section, "routing", ROUTING_KEYS, out)
+        get_int(section, "default_policy_timeout_ms", "routing", out, 1)
+
+
+def _per_request_fee(doc: dict, out: Problems) -> None:
+    fee = get_int(doc, "per_request_fee", "", out, 0, 0)
+    if fee:
+        out.error("per_request_fee", "a fee per request is not supported by this busbar version "
+                  "(0 is); spend comes from the rate card")
+
+
 def _advanced(section: dict | None, out: Problems) -> tuple[int | None, bool]:
     if section is None:
         return None, False
     check_keys(section, "advanced", ADVANCED_KEYS, out, ADVANCED_UNSUPPORTED)
+    # The Rust gateway's sweep of expired rate windows; busbar's windows roll by their id and
+    # need no sweep, so the value is checked and has no effect.
+    get_int(section, "rate_sweep_interval", "advanced", out, 1)
+    get_bool(section, "upstream_http1_only", "advanced", out, False)   # busbar speaks HTTP/1.1
+    if get_bool(section, "upstream_h2_prior_knowledge", "advanced", out, False):
+        out.error("advanced.upstream_h2_prior_knowledge", "busbar speaks HTTP/1.1 to upstreams; "
+                  "HTTP/2 is not supported by this busbar version")
     workers = get_int(section, "worker_threads", "advanced", out, 1)
     server_timing = False
     headers = get_mapping(section, "response_headers", "advanced", out)

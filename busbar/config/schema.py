@@ -231,6 +231,10 @@ class Member:
     # attempt timeout (overrides the model's).
     context_max: int | None = None
     attempt_timeout_ms: int | None = None
+    # The member's tier (primary/overflow split) and free-form tags, as the Rust grammar has them;
+    # what a routing strategy reads (issue #40).
+    tier: str | None = None
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +245,13 @@ class Pool:
     breaker: BreakerPolicy = DEFAULT_BREAKER
     failover: FailoverPolicy = DEFAULT_FAILOVER
     on_exhausted: OnExhausted = DEFAULT_ON_EXHAUSTED
+    # `hooks:` as written (the pool's own after the section-wide `pools.hooks`), its ordering
+    # strategy (weighted unless one is named), session affinity's header (None: off) and whose
+    # credentials go upstream: the Rust 1.5.3 grammar's pool keys.
+    hooks: tuple[str, ...] = ()
+    strategy: str = "weighted"
+    affinity_header: str | None = None
+    upstream_credentials: str = "own"
 
 
 @dataclass(frozen=True, slots=True)

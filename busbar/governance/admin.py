@@ -19,8 +19,7 @@ from .config import group_from_body
 from .model import (AWS_KEY_PREFIX, USAGE_FIELDS, KeyRecord, mint_token, new_key_id, spend_nano,
                     token_hash, usd)
 
-# Keys are minted for 90 days unless the body says otherwise (SPEC §5's default).
-DEFAULT_KEY_DAYS = 90
+# Keys are minted for auth.key_ttl (90 days by default, SPEC §5) unless the body says otherwise.
 # A key may live at most ten years; a longer expiry is almost surely a unit mistake.
 MAX_KEY_DAYS = 3650
 NAME_MAX = 200
@@ -105,7 +104,7 @@ def mount(site, gw, boot):
             if not isinstance(group, str) or await find_group(group) is None:
                 raise AdminError(400, "group: unknown group '%s'" % group)
         pools = check_pools(body.get("allowed_pools"))
-        days = body.get("expires_in_days", DEFAULT_KEY_DAYS)
+        days = body.get("expires_in_days", g.key_ttl_secs / 86400)
         if days is not None and (isinstance(days, bool) or not isinstance(days, (int, float))
                                  or not 0 < days <= MAX_KEY_DAYS):
             raise AdminError(400, "expires_in_days: expected a number of days in (0, %d], or null "

@@ -1,17 +1,20 @@
-"""The governance sections of a config (SPEC §5; issue 10): `auth.chain`, `auth.signing_key`,
-`groups`, `rate_card` and `store`. Called from busbar/config/loader.py; the result is
-`Config.governance` (a Governance, or None when the data plane is an open relay with nothing to
-count).
+"""The governance sections of a config (SPEC §5; issues 10 and 36): `auth.chain`,
+`auth.signing_key`, `auth.role_bindings`, `auth.key_ttl`, `groups`, `rate_card` and `store`, in the
+Rust gateway's 1.5.3 grammar (busbar's earlier spellings are still read: `budget_usd`, rates
+`input`/`output` in USD per million tokens, `store: {kind, path, url}`). Called from
+busbar/config/loader.py; the result is `Config.governance` (a Governance, or None when the data
+plane is an open relay with nothing to count).
 
     auth:
       chain: [keys]                       # [] (or absent) = open relay, with a WARNING at boot
       signing_key: {env: BUSBAR_SIGNING_KEY}
+      key_ttl: 90d                        # what a minted key lives unless its mint says otherwise
     groups:
-      org:    {limits: [{budget_usd: 100, per: month}]}
+      org:    {limits: [{budget: 10000, per: month}]}        # integer cents of the rate's unit
       team-a: {parent: org, limits: [{requests: 60, per: minute}, {concurrent: 4}], enabled: true}
-    rate_card:                            # USD per million tokens; must cover every model
-      gpt-4o-mini: {input: 0.15, output: 0.60, cache_read: 0.075}
-    store: {kind: sqlite, path: busbar.db}    # memory | sqlite | redis (url, fail_mode)
+    rate_card:                            # micro-units per token (= units per million tokens)
+      gpt-4o-mini: {input_utok: 0.15, output_utok: 0.60, cache_read_utok: 0.075}
+    store: {module: sqlite, settings: {db_path: busbar.db}}   # memory | sqlite | valkey
 """
 from __future__ import annotations
 
@@ -24,9 +27,24 @@ from .model import MAX_GROUP_DEPTH, GroupRecord, Rate, parse_limit
 CHAINS = ("keys",)
 STORE_KINDS = ("memory", "sqlite", "redis")
 STORE_KEYS = ("kind", "path", "url", "fail_mode", "flush_interval_ms", "socket_timeout_ms")
+# `store: {module, settings}` (the Rust grammar): the module names and aliases busbar has built in,
+# each to busbar's store kind; the settings each reads.
+STORE_MODULES = {"memory": "memory", "sqlite": "sqlite", "busbar-store-sqlite": "sqlite",
+                 "valkey": "redis", "busbar-store-valkey-plugin": "redis"}
+STORE_SETTINGS = {"memory": (), "sqlite": ("db_path", "busy_timeout_ms"),
+                  "redis": ("url", "fail_mode", "socket_timeout_ms")}
+RETIRED_STORE_MODULES = ("redis", "busbar-store-redis", "busbar-store-redis-plugin")
 FAIL_MODES = ("closed", "open")
-GROUP_KEYS = ("parent", "limits", "enabled")
+GROUP_KEYS = ("parent", "limits", "enabled", "child_default")
 RATE_KEYS = ("input", "output", "cache_read", "cache_write")
+# The Rust grammar's rates: micro-units per token, i.e. units per million tokens, so `input_utok:
+# 3.0` and busbar's earlier `input: 3.0` (USD per million tokens) are the same number. Each
+# defaults to 0.
+RATE_UTOK_KEYS = ("input_utok", "output_utok", "cache_read_utok", "cache_write_utok")
+# A minted key's default lifetime (the Rust default) and the longest `auth.key_ttl` (ten years).
+DEFAULT_KEY_TTL_SECS = 90 * 86400
+MAX_KEY_TTL_SECS = 10 * 365 * 86400
+_TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 # The SQLite file's default name, next to config.yaml (issue 10: `store: {kind: sqlite, path:
 # busbar.db}` is the default).
 DEFAULT_DB = "busbar.db"
@@ -67,14 +85,15 @@ class StoreConfig:
 class Governance:
     """What the data plane enforces. `keys` is True when a signed virtual key is required."""
 
-    __slots__ = ("keys", "signing_key", "groups", "rate_card", "store")
+    __slots__ = ("keys", "signing_key", "groups", "rate_card", "store", "key_ttl_secs")
 
-    def __init__(self, keys, signing_key, groups, rate_card, store):
+    def __init__(self, keys, signing_key, groups, rate_card, store, key_ttl_secs=DEFAULT_KEY_TTL_SECS):
         self.keys = keys
         self.signing_key = signing_key      # bytes, or None
         self.groups = groups                # {name: GroupRecord} owned by the config file
         self.rate_card = rate_card          # {model: Rate} or None (tokens cost 0)
         self.store = store
+        self.key_ttl_secs = key_ttl_secs    # a minted key's default lifetime
 
     def __eq__(self, other):
         return isinstance(other, Governance) and all(
@@ -96,10 +115,25 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
         out.error("auth.chain", "expected a list like [keys] (or [] for an open relay), got %s"
                   % describe(chain_raw))
     else:
+        idps = doc.get("identity-providers") if isinstance(doc.get("identity-providers"), dict) else {}
+        keys = False
         for i, c in enumerate(chain_raw):
-            if c not in CHAINS:
-                out.error("auth.chain[%d]" % i, "unknown auth method '%s' (this busbar has: keys)" % c)
-        keys = "keys" in chain_raw
+            module = (idps.get(c) or {}).get("module") if isinstance(idps.get(c), dict) else None
+            if c in CHAINS or module == "keys":
+                keys = True
+            elif c in ("tokens", "static-tokens"):
+                out.error("auth.chain[%d]" % i, "static client tokens were removed in 1.5.0: callers "
+                          "use keys minted over the admin API (busbar --migrate-config)")
+            elif c in idps:
+                if module == "admin-tokens":
+                    out.error("auth.chain[%d]" % i, "'%s' (module admin-tokens) guards the admin "
+                              "API; it belongs in auth.admin_auth" % c)
+                # another module is refused where identity-providers is parsed
+            else:
+                out.error("auth.chain[%d]" % i, "unknown identity provider '%s' (built in: keys; "
+                          "or a name under identity-providers)" % c)
+    _role_bindings(auth.get("role_bindings"), out)
+    key_ttl = _key_ttl(auth.get("key_ttl"), out)
     signing_key = None
     if "signing_key" in auth:
         n = len(out.errors)
@@ -119,9 +153,48 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
     groups = _groups(get_mapping(doc, "groups", "", out) or {}, set(pools) | set(models), out)
     rate_card = _rate_card(doc.get("rate_card"), models, out)
     store = _store(doc.get("store"), env, base_dir, out)
+    flush = (doc.get("advanced") or {}).get("usage_flush_interval_ms") if isinstance(
+        doc.get("advanced"), dict) else None
+    if flush is not None:
+        if isinstance(flush, bool) or not isinstance(flush, int) or not 10 <= flush <= 60000:
+            out.error("advanced.usage_flush_interval_ms", "expected an integer between 10 and 60000")
+        else:
+            store.flush_secs = flush / 1000
     if not keys and not groups and rate_card is None and "store" not in doc:
         return None
-    return Governance(keys, signing_key, groups, rate_card, store)
+    return Governance(keys, signing_key, groups, rate_card, store, key_ttl)
+
+
+def _role_bindings(raw, out: Problems) -> None:
+    """Roles an identity provider asserts, bound to pools and groups. busbar's built-in providers
+    (signed keys, the operator's admin token) assert no roles, so only an empty map has meaning."""
+    if raw is None or raw == {}:
+        return
+    if not isinstance(raw, dict):
+        out.error("auth.role_bindings", "expected a mapping of provider: {role: binding}, got %s"
+                  % describe(raw))
+        return
+    for name in raw:
+        out.error(join("auth.role_bindings", name), "busbar's identity providers (keys, "
+                  "admin-tokens) assert no roles; role bindings need a provider module busbar "
+                  "does not have")
+
+
+def _key_ttl(raw, out: Problems) -> int:
+    """`auth.key_ttl`: `<n>s|m|h|d`, at most ten years; a minted key's default lifetime."""
+    if raw is None:
+        return DEFAULT_KEY_TTL_SECS
+    text = raw if isinstance(raw, str) else ""
+    unit = _TTL_UNITS.get(text[-1:]) if text else None
+    if unit is None or not text[:-1].isdigit() or int(text[:-1]) <= 0:
+        out.error("auth.key_ttl", "expected a duration like 90d, 12h, 30m or 3600s, got %s"
+                  % describe(raw))
+        return DEFAULT_KEY_TTL_SECS
+    secs = int(text[:-1]) * unit
+    if secs > MAX_KEY_TTL_SECS:
+        out.error("auth.key_ttl", "at most ten years")
+        return DEFAULT_KEY_TTL_SECS
+    return secs
 
 
 def _groups(raw: dict, pools: dict, out: Problems) -> dict:
@@ -136,12 +209,26 @@ def _groups(raw: dict, pools: dict, out: Problems) -> dict:
         if not isinstance(entry, dict):
             out.error(where, "expected a mapping {parent?, limits?, enabled?}, got %s" % describe(entry))
             continue
-        check_keys(entry, where, GROUP_KEYS, out, ("child_default",))
+        check_keys(entry, where, GROUP_KEYS, out)
+        _child_default(entry.get("child_default"), join(where, "child_default"), pools, out)
         g = group_from_body(name, entry, where, out, pools, source="config")
         if g is not None:
             groups[name] = g
     check_chains(groups, out)
     return groups
+
+
+def _child_default(raw, where: str, pools, out: Problems) -> None:
+    """`child_default: {limits}`: what a group auto-provisioned under this one starts with. Groups
+    are auto-provisioned only for identity providers that assert users, which busbar's built-in
+    ones do not; the limits are checked as any group's."""
+    if raw is None:
+        return
+    if not isinstance(raw, dict):
+        out.error(where, "expected {limits: [...]}, got %s" % describe(raw))
+        return
+    check_keys(raw, where, ("limits",), out)
+    group_from_body("child", {"limits": raw.get("limits")}, where, out, pools, source="config")
 
 
 def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, source="api"):
@@ -213,6 +300,21 @@ def _rate_card(raw, models: dict, out: Problems):
             out.error(where, "expected {input, output, cache_read?, cache_write?} in USD per "
                       "million tokens, got %s" % describe(entry))
             continue
+        if any(k in entry for k in RATE_UTOK_KEYS) or not entry:
+            # The Rust grammar: *_utok, each optional (0), the same number as busbar's earlier keys.
+            check_keys(entry, where, RATE_UTOK_KEYS, out)
+            vals = {}
+            for k in RATE_UTOK_KEYS:
+                v = entry.get(k, 0.0)
+                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v \
+                        or v == float("inf"):
+                    out.error(join(where, k), "expected a finite non-negative number (micro-units "
+                              "per token)")
+                    continue
+                vals[k[:-len("_utok")]] = float(v)
+            if len(vals) == len(RATE_UTOK_KEYS):
+                card[model] = Rate(**vals)
+            continue
         check_keys(entry, where, RATE_KEYS, out)
         vals = {}
         for k in RATE_KEYS:
@@ -229,7 +331,7 @@ def _rate_card(raw, models: dict, out: Problems):
     missing = sorted(m for m in models if m not in raw)
     if missing:
         # All or nothing (SPEC §5): a model without a rate would be free.
-        stub = "; ".join("%s: {input: 0.0, output: 0.0}" % m for m in missing)
+        stub = "; ".join("%s: {input_utok: 0.0, output_utok: 0.0}" % m for m in missing)
         out.error("rate_card", "covers no rate for model(s) %s; add them (stub: %s)"
                   % (", ".join(missing), stub))
     return card
@@ -240,8 +342,12 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
     if raw is None:
         return StoreConfig(path=os.path.join(base_dir, DEFAULT_DB))
     if not isinstance(raw, dict):
-        out.error("store", "expected {kind: memory|sqlite|redis, ...}, got %s" % describe(raw))
+        out.error("store", "expected {module: memory|sqlite|valkey, settings}, got %s" % describe(raw))
         return StoreConfig(kind="memory")
+    if "module" in raw:
+        raw = _store_module(raw, out)
+        if raw is None:
+            return StoreConfig(kind="memory")
     check_keys(raw, "store", STORE_KEYS, out)
     kind = raw.get("kind", "sqlite")
     if kind not in STORE_KINDS:
@@ -286,6 +392,43 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         if k in raw and (k == "path") != (kind == "sqlite") and not (k == "url" and kind == "redis"):
             out.error(join("store", k), "not used by a %s store" % kind)
     return sc
+
+
+def _store_module(raw: dict, out: Problems) -> dict | None:
+    """`store: {module, settings}` (the Rust grammar) as busbar's store keys, or None (reported)."""
+    check_keys(raw, "store", ("module", "settings"), out)
+    module = raw.get("module")
+    if module in RETIRED_STORE_MODULES:
+        out.error("store.module", "'%s' was renamed valkey (busbar --migrate-config)" % module)
+        return None
+    if module in ("postgres", "busbar-store-postgres"):
+        out.error("store.module", "the postgres store is not built into this busbar version "
+                  "(built in: memory, sqlite, valkey)")
+        return None
+    kind = STORE_MODULES.get(module) if isinstance(module, str) else None
+    if kind is None:
+        out.error("store.module", "store module %s is not built into busbar (built in: memory, "
+                  "sqlite, valkey); busbar loads no plugins" % (
+                      "'%s'" % module if isinstance(module, str) else describe(module)))
+        return None
+    settings = raw.get("settings") or {}
+    if not isinstance(settings, dict):
+        out.error("store.settings", "expected a mapping, got %s" % describe(settings))
+        return None
+    check_keys(settings, "store.settings", STORE_SETTINGS[kind], out)
+    out_raw = {"kind": kind}
+    if kind == "sqlite":
+        if "db_path" in settings:
+            out_raw["path"] = settings["db_path"]
+        ms = settings.get("busy_timeout_ms")
+        if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int) or ms < 0):
+            out.error("store.settings.busy_timeout_ms", "expected an integer >= 0")
+    elif kind == "redis":
+        if "url" not in settings:
+            out.error("store.settings", "module valkey needs url (redis:// or rediss://)")
+            return None
+        out_raw.update({k: settings[k] for k in STORE_SETTINGS[kind] if k in settings})
+    return out_raw
 
 
 def _inline_redis_url(url: str, out: Problems) -> str | None:

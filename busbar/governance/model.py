@@ -29,9 +29,15 @@ AWS_KEY_PREFIX = "BBAK"        # issued AWS access key ids: BBAK + 16 upper hex 
 
 STATES = ("active", "disabled", "revoked", "tombstoned")
 LIMIT_KINDS = ("requests", "tokens", "budget_usd", "concurrent")
+# How a limit's metric may be written: the Rust grammar's `budget` (integer cents) and busbar's
+# earlier `budget_usd` are one kind inside.
+LIMIT_SPELLINGS = ("requests", "tokens", "budget", "budget_usd", "concurrent")
+LIMIT_EXTRA_KEYS = ("per", "pool", "on_exhaust", "downgrade_to")
 PERIODS = ("minute", "hour", "day", "month", "total")
 # Nano-dollars per USD: spend is integer arithmetic (SPEC §5: "integer nano-units").
 NANO = 1_000_000_000
+# A budget's cent (1e-2 of the rate card's unit) in nano-units.
+NANO_PER_CENT = NANO // 100
 # A group chain longer than this is refused (SPEC §5: acyclic, depth <= 8).
 MAX_GROUP_DEPTH = 8
 
@@ -131,20 +137,28 @@ class KeyRecord:
 
 
 class Limit:
-    """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-dollars
-    (budget_usd is converted at parse) or concurrent requests; `per` is None for concurrent."""
+    """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-units of cost
+    (a budget, converted at parse) or concurrent requests; `per` is None for concurrent. A budget
+    is written `budget: N` (integer cents of the rate card's unit, the Rust grammar) or, in busbar's
+    earlier spelling, `budget_usd: X`; `spelling` keeps which, so it reads back as written."""
 
-    __slots__ = ("kind", "amount", "per", "pool")
+    __slots__ = ("kind", "amount", "per", "pool", "spelling")
 
-    def __init__(self, kind, amount, per=None, pool=None):
+    def __init__(self, kind, amount, per=None, pool=None, spelling=None):
         self.kind = kind
         self.amount = amount
         self.per = per
         self.pool = pool
+        self.spelling = spelling or kind
 
     def public(self) -> dict:
-        key = self.kind
-        amount = self.amount / NANO if self.kind == "budget_usd" else self.amount
+        key = self.spelling
+        if key == "budget":
+            amount = self.amount // NANO_PER_CENT
+        elif self.kind == "budget_usd":
+            amount = self.amount / NANO
+        else:
+            amount = self.amount
         d = {key: amount}
         if self.per is not None:
             d["per"] = self.per
@@ -181,22 +195,51 @@ class GroupRecord:
 
 def parse_limit(raw, where: str, problems: list) -> Limit | None:
     """A limit from config or an admin body: `{requests: 60, per: minute, pool?: p}`,
-    `{tokens: N, per}`, `{budget_usd: 5.0, per}`, `{concurrent: 4}`. Problems are appended as
-    'path: message' lines."""
+    `{tokens: N, per}`, `{budget: 500, per}` (integer cents), `{concurrent: 4}`; busbar's earlier
+    `{budget_usd: 5.0, per}` is read too. `on_exhaust: block` is a budget's default. Problems are
+    appended as 'path: message' lines."""
     if not isinstance(raw, dict):
         problems.append("%s: expected a mapping like {requests: 60, per: minute}" % where)
         return None
-    kinds = [k for k in LIMIT_KINDS if k in raw]
-    unknown = [k for k in raw if k not in LIMIT_KINDS and k not in ("per", "pool")]
+    kinds = [k for k in LIMIT_SPELLINGS if k in raw]
+    unknown = [k for k in raw if k not in LIMIT_SPELLINGS and k not in LIMIT_EXTRA_KEYS]
     if unknown:
-        problems.append("%s.%s: unknown key (expected one of %s, per, pool)" % (
-            where, unknown[0], ", ".join(LIMIT_KINDS)))
+        problems.append("%s.%s: unknown key (expected one of %s, %s)" % (
+            where, unknown[0], ", ".join(LIMIT_SPELLINGS), ", ".join(LIMIT_EXTRA_KEYS)))
         return None
     if len(kinds) != 1:
-        problems.append("%s: a limit has exactly one of %s" % (where, ", ".join(LIMIT_KINDS)))
+        problems.append("%s: a limit has exactly one of %s" % (where, ", ".join(LIMIT_SPELLINGS)))
         return None
     kind = kinds[0]
     value = raw[kind]
+    on_exhaust = raw.get("on_exhaust", "block")
+    if on_exhaust not in ("block", "downgrade"):
+        problems.append("%s.on_exhaust: expected block or downgrade" % where)
+        return None
+    if kind not in ("budget", "budget_usd") and "on_exhaust" in raw:
+        problems.append("%s.on_exhaust: only a budget has one" % where)
+        return None
+    if on_exhaust == "downgrade":
+        problems.append("%s.on_exhaust: downgrade (to another pool) is not supported by this busbar "
+                        "version; block is" % where)
+        return None
+    if "downgrade_to" in raw:
+        problems.append("%s.downgrade_to: needs on_exhaust: downgrade" % where)
+        return None
+    if kind == "budget":
+        # The Rust grammar: integer cents of the cost unit, > 0.
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            problems.append("%s.budget: expected a positive integer (cents)" % where)
+            return None
+        per = raw.get("per")
+        if per not in PERIODS:
+            problems.append("%s.per: expected one of %s" % (where, ", ".join(PERIODS)))
+            return None
+        pool = raw.get("pool")
+        if pool is not None and (not isinstance(pool, str) or not pool):
+            problems.append("%s.pool: expected a pool name" % where)
+            return None
+        return Limit("budget_usd", value * NANO_PER_CENT, per, pool, spelling="budget")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
             kind != "budget_usd" and not float(value).is_integer()):
         problems.append("%s.%s: expected a non-negative %s" % (

@@ -324,32 +324,27 @@ def test_unknown_key_with_suggestion_at_every_level():
 
 def test_reference_keys_not_yet_implemented_are_refused_by_name():
     errs = problems(MINIMAL + """
-auth: {admin_auth: []}
 hooks: {}
 tls: {cert: {file: c.pem}}
 admin_listen: "127.0.0.1:9901"
 export: {}
-plugins: {}
 metrics: {}
 """)
-    for key in ("auth.admin_auth", "hooks", "export", "plugins"):
+    for key in ("hooks", "export"):
         assert f"{key}: not supported by this busbar version" in errs
     assert "tls: missing required key 'key'" in errs
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs
     errs = problems("""
         providers:
-          anthropic: {api_key: {env: ANTHROPIC_KEY}, path: /x}
+          anthropic: {api_key: {env: ANTHROPIC_KEY}}
         models:
           c: {provider: anthropic, prompt_caching: true}
         pools:
-          p: {members: [{target: c}, {model: c, tags: [x]}], affinity: {mode: session}}
+          p: {members: [{target: c}]}
     """)
     assert errs == [
-        "providers.anthropic.path: not supported by this busbar version",
         "models.c.prompt_caching: not supported by this busbar version",
-        "pools.p.affinity: not supported by this busbar version",
         "pools.p.members[0].target: 'target' is a 1.4 key; use 'model'",
-        "pools.p.members[1].tags: not supported by this busbar version",
     ]
 
 
@@ -493,10 +488,10 @@ def test_models_and_pools_cross_references():
         "models.claude.provider: unknown provider 'anthropc' (did you mean 'anthropic'?)",
         "models.admin: the name 'admin' is reserved",
         "models.nop: missing required key 'provider'",
+        "pools.hooks: the name 'hooks' is reserved: pools.hooks is the list of hooks every pool fires",
         "pools.p1.members[0].model: unknown model 'gtp' (did you mean 'gpt'?)",
         "pools.gpt: pool name collides with model 'gpt'",
         "pools.openai: pool name collides with provider 'openai'",
-        "pools.hooks: the name 'hooks' is reserved",
         "pools.empty.members: a pool needs at least one member",
         "pools.dup.members[1].model: model 'gpt' is already a member of this pool (raise its weight instead)",
         "pools.w.members[0].weight: must be >= 1, got 0",
@@ -813,16 +808,16 @@ rate_card:
 store: {kind: postgres}
 """, GOV_ENV)
     for want in (
-        "auth.chain[1]: unknown auth method 'ldap' (this busbar has: keys)",
+        "auth.chain[1]: unknown identity provider 'ldap' (built in: keys; or a name under identity-providers)",
         "auth.signing_key: required when auth.chain has 'keys' (a secret reference, the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})",
         "groups.a.limits[0].per: expected one of minute, hour, day, month, total",
-        "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget_usd, concurrent",
+        "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget, budget_usd, concurrent",
         "groups.b.limits[1].per: a concurrent limit has no period",
         "groups.c.limits[0].budget_usd: expected a non-negative number",
         "groups.c.limits[1].per: expected one of minute, hour, day, month, total",
         "groups.c.limits[2].pool: unknown pool or model 'nope'",
         "rate_card.ghost: unknown model 'ghost'",
-        "rate_card: covers no rate for model(s) claude; add them (stub: claude: {input: 0.0, output: 0.0})",
+        "rate_card: covers no rate for model(s) claude; add them (stub: claude: {input_utok: 0.0, output_utok: 0.0})",
         "store.kind: expected one of memory, sqlite, redis",
     ):
         assert want in errs, (want, errs)
