@@ -174,6 +174,9 @@ class Provider:
     azure: bool = False
     azure_deployment: str | None = None
     azure_api_version: str | None = None
+    # The catalog's or the provider's `path`: the whole request path after base_url, in place of
+    # the protocol's own (/v1/chat/completions, ...), for every request to this provider.
+    path: str | None = None
     # reliability: provider error code -> error class (stage 1b of SPEC §4.1), and whose key goes
     # upstream: `own` (busbar's) or `passthrough` (the caller's, whose 401/403 is the caller's).
     error_map: tuple[tuple[str, str], ...] = ()
@@ -196,6 +199,7 @@ class Provider:
             + ("" if self.vertex_project is None else
                f", vertex=({self.vertex_project!r}, {self.vertex_location!r})")
             + ("" if not self.azure else f", azure=({self.azure_deployment!r}, {self.azure_api_version!r})")
+            + ("" if self.path is None else f", path={self.path!r}")
             + ")"
         )
 

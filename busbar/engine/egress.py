@@ -123,6 +123,9 @@ class Egress:
     def provider_path(self, path: str) -> str:
         """The codec's path in this provider's URL scheme (with the base URL's prefix)."""
         p = self.provider
+        if p.path is not None:
+            # the catalog's (or the provider's) `path`: static, in place of the codec's
+            return self.prefix + p.path
         if p.azure:
             # The codecs' OpenAI paths all start with /v1/.
             rest = path[3:] if path.startswith("/v1/") else path

@@ -18,6 +18,16 @@ def test_plain_path_unchanged():
     assert Egress(provider(path_prefix="/openai")).provider_path("/v1/chat/completions") == "/openai/v1/chat/completions"
 
 
+def test_a_path_override_replaces_the_codecs_path_after_the_prefix():
+    # the catalog's `path` (zai-api, deepinfra, ...): static, whatever the codec asks for
+    eg = Egress(provider(path_prefix="/api/paas/v4", path="/chat/completions"))
+    assert eg.provider_path("/v1/chat/completions") == "/api/paas/v4/chat/completions"
+    assert eg.request("/v1/chat/completions", b"{}", True).startswith(
+        b"POST /api/paas/v4/chat/completions HTTP/1.1\r\n")
+    q = Egress(provider(path_prefix="/openai/deployments/d", path="/chat/completions?api-version=1"))
+    assert q.provider_path("/v1/chat/completions") == "/openai/deployments/d/chat/completions?api-version=1"
+
+
 def test_azure_paths():
     dep = Egress(provider(auth="api-key", azure=True, azure_deployment="prod 1", azure_api_version="2024-10-21"))
     assert dep.provider_path("/v1/chat/completions") == "/openai/deployments/prod%201/chat/completions?api-version=2024-10-21"
