@@ -3,8 +3,9 @@
 Stage 1 reads the upstream's answer with the lane protocol's own error reader (`codec.
 read_error_detail(body) -> (message, code)`: OpenAI `error.code`, Anthropic `error.type`, Gemini
 `error.status`, Cohere a code if any, Bedrock `__type`) and the Retry-After headers. Stage 1b names
-the error class: the provider's `error_map` for the code, then the built-in context-length and
-billing signatures, then the status. Stage 2 maps the class to a disposition:
+the error class: the provider's `error_map` (the catalog's merged with the provider's own; see
+`map_signals` for what it is matched against), then the built-in context-length and billing
+signatures, then the status. Stage 2 maps the class to a disposition:
 
   transient_upstream  rate limits, overload, 5xx, network faults: penalise, cool down, fail over
   attempt_timeout     the attempt's own deadline passed: the same, under its own name (metrics)
@@ -53,6 +54,7 @@ CLASS_DISPOSITION = {
     "overloaded": D_TRANSIENT,
     "server_error": D_TRANSIENT,
     "timeout": D_TRANSIENT,
+    "network": D_TRANSIENT,
     "auth": D_HARD_DOWN,
     "billing": D_HARD_DOWN,
     "client_error": D_CLIENT_FAULT,
@@ -148,14 +150,55 @@ def _http_date(text: str):
                          int(m.group(5)), int(m.group(6)), 0, 0, 0)))
 
 
-def error_class(status: int, code, message, error_map=()) -> str:
-    """Stage 1b: the error class of a non-2xx answer."""
-    if code is not None:
-        for c, cls in error_map:
-            if c == code:
-                if cls == "context_length" and status >= 500:
-                    break   # never a context-length on a 5xx (SPEC §4.1)
-                return cls
+def map_signals(protocol: str, body: bytes) -> list:
+    """What an `error_map` is matched against, in order: the provider's error code, then its error
+    type, where each protocol's error body carries them (the same fields as the reference
+    gateway's, so a catalog written for it means the same here): OpenAI, Responses and Anthropic
+    bodies `error.code` then `error.type`; Gemini `error.code` (a number or a string, else
+    `error.status`) then `error.status`; Cohere the top-level `message` then `error_type`; Bedrock
+    the `message` then the exception name of `__type`. Read only for a provider that has a map."""
+    import orjson
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return []
+    if protocol == "gemini" and isinstance(doc, list) and doc:
+        doc = doc[0]    # a non-SSE stream's error comes inside the JSON array
+    if not isinstance(doc, dict):
+        return []
+    err = doc.get("error")
+    err = err if isinstance(err, dict) else {}
+    if protocol == "gemini":
+        code = err.get("code")
+        if isinstance(code, int) and not isinstance(code, bool):
+            code = str(code)
+        if not isinstance(code, str):
+            code = err.get("status")
+        signals = [code, err.get("status")]
+    elif protocol == "cohere":
+        signals = [doc.get("message"), doc.get("error_type")]
+    elif protocol in ("bedrock", "bedrock-invoke"):
+        kind = doc.get("__type")
+        if isinstance(kind, str):
+            kind = kind.replace("/", "#").rpartition("#")[2]
+        signals = [doc.get("message"), kind]
+        if protocol == "bedrock-invoke":     # a Messages error relayed by InvokeModel
+            signals += [err.get("code"), err.get("type")]
+    else:
+        signals = [err.get("code"), err.get("type")]
+    return [s for s in signals if isinstance(s, str) and s]
+
+
+def error_class(status: int, code, message, error_map=(), signals=None) -> str:
+    """Stage 1b: the error class of a non-2xx answer. `signals`: what the error_map is matched
+    against, in order (default: the codec's code alone)."""
+    if error_map:
+        for signal in (code,) if signals is None else signals:
+            for c, cls in error_map:
+                if c == signal:
+                    if cls == "context_length" and status >= 500:
+                        break   # never a context-length on a 5xx (SPEC §4.1): the next signal
+                    return cls
     if status == 400 or status == 413:
         if code in CONTEXT_CODES or (message and CONTEXT_TEXT.search(message)):
             return "context_length"
@@ -183,7 +226,12 @@ def classify_status(codec, status: int, headers, body: bytes, provider) -> Fault
     message, code = codec.read_error_detail(body) if body else (None, None)
     if code is not None and not isinstance(code, str):
         code = str(code)
-    cls = error_class(status, code, message, provider.error_map)
+    signals = None
+    if provider.error_map and body:
+        signals = map_signals(provider.protocol, body)
+        if code is not None and code not in signals:
+            signals.append(code)
+    cls = error_class(status, code, message, provider.error_map, signals)
     d = CLASS_DISPOSITION[cls]
     if d == D_HARD_DOWN and provider.upstream_credentials == "passthrough":
         # The caller's own key failed: theirs to fix, relayed, the lane untouched (SPEC §4.1).

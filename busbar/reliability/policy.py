@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # Error classes of stage 1b (SPEC §4.1) and the `error_map:` values a provider may name.
-ERROR_CLASSES: tuple[str, ...] = ("rate_limit", "overloaded", "server_error", "timeout", "auth",
-                                  "billing", "client_error", "context_length")
+ERROR_CLASSES: tuple[str, ...] = ("rate_limit", "overloaded", "server_error", "timeout", "network",
+                                  "auth", "billing", "client_error", "context_length")
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,12 +103,55 @@ def test_stage_one_reads_each_providers_code():
 
 def test_error_map_comes_first_but_never_makes_a_5xx_a_context_length():
     p = SimpleNamespace(error_map=(("overloaded_error", "client_error"), ("weird", "context_length")),
-                        upstream_credentials="own")
+                        upstream_credentials="own", protocol="anthropic")
     body = json.dumps(ANTHROPIC_OVERLOADED).encode()
     assert classify_status(CODECS["anthropic"], 529, [], body, p).disposition == D_CLIENT_FAULT
     weird = json.dumps({"type": "error", "error": {"type": "weird", "message": "x"}}).encode()
     assert classify_status(CODECS["anthropic"], 422, [], weird, p).disposition == D_CONTEXT
     assert classify_status(CODECS["anthropic"], 502, [], weird, p).disposition == D_TRANSIENT
+
+
+def mapped(proto, status, body, error_map):
+    p = SimpleNamespace(error_map=tuple(error_map.items()), upstream_credentials="own", protocol=proto)
+    f = classify_status(CODECS[proto], status, [], json.dumps(body).encode(), p)
+    return f.disposition, f.cls
+
+
+def test_error_map_is_matched_against_the_code_then_the_type_each_protocol_carries():
+    """The Rust busbar's catalog values mean here what they mean there: its error_map is matched
+    against each protocol's error code, then its error type."""
+    # Z.ai's Anthropic-compatible endpoint: a numeric-looking code beside Anthropic's error.type
+    zai = {"type": "error", "error": {"type": "invalid_request_error", "code": "1113",
+                                      "message": "Insufficient balance or no resource package."}}
+    assert mapped("anthropic", 400, zai, {}) == (D_CLIENT_FAULT, "client_error")
+    assert mapped("anthropic", 400, zai, {"1113": "billing"}) == (D_HARD_DOWN, "billing")
+    # Moonshot names its errors in error.type only
+    moonshot = {"error": {"type": "exceeded_current_quota_error", "message": "quota exceeded"}}
+    assert mapped("openai", 429, moonshot, {"exceeded_current_quota_error": "billing"}) == (
+        D_HARD_DOWN, "billing")
+    # the code is matched before the type
+    both = {"error": {"code": "1302", "type": "tier_exhausted", "message": "slow down"}}
+    assert mapped("openai", 400, both, {"tier_exhausted": "billing", "1302": "rate_limit"}) == (
+        D_TRANSIENT, "rate_limit")
+    assert mapped("responses", 400, both, {"tier_exhausted": "billing"}) == (D_HARD_DOWN, "billing")
+    # Gemini: error.code (a number), else error.status
+    gem = {"error": {"code": 400, "message": "quota", "status": "RESOURCE_EXHAUSTED"}}
+    assert mapped("gemini", 400, gem, {"RESOURCE_EXHAUSTED": "rate_limit"}) == (D_TRANSIENT, "rate_limit")
+    assert mapped("gemini", 400, gem, {"400": "billing"}) == (D_HARD_DOWN, "billing")
+    # Bedrock: the exception name of a namespaced __type
+    quota = {"__type": "com.amazon.coral.service#ServiceQuotaExceededException", "message": "quota"}
+    assert mapped("bedrock", 400, quota, {"ServiceQuotaExceededException": "billing"}) == (
+        D_HARD_DOWN, "billing")
+    # Cohere: error_type
+    assert mapped("cohere", 400, {"message": "no credit", "error_type": "payment"},
+                  {"payment": "billing"}) == (D_HARD_DOWN, "billing")
+    # a code mapped to context_length on a 5xx gives way to the type's mapping, then the status
+    ctx = {"error": {"code": "weird", "type": "busy", "message": "x"}}
+    assert mapped("openai", 502, ctx, {"weird": "context_length", "busy": "overloaded"}) == (
+        D_TRANSIENT, "overloaded")
+    # `network` (a Rust class busbar's built-ins never produce) is transient
+    assert mapped("openai", 400, {"error": {"code": "conn_lost", "message": "x"}},
+                  {"conn_lost": "network"}) == (D_TRANSIENT, "network")
 
 
 def test_passthrough_credentials_make_an_auth_error_the_callers():
