@@ -86,8 +86,17 @@ TOP_LEVEL_RETIRED = {
     "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
 }
 
-CATALOG_KEYS = ("protocol", "base_url", "auth", "region", "azure", "vertex", "health")
-CATALOG_UNSUPPORTED = ("error_map", "path", "path_base", "token_url", "scope", "subject")
+# A catalog entry: the reference's fields, then busbar's own (region, azure, vertex). Any other key
+# is ignored with a warning, as the reference ignores it (its catalog has no unknown-key rule).
+CATALOG_KEYS = (
+    "protocol", "base_url", "error_map", "path", "path_base", "auth", "token_url", "scope",
+    "subject", "health", "allow_metadata_hosts", "region", "azure", "vertex",
+)
+# The reference's auth styles that busbar's egress does not have (yet): read in a catalog, refused
+# on a provider that would use them.
+CATALOG_FOREIGN_AUTH = ("jwt-bearer", "oauth-client-credentials")
+# What a catalog is called beside config.yaml, read when providers_file: is absent.
+CATALOG_BESIDE = "providers.yaml"
 
 PROVIDER_KEYS = (
     "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
@@ -229,7 +238,8 @@ def build(
     base_dir: str | None = None, offline: bool = False, overlay: bool = True,
 ) -> tuple[Config | None, Problems]:
     """The whole pipeline, returning the Config (None when there are errors) and every problem.
-    `base_dir`: where relative files resolve for a `text` config (default: the working folder);
+    `base_dir`: where relative files resolve for a `text` config (default: the working folder;
+    given, it is also where a providers.yaml beside the config is looked for);
     `offline`: secrets are not resolved (busbar validate --offline); `overlay`: apply the overlay
     file of a mutable config (busbar/admin/live.py writes it)."""
     out = Problems()
@@ -248,9 +258,11 @@ def build(
             out.error(path, f"cannot read config file: {reason}")
             return None, out
         source = path
+        located = True
         base_dir = os.path.dirname(os.path.abspath(path))
     else:
         source = "<embedded>"
+        located = base_dir is not None     # a catalog beside it is looked for in base_dir only
         base_dir = base_dir or os.getcwd()
 
     doc = _parse(text, source, env, out)
@@ -259,7 +271,7 @@ def build(
         return None, out
     if overlay and not offline:
         doc = apply_overlay(doc, base_dir, out)
-    config = _build_config(doc, source, base_dir, env, out, offline)
+    config = _build_config(doc, source, base_dir, env, out, offline, located=located)
     _scrub(out, text, env)
     if out.errors:
         return None, out
@@ -391,7 +403,7 @@ def _parse(text: str, source: str, env: Mapping[str, str], out: Problems) -> dic
 
 def _build_config(
     doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems,
-    offline: bool = False,
+    offline: bool = False, located: bool = True,
 ) -> Config | None:
     check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED, TOP_LEVEL_RETIRED)
     for required in ("providers", "models"):
@@ -400,7 +412,7 @@ def _build_config(
 
     listen_host, listen_port = _listen(doc.get("listen"), out)
     policy = _security(get_mapping(doc, "security", "", out), out)
-    catalog = _catalog(doc, base_dir, env, policy, out)
+    catalog = _catalog(doc, base_dir, env, out, beside=located)
 
     providers_doc = get_mapping(doc, "providers", "", out) or {}
     models_doc = get_mapping(doc, "models", "", out) or {}
@@ -531,22 +543,58 @@ def _security(section: dict | None, out: Problems) -> HostPolicy:
 
 
 def _catalog(
-    doc: dict, base_dir: str, env: Mapping[str, str], policy: HostPolicy, out: Problems
+    doc: dict, base_dir: str, env: Mapping[str, str], out: Problems, beside: bool = True
 ) -> dict[str, dict]:
+    """Which catalog a config uses: `providers_file:` (relative to the config's folder), else the
+    deprecated $BUSBAR_PROVIDERS, else providers.yaml beside the config when there is one, else
+    the catalog busbar ships. The config key wins over the variable, as the reference's 1.5.3
+    release notes say ("the config key wins if you set both") and its configuration reference
+    calls the variable a deprecated fallback. `beside`: the config has a folder of its own (a
+    file, or text given a base_dir); an embedded config has none to look in."""
     configured = get_str(doc, "providers_file", "", out)
+    from_env = env.get(PROVIDERS_ENV)
     if configured is not None:
         path = os.path.join(base_dir, os.path.expanduser(configured))
-    elif env.get(PROVIDERS_ENV):
-        path = env[PROVIDERS_ENV]
+        if from_env:
+            out.warn(PROVIDERS_ENV, "deprecated, and ignored: providers_file: in config.yaml wins")
+    elif from_env:
+        path = from_env
         out.warn(PROVIDERS_ENV, "deprecated; set providers_file: in config.yaml instead")
+    elif beside and os.path.exists(os.path.join(base_dir, CATALOG_BESIDE)):
+        path = os.path.join(base_dir, CATALOG_BESIDE)
     else:
         path = SHIPPED_CATALOG
-    return load_catalog(path, out, policy)
+    return load_catalog(path, out, env=env)
 
 
-def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) -> dict[str, dict]:
-    """The catalog's entries as {name: {protocol, base_url, auth?, region?}}, each checked; broken
-    entries are reported (under the catalog's path) and left out."""
+# An origin-form request target (RFC 9110 §7.1): an absolute path and an optional query, of
+# RFC 3986 pchar, '/' and '?' only, so it can go on the request line as written.
+_REQUEST_PATH = re.compile(r"/[A-Za-z0-9._~%!$&'()*+,;=:@/?-]*\Z")
+
+
+def _request_path(value: object, where: str, out: Problems) -> str | None:
+    """A catalog's or provider's `path` / `path_base`."""
+    if not isinstance(value, str):
+        out.error(where, f"expected a path starting with '/', got {describe(value)}")
+        return None
+    if not value.startswith("/"):
+        out.error(where, "must start with '/' (it is the whole request path after base_url)")
+        return None
+    if not _REQUEST_PATH.match(value):
+        out.error(where, "a path is ASCII letters, digits and -._~%!$&'()*+,;=:@/? (no spaces, "
+                         "no '#', percent-encode anything else)")
+        return None
+    return value
+
+
+def load_catalog(
+    path: str, out: Problems, env: Mapping[str, str] | None = None
+) -> dict[str, dict]:
+    """The catalog's entries as {name: {protocol, base_url, error_map, path, ...}}, each checked;
+    broken entries are reported (under the catalog's path) and left out. `${VAR}` is expanded as
+    in config.yaml (`env`: default os.environ). A base_url is checked where a provider uses it
+    (the SSRF guard needs the provider's allow list), not here."""
+    env = os.environ if env is None else env
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -554,20 +602,34 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         out.error(path, f"cannot read provider catalog: {reason}")
         return {}
+    local = Problems()
+    interp_problems: list[str] = []
+    real, shadow = interpolate(text, env, interp_problems)
+    if interp_problems:
+        out.errors.extend(f"{path}: {problem}" for problem in interp_problems)
+        return {}
     try:
-        doc, duplicates = _yaml_load(text)
+        doc, duplicates = _yaml_load(real)
     except yaml.YAMLError as exc:
         out.error(path, _yaml_problem(exc))
         return {}
     for duplicate in duplicates:
         out.error(path, duplicate)
+    if shadow is not None:
+        try:
+            shadow_doc, _ = _yaml_load(shadow)
+        except yaml.YAMLError:
+            shadow_doc = None
+        if not same_shape(doc, shadow_doc):
+            out.error(path, "an interpolated ${VAR} value changes the YAML structure; quote the "
+                            "${VAR} in the file")
+            return {}
     if doc is None:
         return {}
     if not isinstance(doc, dict):
         out.error(path, f"expected a mapping of provider name -> entry, got {describe(doc)}")
         return {}
     catalog: dict[str, dict] = {}
-    local = Problems()
     for name, entry in doc.items():
         if not isinstance(name, str) or not _PROVIDER_NAME.match(name):
             local.error(str(name), "catalog names are letters, digits, '.', '_' and '-'")
@@ -576,7 +638,11 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
             local.error(name, f"expected a mapping, got {describe(entry)}")
             continue
         before = len(local.errors)
-        check_keys(entry, name, CATALOG_KEYS, local, CATALOG_UNSUPPORTED)
+        for key in entry:
+            if key not in CATALOG_KEYS:
+                hint = ("; the key goes in config.yaml (providers." + name + ".api_key)"
+                        if key == "api_key" else suggest(str(key), CATALOG_KEYS))
+                local.warn(join(name, key), "unknown catalog key, ignored" + hint)
         # SPEC §2.2: a catalog entry's protocol defaults to anthropic.
         protocol = get_str(entry, "protocol", name, local, "anthropic")
         if protocol not in PROTOCOLS:
@@ -584,29 +650,44 @@ def load_catalog(path: str, out: Problems, policy: HostPolicy = HostPolicy()) ->
         if "base_url" not in entry:
             local.error(name, "missing required key 'base_url'")
         else:
-            parsed = parse_base_url(entry["base_url"], policy)
-            if isinstance(parsed, str):
-                local.error(join(name, "base_url"), parsed)
+            get_str(entry, "base_url", name, local)
         auth = get_str(entry, "auth", name, local)
-        if auth is not None and auth not in AUTH_MODES:
-            local.error(join(name, "auth"), f"unknown auth '{auth}'{suggest(auth, AUTH_MODES)}")
+        if auth is not None and auth not in AUTH_MODES + CATALOG_FOREIGN_AUTH:
+            local.error(join(name, "auth"), f"unknown auth '{auth}'{suggest(auth, AUTH_MODES + CATALOG_FOREIGN_AUTH)}")
+        paths = {}
+        for key in ("path", "path_base"):
+            if entry.get(key) is not None:
+                paths[key] = _request_path(entry[key], join(name, key), local)
+        for key in ("token_url", "scope", "subject"):
+            get_str(entry, key, name, local)
         region = get_str(entry, "region", name, local)
         if region is not None and not _REGION.match(region):
             local.error(join(name, "region"), "expected an AWS region such as us-east-1")
         azure = get_mapping(entry, "azure", name, local)
         vertex = get_mapping(entry, "vertex", name, local)
+        error_map = reliability_config.error_map(entry.get("error_map"), name, local)
+        allowed = _host_list(entry.get("allow_metadata_hosts"), join(name, "allow_metadata_hosts"), local)
         reliability_config.health(entry.get("health"), name, local)
         if len(local.errors) == before:
             catalog[name] = {
                 "protocol": protocol,
                 "base_url": entry["base_url"],
+                "error_map": error_map,
+                "path": paths.get("path"),
+                "path_base": paths.get("path_base"),
                 "auth": auth,
+                "token_url": entry.get("token_url"),
+                "scope": entry.get("scope"),
+                "subject": entry.get("subject"),
+                "allow_metadata_hosts": allowed if "allow_metadata_hosts" in entry else None,
                 "region": region,
                 "azure": azure,
                 "vertex": vertex,
                 "health": entry.get("health"),
             }
+    _scrub(local, text, env)
     out.errors.extend(f"{path}: {problem}" for problem in local.errors)
+    out.warnings.extend(f"{path}: {problem}" for problem in local.warnings)
     return catalog
 
 
@@ -665,10 +746,15 @@ def _provider(
         out.error(join(path, "protocol"), f"unknown protocol '{protocol}'{suggest(protocol, PROTOCOLS)}")
         protocol = None
 
-    allowed = _host_list(entry.get("allow_metadata_hosts"), join(path, "allow_metadata_hosts"), out)
+    # The provider's own allow list replaces the catalog entry's.
+    if "allow_metadata_hosts" in entry or base.get("allow_metadata_hosts") is None:
+        allowed = _host_list(entry.get("allow_metadata_hosts"), join(path, "allow_metadata_hosts"), out)
+    else:
+        allowed = base["allow_metadata_hosts"]
     host_policy = policy.with_allowed(allowed)
     azure = _azure(entry, base, path, protocol, out)
     vertex = _vertex(entry, base, path, protocol, out)
+    request_path = _catalog_merge_paths(entry, base, path, azure, vertex, out)
     profile, role_arn = _aws_source(entry, path, protocol, out)
     service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out)
     if service_account is not None and vertex is None and protocol is not None:
@@ -746,6 +832,10 @@ def _provider(
         auth = "api-key"
     else:
         auth = base.get("auth") or (DEFAULT_AUTH.get(protocol, "bearer") if protocol else "bearer")
+        if auth in CATALOG_FOREIGN_AUTH:
+            out.error(f"{path} (catalog auth)", f"auth '{auth}' is not supported by this busbar "
+                      "version; set auth: on the provider")
+            auth = None
     if auth == "sigv4" and protocol not in (None,) + AWS_PROTOCOLS:
         out.error(join(path, "auth"), "sigv4 signing is only for protocol bedrock")
     if auth == "sigv4" and api_key is not None and api_key:
@@ -806,10 +896,33 @@ def _provider(
         azure=azure is not None,
         azure_deployment=azure[0] if azure else None,
         azure_api_version=azure[1] if azure else None,
-        error_map=reliability_config.error_map(entry.get("error_map"), path, out),
+        # the catalog's error_map, the provider's own codes over it
+        error_map=tuple({**dict(base.get("error_map") or ()),
+                         **dict(reliability_config.error_map(entry.get("error_map"), path, out))}
+                        .items()),
+        path=request_path,
         upstream_credentials=reliability_config.credentials(entry, path, out),
         health=health,
     )
+
+
+def _catalog_merge_paths(entry: dict, base: dict, path: str, azure, vertex, out: Problems):
+    """The request `path` of a provider: its own, else its catalog entry's. A `path_base` is the
+    reference's way to Vertex AI's URLs, which busbar spells `vertex:`; it is refused where used."""
+    if "path" in entry and "path" not in PROVIDER_UNSUPPORTED:
+        request_path = _request_path(entry["path"], join(path, "path"), out)
+        where = join(path, "path")
+    else:
+        request_path = base.get("path")
+        where = f"{path} (catalog path)"
+    if base.get("path_base") is not None and "path_base" not in entry:
+        out.error(f"{path} (catalog path_base)", "not supported by this busbar version; for "
+                  "Vertex AI give the provider vertex: {project, location}")
+    if request_path is not None and (azure is not None or vertex is not None):
+        out.error(where, "a path replaces the " + ("Azure OpenAI" if azure is not None else "Vertex AI")
+                  + " URL scheme; give either path or " + ("azure:" if azure is not None else "vertex:"))
+        request_path = None
+    return request_path
 
 
 def _azure(entry: dict, base: dict, path: str, protocol: str | None, out: Problems):
