@@ -53,6 +53,7 @@ from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret
 from .urls import HostPolicy, normalize_host, parse_base_url
 from busbar.governance.config import parse as _governance
 from busbar.observability.settings import parse as _observability
+from busbar.observability.settings import parse_export as _export
 from busbar.reliability import config as reliability_config
 
 CONFIG_ENV = "BUSBAR_CONFIG"
@@ -71,12 +72,16 @@ TOP_LEVEL_KEYS = (
     "groups", "rate_card", "store", "identity-providers", "per_request_fee",
     # accepted blocks: plugins (none are loaded), routing (the hooks' default timeout)
     "plugins", "routing",
+    # observability in the Rust grammar (busbar/observability/settings.py parse_export)
+    "export",
+    # the gateway's own public address (checked; what browser logins return to)
+    "public_url",
     # reliability: process-wide probe defaults (busbar/reliability/config.py)
     "health",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "public_url", "hooks", "secrets", "export",
+    "hooks", "secrets",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
 TOP_LEVEL_RETIRED = {
@@ -102,8 +107,9 @@ PROVIDER_KEYS = (
     "catalog", "protocol", "base_url", "api_key", "auth", "region", "headers",
     "allow_metadata_hosts", "profile", "role_arn", "credentials", "token_url", "vertex", "azure",
     "error_map", "upstream_credentials", "health",  # reliability
+    "path",     # the request path in place of the protocol's (the Rust grammar)
 )
-PROVIDER_UNSUPPORTED = ("path", "path_base", "scope", "subject")
+PROVIDER_UNSUPPORTED = ("path_base", "scope", "subject")
 AZURE_KEYS = ("deployment", "api_version")
 VERTEX_KEYS = ("project", "location")
 # The catalog's placeholder host for Azure OpenAI: every resource has its own host.
@@ -136,10 +142,11 @@ AFFINITY_KEYS = ("mode", "header_name")
 DEFAULT_AFFINITY_HEADER = "x-session-id"
 MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
-LIMITS_UNSUPPORTED = (
-    "max_auto_provisioned_groups",
-    "max_keys_per_principal",
-)
+LIMITS_UNSUPPORTED = ()
+# Caps on what a principal provisions for itself (self-service keys, auto-provisioned groups):
+# busbar's identity providers provision nothing themselves (keys are minted over the admin API),
+# so these are checked (>= 0, 0 = unlimited) and bound nothing.
+LIMITS_SELF_SERVICE = ("max_keys_per_principal", "max_auto_provisioned_groups")
 # The Rust grammar's names for three of busbar's limits (same meaning, same field).
 LIMIT_ALIASES = {"pool_max_idle_per_host": "upstream_pool_max_idle_per_host",
                  "pool_idle_timeout_secs": "upstream_pool_idle_timeout_secs",
@@ -455,8 +462,15 @@ def _build_config(
     _plugins(get_mapping(doc, "plugins", "", out), out)
     _routing(get_mapping(doc, "routing", "", out), out)
     _per_request_fee(doc, out)
+    _public_url(doc, policy, out)
     # observability: parsed by its own module (busbar/observability/settings.py).
-    observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
+    if "export" in doc and "observability" in doc:
+        out.error("observability", "busbar's earlier spelling of export:; write one of them "
+                  "(busbar --migrate-config converts it)")
+    if "export" in doc:
+        observability = _export(get_mapping(doc, "export", "", out), env, base_dir, out)
+    else:
+        observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
     control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
     # governance: keys, groups, rate card, store (busbar/governance/config.py).
     auth_doc = doc.get("auth") if isinstance(doc.get("auth"), dict) else {}
@@ -1363,9 +1377,12 @@ def _limits(section: dict | None, out: Problems) -> Limits:
     if section is None:
         return Limits()
     known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS + tuple(LIMIT_ALIASES) + (
-        "reasoning_effort_budgets",)
+        "reasoning_effort_budgets",) + LIMITS_SELF_SERVICE
     check_keys(section, "limits", known, out, LIMITS_UNSUPPORTED)
     section = dict(section)
+    for key in LIMITS_SELF_SERVICE:
+        get_int(section, key, "limits", out, 0)
+        section.pop(key, None)
     for alias, key in LIMIT_ALIASES.items():
         if alias in section:
             if key in section:
@@ -1419,6 +1436,30 @@ def _routing(section: dict | None, out: Problems) -> None:
     if section is not None:
         check_keys(section, "routing", ROUTING_KEYS, out)
         get_int(section, "default_policy_timeout_ms", "routing", out, 1)
+
+
+def _public_url(doc: dict, policy: HostPolicy, out: Problems) -> None:
+    """`public_url`: the gateway's address as the outside sees it, `http(s)://host[:port]` and
+    nothing after it; https unless the host is loopback or private, never a metadata host."""
+    raw = doc.get("public_url")
+    if raw is None:
+        return
+    from urllib.parse import urlsplit
+    try:
+        u = urlsplit(raw) if isinstance(raw, str) else None
+        port = u.port if u is not None else None
+    except ValueError:
+        u, port = None, None
+    if u is None or u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") \
+            or u.query or u.fragment or u.username or u.password:
+        out.error("public_url", "expected an absolute http(s)://host[:port] with nothing after it")
+        return
+    del port
+    # The same checks as a provider's base_url (metadata hosts refused; plain http only to a
+    # loopback or private address).
+    checked = parse_base_url("%s://%s" % (u.scheme, u.netloc), policy)
+    if isinstance(checked, str):
+        out.error("public_url", checked)
 
 
 def _per_request_fee(doc: dict, out: Problems) -> None:

@@ -13,6 +13,19 @@ observability:
 ```
 Parsed with the loader's own checks (every problem with its key path); frozen like the rest of
 the config.
+
+The same settings in the Rust gateway's 1.5.3 grammar, `export:` (issue #36): named instances of
+four modules, plus busbar's own `access-log`; `parse_export` reads them into the same object.
+
+```yaml
+export:
+  metrics: {module: prometheus, settings: {buffer_seconds: 60, key_gauge_limit: 2000}}
+  traces:  {module: otlp, settings: {url: https://collector:4318/v1/traces}}
+  hook:    {module: request-log-webhook, settings: {url: https://..., auth_header: {name: authorization,
+            value: "Bearer ${TOKEN}"}, max_inflight_deliveries: 64, delivery_timeout_secs: 2}}
+  file:    {module: request-log-file, settings: {path: /var/log/busbar/requests.jsonl, rotate_mb: 100}}
+  access:  {module: access-log, settings: {path: stderr}}       # busbar's: stderr | <path> | off
+```
 """
 from __future__ import annotations
 
@@ -201,3 +214,114 @@ def _otlp(section, where, env, base_dir, out):
         if value is not None:
             headers.append((str(name), value))
     return Otlp(section["url"], float(ratio), tuple(headers))
+
+
+# `export.<name>`: the keys every instance may have, and the modules busbar has built in (the Rust
+# gateway's four, and busbar's access log).
+EXPORT_KEYS = ("module", "settings", "streams", "fields", "durable")
+EXPORT_MODULES = ("prometheus", "otlp", "request-log-webhook", "request-log-file", "access-log")
+EXPORT_SETTINGS = {
+    "prometheus": ("buffer_seconds", "key_gauge_limit"),
+    "otlp": ("url",),
+    "request-log-webhook": ("url", "auth_header", "max_inflight_deliveries", "delivery_timeout_secs"),
+    "request-log-file": ("path", "rotate_mb"),
+    "access-log": ("path",),
+}
+# The streams an instance may name (the Rust vocabulary); `audit` is refused there too.
+STREAMS = ("metrics", "logs", "traces", "costs", "decisions", "events", "identity", "prompts",
+           "completions")
+
+
+def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Observability:
+    """`export:` -> the same Observability `observability:` gives. Nothing exported when absent,
+    except busbar's access log to stderr (an `access-log` instance with path: off turns it off)."""
+    if section is None:
+        return Observability()
+    access = "stderr"
+    metrics = False
+    sinks = []
+    otlp = None
+    seen = {}
+    for name, inst in section.items():
+        where = join("export", name)
+        if not isinstance(inst, dict):
+            out.error(where, f"expected {{module, settings}}, got {describe(inst)}")
+            continue
+        check_keys(inst, where, EXPORT_KEYS, out)
+        module = inst.get("module")
+        if module not in EXPORT_MODULES:
+            if "module" not in inst:
+                out.error(where, "missing required key 'module'")
+            else:
+                out.error(join(where, "module"), "expected one of %s" % ", ".join(EXPORT_MODULES))
+            continue
+        if module in ("prometheus", "otlp", "access-log") and module in seen:
+            out.error(where, f"at most one {module} instance ({seen[module]} is one)")
+            continue
+        seen[module] = where
+        if inst.get("durable"):
+            out.error(join(where, "durable"), "durable delivery is not implemented")
+        for key in ("streams", "fields"):
+            raw = inst.get(key)
+            if raw is not None and (not isinstance(raw, list) or not raw):
+                out.error(join(where, key), f"expected a non-empty list, got {describe(raw)}")
+        for i, s in enumerate(inst.get("streams") or []):
+            if s not in STREAMS:
+                out.error(f"{where}.streams[{i}]", "expected one of %s" % ", ".join(STREAMS))
+        settings = inst.get("settings") or {}
+        if not isinstance(settings, dict):
+            out.error(join(where, "settings"), f"expected a mapping, got {describe(settings)}")
+            continue
+        sw = join(where, "settings")
+        check_keys(settings, sw, EXPORT_SETTINGS[module], out)
+        if module == "prometheus":
+            buf = get_int(settings, "buffer_seconds", sw, out, 1)
+            if buf is None:
+                out.error(sw, "missing required key 'buffer_seconds'")
+            get_int(settings, "key_gauge_limit", sw, out, 0)
+            metrics = True
+        elif module == "otlp":
+            otlp = _otlp({"url": settings.get("url")}, sw, env, base_dir, out)
+        elif module == "request-log-file":
+            sink = _sink({"kind": "file", **settings, **({"fields": inst["fields"]} if "fields" in inst
+                                                           else {})}, sw, env, base_dir, out)
+            if sink is not None:
+                sinks.append(sink)
+        elif module == "request-log-webhook":
+            auth = None
+            header = settings.get("auth_header")
+            if header is not None:
+                if not isinstance(header, dict) or set(header) != {"name", "value"} or not all(
+                        isinstance(v, str) and v for v in header.values()):
+                    out.error(join(sw, "auth_header"), "expected {name, value}: the header to send "
+                              "(the value may use ${VAR})")
+                elif header["name"].lower() != "authorization":
+                    out.error(join(sw, "auth_header.name"), "busbar sends the webhook's credential "
+                              "as Authorization")
+                else:
+                    auth = header["value"]
+            body = {"kind": "webhook", "url": settings.get("url")}
+            for src, dst in (("max_inflight_deliveries", "max_inflight"),):
+                if src in settings:
+                    body[dst] = settings[src]
+            secs = settings.get("delivery_timeout_secs")
+            if secs is not None:
+                if isinstance(secs, bool) or not isinstance(secs, int) or secs < 1:
+                    out.error(join(sw, "delivery_timeout_secs"), "expected an integer >= 1")
+                else:
+                    body["timeout_ms"] = secs * 1000
+            if "fields" in inst:
+                body["fields"] = inst["fields"]
+            sink = _sink(body, sw, env, base_dir, out)
+            if sink is not None:
+                sinks.append(WebhookSink(sink.url, auth, sink.max_inflight, sink.timeout_ms,
+                                         sink.fields))
+        else:   # access-log
+            where_to = settings.get("path", "stderr")
+            if where_to is False or where_to is None:
+                where_to = "off"
+            if not isinstance(where_to, str) or not where_to:
+                out.error(join(sw, "path"), f"expected stderr, off or a file path, got {describe(where_to)}")
+            else:
+                access = where_to
+    return Observability("info", access, metrics, False, tuple(sinks), otlp)

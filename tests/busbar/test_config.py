@@ -327,10 +327,9 @@ def test_reference_keys_not_yet_implemented_are_refused_by_name():
 hooks: {}
 tls: {cert: {file: c.pem}}
 admin_listen: "127.0.0.1:9901"
-export: {}
 metrics: {}
 """)
-    for key in ("hooks", "export"):
+    for key in ("hooks",):
         assert f"{key}: not supported by this busbar version" in errs
     assert "tls: missing required key 'key'" in errs
     assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs

@@ -381,3 +381,69 @@ models:
     finally:
         stop(gw.proc)
     assert "SECRET" not in os.environ.get("ADMIN_TOKEN", "")
+
+
+# --- export, public_url ------------------------------------------------------------------------
+
+def test_export_instances_are_busbars_observability():
+    c = cfg("""
+        export:
+          metrics: {module: prometheus, settings: {buffer_seconds: 60, key_gauge_limit: 500}}
+          traces: {module: otlp, settings: {url: "http://127.0.0.1:4318/v1/traces"}}
+          hook:
+            module: request-log-webhook
+            settings: {url: "https://logs.example.org/in", auth_header: {name: Authorization,
+                       value: "Bearer abc"}, max_inflight_deliveries: 8, delivery_timeout_secs: 3}
+          file: {module: request-log-file, settings: {path: /tmp/r.jsonl, rotate_mb: 5},
+                 fields: [time, pool, outcome]}
+          access: {module: access-log, settings: {path: "off"}}
+    """)
+    o = c.observability
+    assert o.metrics and o.access_log == "off" and o.otlp.url == "http://127.0.0.1:4318/v1/traces"
+    hook, file = o.request_logs
+    assert (hook.url, hook.auth_header, hook.max_inflight, hook.timeout_ms) == (
+        "https://logs.example.org/in", "Bearer abc", 8, 3000)
+    assert (file.path, file.rotate_mb, file.fields) == ("/tmp/r.jsonl", 5, ("time", "pool", "outcome"))
+    # no export: nothing exported but busbar's access log
+    o = cfg("export: {}\n").observability
+    assert (o.metrics, o.request_logs, o.otlp, o.access_log) == (False, (), None, "stderr")
+
+
+def test_export_refusals():
+    errs = problems("""
+        export:
+          a: {module: prometheus, settings: {}}
+          b: {module: prometheus, settings: {buffer_seconds: 1}}
+          c: {module: statsd}
+          d: {module: request-log-webhook, settings: {url: "https://x.example.org", auth_header: "tok"}}
+          e: {module: request-log-file, settings: {path: /tmp/x}, durable: true, streams: [audit]}
+    """)
+    assert errs == [
+        "export.a.settings: missing required key 'buffer_seconds'",
+        "export.b: at most one prometheus instance (export.a is one)",
+        "export.c.module: expected one of prometheus, otlp, request-log-webhook, request-log-file, "
+        "access-log",
+        "export.d.settings.auth_header: expected {name, value}: the header to send (the value may "
+        "use ${VAR})",
+        "export.e.durable: durable delivery is not implemented",
+        "export.e.streams[0]: expected one of metrics, logs, traces, costs, decisions, events, "
+        "identity, prompts, completions",
+    ]
+    assert problems("export: {}\nobservability: {metrics: true}\n") == [
+        "observability: busbar's earlier spelling of export:; write one of them (busbar "
+        "--migrate-config converts it)"]
+
+
+@pytest.mark.parametrize("url, error", [
+    ("https://llm.example.com", None),
+    ("http://127.0.0.1:8080/", None),
+    ("http://llm.example.com", "public_url: http:// is allowed only for loopback and private hosts; "
+                               "use https://"),
+    ("https://llm.example.com/v1", "public_url: expected an absolute http(s)://host[:port] with "
+                                   "nothing after it"),
+])
+def test_public_url(url, error):
+    if error is None:
+        cfg("public_url: %s\n" % url)
+    else:
+        assert problems("public_url: %s\n" % url) == [error]
