@@ -49,7 +49,7 @@ from .schema import (
     Provider,
 )
 from .control import apply_overlay, parse_control
-from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret
+from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret, secrets_section
 from .urls import HostPolicy, normalize_host, parse_base_url
 from busbar.governance.config import parse as _governance
 from busbar.observability.settings import parse as _observability
@@ -76,12 +76,14 @@ TOP_LEVEL_KEYS = (
     "export",
     # the gateway's own public address (checked; what browser logins return to)
     "public_url",
+    # secret modules' own settings (busbar/config/secrets.py)
+    "secrets",
     # reliability: process-wide probe defaults (busbar/reliability/config.py)
     "health",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
 TOP_LEVEL_UNSUPPORTED = (
-    "hooks", "secrets",
+    "hooks",
 )
 # Keys retired by the reference's 1.5 line; each error says where the setting went.
 TOP_LEVEL_RETIRED = {
@@ -463,6 +465,7 @@ def _build_config(
     _routing(get_mapping(doc, "routing", "", out), out)
     _per_request_fee(doc, out)
     _public_url(doc, policy, out)
+    secrets_section(doc.get("secrets"), out)
     # observability: parsed by its own module (busbar/observability/settings.py).
     if "export" in doc and "observability" in doc:
         out.error("observability", "busbar's earlier spelling of export:; write one of them "

@@ -1,4 +1,6 @@
-"""Secret references: `{env: NAME}` or `{file: PATH}`, never a literal (SPEC §2.1).
+"""Secret references: `{env: NAME}` or `{file: PATH}`, never a literal (SPEC §2.1). The Rust
+grammar's canonical forms mean the same: `{module: env, settings: {key: NAME}}` and `{module: file,
+settings: {path: PATH}}`; a module busbar does not have (a secret plugin) is refused in one line.
 
 A literal in config.yaml ends up in git, backups and support tickets; a reference keeps the value in
 the environment or a mounted file. Messages here name the variable or the path, never the value.
@@ -16,6 +18,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 SECRET_KEYS = ("env", "file")
+# The canonical spelling: the built-in secret modules and the one setting each reads.
+SECRET_MODULES = {"env": "key", "file": "path"}
 # What an unresolved secret stands for offline: shaped like a Bedrock key pair, so format checks pass.
 OFFLINE_PLACEHOLDER = "offline-placeholder:offline-placeholder"
 
@@ -49,8 +53,9 @@ def resolve_secret(
         out.error(path, f"expected a secret reference {{env: NAME}} or {{file: PATH}}, got {describe(value)}")
         return None
     if "module" in value:
-        out.error(f"{path}.module", "secret modules are not supported by this busbar version")
-        return None
+        value = _canonical(value, path, out)
+        if value is None:
+            return None
     unknown = [key for key in value if key not in SECRET_KEYS]
     for key in unknown:
         out.error(f"{path}.{key}", f"unknown key{suggest(str(key), SECRET_KEYS)}")
@@ -105,3 +110,40 @@ def resolve_secret(
     if not secret:
         out.warn(path, f"{where} is empty; the lane starts but its upstream calls will fail auth")
     return secret
+
+
+def _canonical(value: dict, path: str, out: Problems) -> dict | None:
+    """`{module: env|file, settings: {key|path}}` as the sugar form, or None (reported)."""
+    extra = [k for k in value if k not in ("module", "settings")]
+    if extra:
+        out.error(path, "a reference with module: takes only module and settings (not %s)"
+                  % ", ".join(map(str, extra)))
+        return None
+    module = value.get("module")
+    setting = SECRET_MODULES.get(module) if isinstance(module, str) else None
+    if setting is None:
+        out.error(f"{path}.module", "secret module %s is not built into busbar (built in: env, "
+                  "file); busbar loads no plugins" % (
+                      "'%s'" % module if isinstance(module, str) and module else describe(module)))
+        return None
+    settings = value.get("settings")
+    if not isinstance(settings, dict) or set(settings) != {setting}:
+        out.error(f"{path}.settings", f"module {module} takes settings: {{{setting}: ...}}")
+        return None
+    return {module: settings[setting]}
+
+
+def secrets_section(raw, out: Problems) -> None:
+    """`secrets.<module>: {settings}`: configuration of a secret module. busbar's two (env, file)
+    take none, and it loads no other; so every entry is refused, saying why."""
+    if raw is None or raw == {}:
+        return
+    if not isinstance(raw, dict):
+        out.error("secrets", f"expected a mapping of module: {{settings}}, got {describe(raw)}")
+        return
+    for name in raw:
+        if name in SECRET_MODULES:
+            out.error(f"secrets.{name}", "the built-in env and file modules take no settings")
+        else:
+            out.error(f"secrets.{name}", f"secret module '{name}' is not built into busbar "
+                      "(built in: env, file); busbar loads no plugins")

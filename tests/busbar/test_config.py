@@ -365,7 +365,7 @@ def test_secret_reference_rules():
         "providers.c.api_key: cannot read secret file /nonexistent/key: No such file or directory",
         "providers.d.api_key: a secret reference has exactly one of 'env' or 'file'",
         "providers.e.api_key.vault: unknown key",
-        "providers.f.api_key.module: secret modules are not supported by this busbar version",
+        "providers.f.api_key.module: secret module 'vault' is not built into busbar (built in: env, file); busbar loads no plugins",
         "providers.g: missing required key 'api_key' (only http:// loopback or private providers may omit it)",
     ]
     assert not any(SECRET in e for e in errs)

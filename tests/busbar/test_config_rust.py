@@ -447,3 +447,32 @@ def test_public_url(url, error):
         cfg("public_url: %s\n" % url)
     else:
         assert problems("public_url: %s\n" % url) == [error]
+
+
+# --- secret references in their canonical form -----------------------------------------------
+
+def test_canonical_secret_references_mean_the_sugar():
+    a = cfg("identity-providers:\n  admin-tokens: {module: admin-tokens, token: "
+            "{module: env, settings: {key: ADMIN_TOKEN}}}\n")
+    assert a.control.admin_tokens[0].token == ENV["ADMIN_TOKEN"]
+    c = load(text=BASE.replace("{env: ANTHROPIC_KEY}", "{module: env, settings: {key: ANTHROPIC_KEY}}"),
+             env=ENV)
+    assert c.providers["anthropic"].api_key == ENV["ANTHROPIC_KEY"]
+    errs = problems("""
+        secrets: {vault: {settings: {addr: x}}, env: {settings: {}}}
+        identity-providers:
+          a: {module: admin-tokens, token: {module: vault, settings: {path: x}}}
+          b: {module: admin-tokens, token: {module: env, settings: {path: X}}}
+          c: {module: admin-tokens, token: {module: env, env: X}}
+        auth: {admin_auth: [a, b, c]}
+    """)
+    assert errs == [
+        "secrets.vault: secret module 'vault' is not built into busbar (built in: env, file); "
+        "busbar loads no plugins",
+        "secrets.env: the built-in env and file modules take no settings",
+        "identity-providers.a.token.module: secret module 'vault' is not built into busbar "
+        "(built in: env, file); busbar loads no plugins",
+        "identity-providers.b.token.settings: module env takes settings: {key: ...}",
+        "identity-providers.c.token: a reference with module: takes only module and settings "
+        "(not env)",
+    ]
