@@ -1,8 +1,15 @@
 # busbar's container image: one static executable on an empty base.
 #
 #   docker build -t busbar .
-#   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:rw,exec,size=64m busbar
+#   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:rw,exec,size=64m \
+#     -e ANTHROPIC_KEY -e BUSBAR_ADMIN_TOKEN busbar
 #   docker run --rm -p 8080:8080 busbar serve --demo --listen 0.0.0.0:8080     # the built-in mock
+#
+# Started with no arguments, /busbar serves $BUSBAR_CONFIG: /etc/busbar/config.yaml, the default
+# config baked in (packaging/config.default.yaml: one Anthropic provider, an open data plane, the
+# admin API behind $BUSBAR_ADMIN_TOKEN), with the provider catalog beside it; mount your own file
+# over it. Arguments after the image name go to /busbar (`--validate`, `serve --demo ...`), as
+# with the Rust gateway's image, which has the same entrypoint and no command either.
 #
 # The build stage compiles the Cython extensions (profile-guided: packaging/build_ext.sh trains them
 # on loopback traffic to the built-in mock) and runs packaging/build.sh (PyInstaller, then
@@ -37,4 +44,3 @@ ENV PATH=/ \
 USER 65532:65532
 EXPOSE 8080
 ENTRYPOINT ["/busbar"]
-CMD ["serve"]

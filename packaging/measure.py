@@ -22,6 +22,10 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXE = os.path.join(ROOT, "dist", "busbar")
 TICK = os.sysconf("SC_CLK_TCK")
+# The environment packaging/config.default.yaml needs (`docker run -e ANTHROPIC_KEY -e
+# BUSBAR_ADMIN_TOKEN`), with the admin listener on a port of the kernel's choosing.
+DEFAULT_ENV = {"ANTHROPIC_KEY": "sk-ant-placeholder", "BUSBAR_ADMIN_TOKEN": "admin-placeholder",
+               "BUSBAR_ADMIN_LISTEN": "127.0.0.1:0"}
 SMALL_BODY = '{"model":"gpt-4o-mini","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}'
 
 
@@ -72,9 +76,9 @@ def healthy(port: int) -> bool:
         return False
 
 
-def start(argv, port, timeout=30.0):
+def start(argv, port, timeout=30.0, env=None):
     t0 = time.perf_counter()
-    p = subprocess.Popen(argv, env={}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(argv, env=env or {}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     while not healthy(port):
         if p.poll() is not None or time.perf_counter() - t0 > timeout:
             raise SystemExit("%s did not become ready" % argv)
@@ -90,7 +94,8 @@ def stop(p) -> int:
 def write_config(folder: str, port: int, mock_port: int | None) -> str:
     path = os.path.join(folder, "config-%d.yaml" % port)
     if mock_port is None:
-        # The image's default config (its lane needs no key), with providers.yaml beside it.
+        # The image's default config, with providers.yaml beside it (DEFAULT_ENV resolves its two
+        # references; nothing is sent upstream).
         shutil.copy(os.path.join(ROOT, "busbar", "data", "providers.yaml"), folder)
         with open(os.path.join(ROOT, "packaging", "config.default.yaml")) as f:
             text = f.read().replace('"0.0.0.0:8080"', '"127.0.0.1:%d"' % port)
@@ -126,7 +131,8 @@ def main() -> int:
         walls, cpus = [], []
         for _ in range(args.runs):
             port = free_port()
-            p, wall = start([exe, "serve", "--config", write_config(tmp, port, None)], port)
+            p, wall = start([exe, "serve", "--config", write_config(tmp, port, None)], port,
+                            env=DEFAULT_ENV)
             cpus.append(sum(cpu_secs(q) for q in tree(p.pid)))
             walls.append(wall)
             rc = stop(p)

@@ -15,11 +15,15 @@ The layer:
     /etc/ssl/certs/ca-certificates.crt  0644  CA roots (also inside the executable; this copy can
                                               be replaced by a mount, SSL_CERT_FILE points here)
     /etc/busbar/providers.yaml          0644  the provider catalog
-    /etc/busbar/config.yaml             0644  packaging/config.default.yaml, boots with no keys
+    /etc/busbar/config.yaml             0644  packaging/config.default.yaml: one Anthropic provider
+                                              ($ANTHROPIC_KEY), the admin API behind
+                                              $BUSBAR_ADMIN_TOKEN
     /tmp/                               1777  where the one-file launchers unpack themselves
-The image runs as user 65532, exposes 8080/tcp, and starts `/busbar serve`; it works with a
-read-only root filesystem when /tmp is a tmpfs that allows exec (`--tmpfs /tmp:rw,exec,size=64m`;
-the executable unpacks 31 MB there and removes it at exit).
+The image runs as user 65532, exposes 8080/tcp, and starts `/busbar` with no arguments (an
+entrypoint and no command, as the Rust gateway's image): that serves $BUSBAR_CONFIG, and arguments
+given to the container go to /busbar. It works with a read-only root filesystem when /tmp is a
+tmpfs that allows exec (`--tmpfs /tmp:rw,exec,size=64m`; the executable unpacks 31 MB there and
+removes it at exit).
 """
 from __future__ import annotations
 
@@ -43,8 +47,8 @@ ENV = (
     "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
     "BUSBAR_CONFIG=/etc/busbar/config.yaml",
 )
+# No Cmd: `/busbar` alone serves $BUSBAR_CONFIG.
 ENTRYPOINT = ["/busbar"]
-CMD = ["serve"]
 
 MT_INDEX = "application/vnd.oci.image.index.v1+json"
 MT_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -142,7 +146,6 @@ def build(executable: str, ca_bundle: str = DEFAULT_CA, tag: str | None = None,
             "ExposedPorts": {PORT: {}},
             "Env": list(ENV),
             "Entrypoint": ENTRYPOINT,
-            "Cmd": CMD,
             "WorkingDir": "/",
             "Labels": {"org.opencontainers.image.title": "busbar",
                        "org.opencontainers.image.version": version()},

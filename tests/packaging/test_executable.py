@@ -119,12 +119,17 @@ def test_static_and_version(exe):
     assert os.path.getsize(exe) < 16 * 1024 * 1024
 
 
+# What the image's default config (packaging/config.default.yaml) needs from the environment.
+IMAGE_DEFAULT_ENV = {"ANTHROPIC_KEY": "sk-ant-placeholder", "BUSBAR_ADMIN_TOKEN": "admin-placeholder"}
+
+
 def test_validate_image_default_config(exe, tmp_path):
     # The image's layout: /etc/busbar/config.yaml with providers.yaml beside it.
     shutil.copy(os.path.join(ROOT, "packaging", "config.default.yaml"), tmp_path / "config.yaml")
     shutil.copy(os.path.join(ROOT, "busbar", "data", "providers.yaml"), tmp_path / "providers.yaml")
-    r = subprocess.run([exe, "validate", "--config", str(tmp_path / "config.yaml")], env={},
-                       capture_output=True, text=True, timeout=30)
+    # Its two references resolved, as `docker run -e ANTHROPIC_KEY -e BUSBAR_ADMIN_TOKEN` has them.
+    r = subprocess.run([exe, "validate", "--config", str(tmp_path / "config.yaml")],
+                       env=IMAGE_DEFAULT_ENV, capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stdout + r.stderr
     bad = tmp_path / "bad.yaml"
     bad.write_text("providers: {}\nmodels: {m: {provider: nowhere}}\n")
@@ -342,8 +347,10 @@ def test_sigterm_as_pid_1(exe):
                     or os.geteuid() != 0, reason="needs root, unshare and chroot")
 def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
     """The image's file tree (packaging/oci_image.py --rootfs) run as a container runs it: PID 1
-    of its own PID namespace, root filesystem read-only, a tmpfs on /tmp, user and group 65532, only the
-    image's environment, its Entrypoint + Cmd (plus a loopback listen address)."""
+    of its own PID namespace, root filesystem read-only, a tmpfs on /tmp, user and group 65532, the
+    image's environment plus the default config's two variables, its Entrypoint and no argument.
+    The default config's listen address is moved to a free loopback port (as an operator mounts
+    their own config.yaml) and the admin listener to another (BUSBAR_ADMIN_LISTEN)."""
     sys.path.insert(0, os.path.join(ROOT, "packaging"))
     try:
         import oci_image
@@ -352,13 +359,19 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
     rootfs = tmp_path / "rootfs"
     assert oci_image.main(["--executable", exe, "--rootfs", str(rootfs)]) == 0
     (rootfs / "proc").mkdir()                      # a runtime's mount point, not in the image
-    port = free_port()
-    argv = oci_image.ENTRYPOINT + oci_image.CMD + ["--listen", "127.0.0.1:%d" % port]
+    port, admin_port = free_port(), free_port()
+    config = rootfs / "etc" / "busbar" / "config.yaml"
+    text = config.read_text()
+    assert text.count('listen: "0.0.0.0:8080"') == 1
+    config.write_text(text.replace('listen: "0.0.0.0:8080"', 'listen: "127.0.0.1:%d"' % port))
+    env = list(oci_image.ENV) + ["%s=%s" % kv for kv in IMAGE_DEFAULT_ENV.items()] + [
+        "BUSBAR_ADMIN_LISTEN=127.0.0.1:%d" % admin_port]
+    argv = oci_image.ENTRYPOINT
     script = (
         "set -e; r=%s; mount --bind $r $r; mount -t proc proc $r/proc; "
         "mount -o remount,bind,ro $r; mount -t tmpfs -o mode=1777,size=64m tmpfs $r/tmp; "
         "exec env -i %s %s --userspec=%s $r %s"
-        % (rootfs, " ".join(oci_image.ENV), shutil.which("chroot"), oci_image.USER, " ".join(argv)))
+        % (rootfs, " ".join(env), shutil.which("chroot"), oci_image.USER, " ".join(argv)))
     p = subprocess.Popen(["unshare", "--mount", "--pid", "--fork", "--propagation", "private",
                           "sh", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                          text=True)
@@ -370,10 +383,12 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
             status = f.read()
         assert re.search(r"^Uid:\s+65532\s", status, re.M)
         assert re.search(r"^Gid:\s+65532\s", status, re.M)
-        # The default config's lane (a loopback Ollama) is absent here: a native error, no crash.
+        # The admin API wants the token; a model the config does not have is the caller's
+        # protocol's native error (nothing is sent to Anthropic).
+        assert get(admin_port, "/api/v1/admin/info")[0] == 401
         status, ctype, body = post(port, "/v1/chat/completions", {
-            "model": "default", "messages": [{"role": "user", "content": "hi"}]})
-        assert status >= 500 and "error" in json.loads(body)
+            "model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 404 and "error" in json.loads(body)
         os.kill(pid1, signal.SIGTERM)
         assert p.wait(timeout=15) == 0
         out = p.stdout.read()
