@@ -424,18 +424,49 @@ def test_config_is_one_busbar_accepts(rendered):
     assert config is not None and config.governance.keys and config.governance.store.kind == "redis"
 
 
-def test_workers_follow_the_cpu_limit(rendered):
-    # busbar would start one worker per core of the node; the chart passes the pod's share.
+def test_the_container_runs_the_images_entrypoint_alone(rendered):
+    # The Rust gateway's chart contract: `args: []`, so the image's entrypoint (`/busbar`) serves
+    # $BUSBAR_CONFIG, which names the config the chart mounts.
     c = container(rendered)
-    args = c["args"]
-    assert args[:3] == ["serve", "--config", "/etc/busbar/conf/config.yaml"]
-    workers = int(args[args.index("--workers") + 1])
+    assert c["args"] == [] and "command" not in c
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    path = env["BUSBAR_CONFIG"]
+    assert path == "/etc/busbar/conf/config.yaml"
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == os.path.dirname(path)]
+    (volume,) = [v for v in pod_spec(rendered)["volumes"] if v["name"] == mount["name"]]
+    assert volume["configMap"]["name"] == rendered.one("ConfigMap")["metadata"]["name"]
+    assert os.path.basename(path) in rendered.one("ConfigMap")["data"]
+
+
+def test_workers_follow_the_cpu_limit(rendered):
+    # busbar would start one worker per core of the node; the chart writes the pod's share into
+    # the config as advanced.worker_threads (the entrypoint alone takes no --workers), and busbar
+    # reads it from there.
+    from busbar.config import loader
+    from busbar.config.secrets import OfflineEnv
+
+    c = container(rendered)
+    workers = config_of(rendered)["advanced"]["worker_threads"]
     cpu = str(c["resources"]["limits"]["cpu"])
     cores = int(cpu[:-1]) / 1000 if cpu.endswith("m") else float(cpu)
     assert workers == max(1, int(cores))
-    env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["BUSBAR_CONFIG"] == args[2]
-    assert {m["mountPath"] for m in c["volumeMounts"]} >= {os.path.dirname(args[2])}
+    config, out = loader.build(text=rendered.one("ConfigMap")["data"]["config.yaml"],
+                               base_dir="/etc/busbar/conf", env=OfflineEnv({}), offline=True,
+                               overlay=False)
+    assert out.errors == [] and config.workers == workers
+
+
+def test_workers_merge_into_the_users_advanced():
+    # `workers` joins what config.advanced holds; a worker_threads set there wins; workers 0 or
+    # null writes none (busbar's own default then).
+    r = render(values={"workers": 2, "config": {"advanced": {
+        "response_headers": {"server_timing": True}}}})
+    assert config_of(r)["advanced"] == {"worker_threads": 2,
+                                        "response_headers": {"server_timing": True}}
+    r = render(values={"workers": 2, "config": {"advanced": {"worker_threads": 3}}})
+    assert config_of(r)["advanced"] == {"worker_threads": 3}
+    for workers in (0, None):
+        assert "advanced" not in config_of(render(values={"workers": workers}))
 
 
 def test_a_config_change_rolls_the_pods(default):

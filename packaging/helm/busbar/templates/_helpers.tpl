@@ -51,10 +51,27 @@ app.kubernetes.io/part-of: busbar
 {{- end }}
 
 {{/* config.yaml: the listeners and the admin listener's TLS from the chart's values, then the
-     `config:` values. A key given in both is a duplicate, which busbar refuses at boot. */}}
+     `config:` values with advanced.worker_threads from `workers` merged into config.advanced
+     (a worker_threads set there wins). A listener key given in `config:` too is a duplicate,
+     which busbar refuses at boot. */}}
 {{- define "busbar.config" -}}
+{{- $config := deepCopy (.Values.config | default dict) -}}
+{{- if .Values.workers -}}
+{{- $advanced := index $config "advanced" -}}
+{{- if kindIs "invalid" $advanced -}}
+{{- $advanced = dict -}}
+{{- $_ := set $config "advanced" $advanced -}}
+{{- end -}}
+{{- /* Anything but a map is left as it is, for busbar to refuse. */ -}}
+{{- if kindIs "map" $advanced -}}
+{{- if not (hasKey $advanced "worker_threads") -}}
+{{- $_ := set $advanced "worker_threads" (int .Values.workers) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 # Written by the chart: listen, admin_listen and the admin listener's TLS come from its values
-# (ports, admin.mtls); the rest is `config:` in values.yaml.
+# (ports, admin.mtls), advanced.worker_threads from `workers` unless config.advanced sets it; the
+# rest is `config:` in values.yaml.
 listen: "0.0.0.0:{{ .Values.ports.data }}"
 admin_listen: "0.0.0.0:{{ .Values.ports.admin }}"
 {{- if .Values.admin.mtls.enabled }}
@@ -68,5 +85,5 @@ admin_tls:
 # admin.mtls in the chart's values.yaml to require mTLS as well.
 admin_require_mtls: false
 {{- end }}
-{{ toYaml .Values.config }}
+{{ toYaml $config }}
 {{- end }}
