@@ -170,11 +170,36 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     return 0
 
 
+# cgroup v2's CPU bandwidth limit of this process's container ("max" or "<quota> <period>").
+CGROUP_CPU_MAX = "/sys/fs/cgroup/cpu.max"
+
+
+def usable_cpus(cpu_max_path: str = CGROUP_CPU_MAX) -> int:
+    """The workers a default config runs: the CPUs this process may run on (its affinity, which
+    `taskset` and Kubernetes' static CPU manager set), at most its container's CPU limit rounded
+    up (cgroup v2 cpu.max, which a pod's resources.limits.cpu sets). os.cpu_count() alone counts
+    the node's cores: a pod limited to 1 CPU on a 64-core node would start 64 workers of ~25 MiB
+    each and be killed for memory. Tokio, which the Rust gateway sizes itself with, reads the same
+    two."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        n = os.cpu_count() or 1
+    try:
+        with open(cpu_max_path) as f:
+            quota, _, period = f.read().strip().partition(" ")
+        if quota != "max" and period:
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return max(1, n)
+
+
 def serve(config, workers: int | None = None, on_ready=None, extra=None, path=None) -> int:
     """Binds and serves with N worker processes sharing the port through SO_REUSEPORT. `path`:
     the config file (re-read by a reload). Raises busbar.server.listen.ListenError when an
     address is taken (one busbar per address)."""
-    n = workers or config.workers or os.cpu_count() or 1
+    n = workers or config.workers or usable_cpus()
     host, port = config.listen_host, config.listen_port
     # control hook: one instance per address, the admin listener, the workers' config channels.
     from busbar.admin.plane import ControlPlane
