@@ -90,7 +90,7 @@ TOP_LEVEL_RETIRED = {
     "global_hooks": "retired key; hooks are defined under 'hooks:' and attached per pool",
     "metrics": "retired key; Prometheus is an 'export:' instance with module: prometheus",
     "otlp_url": "retired key; OTLP tracing is an 'export:' instance with module: otlp",
-    "admin_insecure": "retired key; the admin API is protected by admin_listen and 'auth:'",
+    "admin_insecure": "retired key; use admin_require_mtls (the opposite value)",
 }
 
 # A catalog entry: the reference's fields, then busbar's own (region, azure, vertex). Any other key

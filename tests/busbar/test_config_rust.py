@@ -476,3 +476,8 @@ def test_canonical_secret_references_mean_the_sugar():
         "identity-providers.c.token: a reference with module: takes only module and settings "
         "(not env)",
     ]
+
+
+def test_admin_insecure_names_its_new_home():
+    assert problems("admin_insecure: true\n") == [
+        "admin_insecure: retired key; use admin_require_mtls (the opposite value)"]
