@@ -35,7 +35,9 @@ auth:
   admin_open: true
 """
 
-BANNER = """\
+# The SDK lines are one shell line each (every line runs as printed), written here in parts.
+BANNER = (
+    """\
 busbar is listening on http://{addr} (demo config: the built-in mock answers, no API key needed)
   models: {models}
   pools:  {pools} (members: {members})
@@ -52,13 +54,21 @@ busbar is listening on http://{addr} (demo config: the built-in mock answers, no
     -d '{{"model":"gpt-4o-mini","max_tokens":64,"stream":true,"messages":[{{"role":"user","content":"Hi"}}]}}'
 
   # The official SDKs (keys are not checked while busbar has none configured; the SDKs insist on one):{sdk_note}
-  {py} -c "import openai; c=openai.OpenAI(base_url='http://{addr}/v1', api_key='demo'); print(c.chat.completions.create(model='gemini-2.5-flash', messages=[{{'role':'user','content':'Hi'}}]).choices[0].message.content)"
-  {py} -c "import anthropic; c=anthropic.Anthropic(base_url='http://{addr}', api_key='demo'); print(c.messages.create(model='claude-haiku-4-5', max_tokens=64, messages=[{{'role':'user','content':'Hi'}}]).content[0].text)"
-  {py} -c "import boto3; c=boto3.client('bedrock-runtime', endpoint_url='http://{addr}', region_name='us-east-1', aws_access_key_id='demo', aws_secret_access_key='demo'); print(c.converse(modelId='amazon.nova-lite-v1:0', messages=[{{'role':'user','content':[{{'text':'Hi'}}]}}])['output']['message']['content'][0]['text'])"
-
+"""
+    "  {py} -c \"import openai; c=openai.OpenAI(base_url='http://{addr}/v1', api_key='demo'); "
+    "print(c.chat.completions.create(model='gemini-2.5-flash', "
+    "messages=[{{'role':'user','content':'Hi'}}]).choices[0].message.content)\"\n"
+    "  {py} -c \"import anthropic; c=anthropic.Anthropic(base_url='http://{addr}', api_key='demo'); "
+    "print(c.messages.create(model='claude-haiku-4-5', max_tokens=64, "
+    "messages=[{{'role':'user','content':'Hi'}}]).content[0].text)\"\n"
+    "  {py} -c \"import boto3; c=boto3.client('bedrock-runtime', endpoint_url='http://{addr}', "
+    "region_name='us-east-1', aws_access_key_id='demo', aws_secret_access_key='demo'); "
+    "print(c.converse(modelId='amazon.nova-lite-v1:0', messages=[{{'role':'user','content':[{{'text':'Hi'}}]}}])"
+    "['output']['message']['content'][0]['text'])\"\n"
+    """
   # The admin API:
   curl -s http://{admin}/api/v1/admin/pools
-"""
+""")
 
 
 # The SDKs the banner's Python lines import, by module, and their pip names.

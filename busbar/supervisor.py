@@ -237,7 +237,7 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     from busbar.reliability.state import capacity
     shared = SharedCounters(control.slot_capacity(config) + capacity(config))
     children = []
-    for i in range(n - 1):
+    for _ in range(n - 1):
         channel = control.channel()
         gov_channel = gov.channel() if gov is not None else None
         pid = os.fork()

@@ -775,7 +775,8 @@ def _provider(
     profile, role_arn = _aws_source(entry, path, protocol, out)
     service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out)
     if service_account is not None and vertex is None and protocol is not None:
-        out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add vertex: {project, location}")
+        out.error(join(path, "credentials"),
+                  "service-account credentials are for Vertex AI; add vertex: {project, location}")
     raw_url = entry.get("base_url", base.get("base_url"))
     if protocol in AWS_PROTOCOLS and "base_url" not in entry and isinstance(entry.get("region"), str) \
             and isinstance(raw_url, str):

@@ -589,7 +589,7 @@ class RedisLedger:
             else:
                 _log_error("settlement script failed (kept for the next attempt): %r" % e)
             return e
-        for k, (delta, _ttl_, _floor) in pend.items():
+        for k, (delta, _ttl_secs, _floor) in pend.items():
             s = self._seen.get(k)
             if s is not None:
                 self._seen[k] = (s[0] + delta, s[1])

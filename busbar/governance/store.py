@@ -19,7 +19,7 @@ import sqlite3
 
 import orjson
 
-from .model import USAGE_FIELDS, KeyRecord, group_from_dict, group_to_dict  # noqa: F401
+from .model import USAGE_FIELDS, GroupRecord, KeyRecord, group_from_dict, group_to_dict
 
 
 def _ukey(u):
