@@ -145,7 +145,7 @@ def prepare(ref: str, python: str, log_dir, build_timeout: float = 900.0, log=pr
                                    timeout=build_timeout)
             except subprocess.TimeoutExpired:
                 raise BaselineError("--baseline %s: building %s's extensions did not finish within "
-                                    "%.0f s (log: %s)" % (ref, sha[:7], build_timeout, log_path))
+                                    "%.0f s (log: %s)" % (ref, sha[:7], build_timeout, log_path)) from None
         if p.returncode != 0:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-3:]
             raise BaselineError("--baseline %s: building %s's extensions failed (exit %d): %s (log: %s)"

@@ -45,7 +45,8 @@ providers:
   m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
   m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
   m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
-  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_AWS}}, region: us-east-1}}
+  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_AWS}},
+                region: us-east-1}}
 models:
   oai-model:  {{provider: m-openai,    upstream_model: gpt-4o-mini}}
   resp-model: {{provider: m-responses, upstream_model: gpt-4.1-mini}}

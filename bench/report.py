@@ -302,7 +302,8 @@ def c1_footer(results):
         "Concurrency 1: %d requests per gateway (after 20 unmeasured), one at a time, interleaved "
         "request by request (direct first, then the gateways in balanced orders: each in every place "
         "and right after every other gateway equally often), each "
-        "gateway on its own keep-alive connection; after each request the client waits until that gateway and the mock are idle. "
+        "gateway on its own keep-alive connection; after each request the client waits until that "
+        "gateway and the mock are idle. "
         "Latency = request written → arrival of the response (kernel receive timestamp of the "
         "segment holding the first body byte; these answers are one segment). Added = gateway minus "
         "the direct request of the same round, paired; \"added ÷ floor's\" = busbar's median added "
@@ -500,7 +501,7 @@ def targets(results, soak=None):
     for e in results.get("scaling", []):
         rows = e["rows"]
         cells = []
-        for name, row in rows.items():
+        for row in rows.values():
             if "skipped" in row:
                 continue
             ok100 = not (row["non2xx"] or row["socket_errors"])

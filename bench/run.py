@@ -364,7 +364,7 @@ class Bench:
         try:
             self.targets["busbar"] = self.start_busbar("busbar", self.args.observe, self.args.keys)
         except StartError as e:
-            raise SystemExit("bench: %s" % e)
+            raise SystemExit("bench: %s" % e) from None
         if self.baseline is not None:
             b = self.baseline
             try:
@@ -374,7 +374,7 @@ class Bench:
                     "bench: the baseline %s (--baseline %s, tree %s) did not start with the bench "
                     "config; if its config schema rejects a key this commit's bench writes (e.g. "
                     "admin_listen, observability, auth, store), it cannot be compared with this "
-                    "bench. %s" % (b.name, b.ref, b.tree.relative_to(ROOT), e))
+                    "bench. %s" % (b.name, b.ref, b.tree.relative_to(ROOT), e)) from None
             t.started.refresh()
             if not baseline.loaded_from(t.started.pids, b.tree):
                 raise SystemExit("bench: the baseline %s does not run its own extensions (none of "
@@ -386,7 +386,7 @@ class Bench:
                 self.targets[OBSERVE] = self.start_busbar(OBSERVE, "on", "off")
                 self.targets[FEATURES] = self.start_busbar(FEATURES, "on", "sqlite")
             except StartError as e:
-                raise SystemExit("bench: %s" % e)
+                raise SystemExit("bench: %s" % e) from None
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
                                         "127.0.0.1:%d" % floor_port, "--upstream",
                                         "127.0.0.1:%d" % mock_port] + floor_tls, self.gw_core, env,
@@ -458,7 +458,7 @@ class Bench:
                         break
                     except OSError:
                         if time.monotonic() > deadline:
-                            raise SystemExit("bench: redis-server did not start")
+                            raise SystemExit("bench: redis-server did not start") from None
                         time.sleep(0.05)
                 self.redis_url = "redis://127.0.0.1:%d" % rport
             self.redis_db += 1
@@ -922,7 +922,7 @@ class Bench:
                                                  self.args.baseline_build_timeout, log=log,
                                                  patch=self.args.baseline_patch)
             except baseline.BaselineError as e:
-                raise SystemExit("bench: %s" % e)
+                raise SystemExit("bench: %s" % e) from None
         lite_why = "skipped (--no-litellm)" if self.args.no_litellm else \
             "skipped (--tls: LiteLLM is not given TLS)" if self.args.tls else ensure_litellm(
                 str(self.log_dir), self.args.install_timeout)
@@ -1046,7 +1046,7 @@ def main(argv=None):
         bench.run()
     except KeyboardInterrupt:
         log("interrupted: stopping every process this run started")
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     finally:
         # Processes first: nothing below may keep a started process alive.
         bench.procs.stop_all()

@@ -86,7 +86,8 @@ def _dump(tag):
         rec["pymalloc"] = _pymalloc()
         with open(os.path.join(_OUT, "diag-%d.jsonl" % pid), "a") as f:
             f.write(json.dumps(rec) + "\n")
-        snap = tracemalloc.take_snapshot() if tracemalloc.is_tracing() and os.environ.get("BENCH_DIAG_TRACEMALLOC") else None
+        tracing = tracemalloc.is_tracing() and os.environ.get("BENCH_DIAG_TRACEMALLOC")
+        snap = tracemalloc.take_snapshot() if tracing else None
         with open(os.path.join(_OUT, "diag-%d.txt" % pid), "a") as f:
             f.write("=== %s pid %d t=%.1f ===\n" % (tag, pid, time.time()))
             f.write("gc.get_count() %r\n" % (gc.get_count(),))
@@ -233,7 +234,8 @@ def _census():
                 for rr in gc.get_referrers(o)[:4]:
                     if rr is samples or rr is samples[k]:
                         continue
-                    refs.append(type(rr).__qualname__ + (":" + repr(rr)[:80] if isinstance(rr, (dict, list, tuple)) and len(repr(rr)) < 200 else ""))
+                    shown = isinstance(rr, (dict, list, tuple)) and len(repr(rr)) < 200
+                    refs.append(type(rr).__qualname__ + (":" + repr(rr)[:80] if shown else ""))
                 f.write("          %s  <- %s\n" % (r, refs))
         del samples
         if snap is not None:
@@ -696,7 +698,7 @@ def main(argv=None):
         (out_dir / "soak_memory.json").write_text(json.dumps(doc, indent=1))
     except KeyboardInterrupt:
         log("interrupted: stopping every process this soak started")
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     finally:
         if sampler is not None and sampler.is_alive():
             sampler.stop()

@@ -602,7 +602,7 @@ def analyse(doc, client, stall_us, top):
         for a, b in (r["seg1"], r["seg2"]):
             gl += inside(gcs, a, b)
             tl += inside(tms, a, b)
-            for due, fired, late in inside(probes, a, b):
+            for _due, _fired, late in inside(probes, a, b):
                 lag = max(lag, late)
         wall1 = r["t_sent"] - r["t_dr"]
         wall2 = r["t_ans"] - r["t_up"]
@@ -675,7 +675,7 @@ def analyse(doc, client, stall_us, top):
         "slow_excess_sum_us": sum(x["dur_us"] - p50 for x in slow),
     }
     gc_all = {}
-    for a, b, gen, coll in gcs:
+    for a, b, gen, _coll in gcs:
         e = gc_all.setdefault(gen, [])
         e.append((b - a) / 1000)
     timers_all = {}
@@ -724,7 +724,8 @@ def print_phase(name, res, top_only=False):
     L = res["latency_us_client"]
     print("client latency µs p50 / p99 / p99.9: %s / %s / %s" % (_f(L["p50"]), _f(L["p99"]),
                                                                _f(L["p99.9"])))
-    print("\n| dur | seg1 | seg2 | offcpu | rdelay | ivcsw | minflt | gc | timers | lag | infl | others | conn | rqbefore |")
+    print("\n| dur | seg1 | seg2 | offcpu | rdelay | ivcsw | minflt | gc | timers | lag | infl | others | conn "
+          "| rqbefore |")
     print("|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---|---:|---:|---:|")
     for x in res["slowest"]:
         print("| %.0f | %.0f | %.0f | %.0f | %.0f | %d | %d | %s | %s | %.0f | %d/%d | %d | %d | %.0f |" % (
@@ -889,7 +890,7 @@ def main(argv=None):
         loop.close()
     except KeyboardInterrupt:
         log("interrupted")
-        raise SystemExit(130)
+        raise SystemExit(130) from None
     finally:
         for p in reversed(started):
             if p.poll() is None:

@@ -151,7 +151,7 @@ def main():
 
     if args.callgrind:
         print("%-22s %14s" % ("case", "Ir/call"))
-        for name, step, size in cases:
+        for name, _step, size in cases:
             n = 100 if size < 32768 else 40
             a = _callgrind_ir(name, n)
             b = _callgrind_ir(name, 2 * n)

@@ -109,7 +109,7 @@ class _Conn:
                     raise ConnectionError("connection closed before the response ended")
                 p.feed_data(chunk)
         except httptools.HttpParserError as e:
-            raise ConnectionError("malformed response: %s" % (e,))
+            raise ConnectionError("malformed response: %s" % (e,)) from None
         t_end = time.time_ns()
         return t_first - t0, t_end - t0, r.status, r.timing, b"".join(r.head)[:300], stamped
 
