@@ -37,7 +37,8 @@ providers:
   m-anthropic: {{protocol: anthropic, base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
   m-gemini:    {{protocol: gemini,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
   m-cohere:    {{protocol: cohere,    base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_KEY}}}}
-  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_AWS}}, region: us-east-1}}
+  m-bedrock:   {{protocol: bedrock,   base_url: "http://127.0.0.1:{mock}", api_key: {{env: MOCK_AWS}},
+                region: us-east-1}}
   m-dead:      {{protocol: openai,    base_url: "http://127.0.0.1:{dead}", api_key: {{env: MOCK_KEY}}}}
 models:
   oai-model:  {{provider: m-openai, upstream_model: gpt-4o-mini}}

@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from busbar import config
-from busbar.config import ConfigError, build, load
+from busbar.config import build, load
 from busbar.config.checks import Problems
 
 # The Rust catalog at v1.5.5, as stored names -> (protocol, base_url[, path]). Facts only: the

@@ -365,7 +365,8 @@ def test_secret_reference_rules():
         "providers.c.api_key: cannot read secret file /nonexistent/key: No such file or directory",
         "providers.d.api_key: a secret reference has exactly one of 'env' or 'file'",
         "providers.e.api_key.vault: unknown key",
-        "providers.f.api_key.module: secret module 'vault' is not built into busbar (built in: env, file); busbar loads no plugins",
+        "providers.f.api_key.module: secret module 'vault' is not built into busbar (built in: env, file); "
+        "busbar loads no plugins",
         "providers.g: missing required key 'api_key' (only http:// loopback or private providers may omit it)",
     ]
     assert not any(SECRET in e for e in errs)
@@ -394,7 +395,8 @@ def test_secret_with_control_characters_is_refused_without_echo():
         ("http://8.8.8.8", "http:// is allowed only for loopback and private hosts; use https://"),
         ("https://user:pw@x.example.com", "must not carry credentials (user:password@); use api_key"),
         ("https://x.example.com/v1?key=1", "must not have a query string or fragment"),
-        ("https://x.example.com\\@evil.example", "must be an ASCII URL without whitespace, control characters or backslashes"),
+        ("https://x.example.com\\@evil.example",
+         "must be an ASCII URL without whitespace, control characters or backslashes"),
         ("https://x.example.com/a/../b", "path must not contain '.' or '..' segments"),
         ("https://0.0.0.0", "host 0.0.0.0 is not a unicast address"),
         ("https://1.2.3.256", "host is an invalid IPv4 address"),
@@ -745,7 +747,8 @@ def test_providers_file_and_deprecated_env(tmp_path):
     c = load(str(tmp_path / "config.yaml"), env={"K": "k"})
     assert c.providers["corp"].base_url == "https://llm.corp.example"
     # The shipped catalog is replaced, not merged.
-    errs = problems("providers_file: " + str(tmp_path / "cat.yaml") + "\nproviders:\n  groq: {api_key: {env: K}}\nmodels: {}\n", {"K": "k"})
+    errs = problems("providers_file: " + str(tmp_path / "cat.yaml")
+                    + "\nproviders:\n  groq: {api_key: {env: K}}\nmodels: {}\n", {"K": "k"})
     assert errs[0].startswith("providers.groq: missing required key 'protocol'")
     c = load(text="providers:\n  corp: {api_key: {env: K}}\nmodels: {}\n",
              env={"K": "k", "BUSBAR_PROVIDERS": str(tmp_path / "cat.yaml")})
@@ -755,7 +758,8 @@ def test_providers_file_and_deprecated_env(tmp_path):
 
 def test_broken_catalog_entries_are_reported_under_the_catalog_path(tmp_path):
     cat = tmp_path / "cat.yaml"
-    cat.write_text("a:\n  protocol: soap\n  base_url: https://a.example\nb:\n  base_url: http://b.example\nc: {protocol: openai}\n")
+    cat.write_text("a:\n  protocol: soap\n  base_url: https://a.example\n"
+                   "b:\n  base_url: http://b.example\nc: {protocol: openai}\n")
     errs = problems(f"providers_file: {cat}\nproviders: {{}}\nmodels: {{}}\n")
     # b's http:// base_url is checked only where a provider uses it (tests/busbar/test_catalog.py)
     assert errs == [
@@ -801,14 +805,16 @@ auth: {chain: [keys, ldap]}
 groups:
   a: {parent: b, limits: [{requests: 1}]}
   b: {parent: a, limits: [{requests: 1, tokens: 2, per: day}, {concurrent: 2, per: day}]}
-  c: {parent: nowhere, limits: [{budget_usd: -1, per: day}, {requests: 5, per: week}, {requests: 1, per: minute, pool: nope}]}
+  c: {parent: nowhere, limits: [{budget_usd: -1, per: day}, {requests: 5, per: week},
+                                {requests: 1, per: minute, pool: nope}]}
 rate_card:
   ghost: {input: 1, output: 1}
 store: {kind: postgres}
 """, GOV_ENV)
     for want in (
         "auth.chain[1]: unknown identity provider 'ldap' (built in: keys; or a name under identity-providers)",
-        "auth.signing_key: required when auth.chain has 'keys' (a secret reference, the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})",
+        "auth.signing_key: required when auth.chain has 'keys' (a secret reference, the same on every instance; "
+        "e.g. {env: BUSBAR_SIGNING_KEY})",
         "groups.a.limits[0].per: expected one of minute, hour, day, month, total",
         "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget, budget_usd, concurrent",
         "groups.b.limits[1].per: a concurrent limit has no period",

@@ -34,7 +34,8 @@ def test_azure_deployment_and_v1():
         models: {}
     """)
     az = c.providers["az"]
-    assert (az.auth, az.azure, az.azure_deployment, az.azure_api_version) == ("api-key", True, "gpt4o-prod", "2024-10-21")
+    assert (az.auth, az.azure, az.azure_deployment, az.azure_api_version) == (
+        "api-key", True, "gpt4o-prod", "2024-10-21")
     assert c.providers["az1"].auth == "api-key" and c.providers["az1"].azure_deployment is None
     assert c.providers["azd"].azure_api_version == "2024-10-21"   # the GA default
     errs = problems("""
@@ -74,7 +75,8 @@ def test_vertex_problems(tmp_path):
         providers:
           a: {catalog: vertex, credentials: {file: sa.json}}
           b: {protocol: gemini, vertex: {project: proj-test}, credentials: {file: bad.json}}
-          c: {protocol: openai, base_url: "https://x.example.com", vertex: {project: p-1234, location: x1}, api_key: {env: K}}
+          c: {protocol: openai, base_url: "https://x.example.com", vertex: {project: p-1234, location: x1},
+              api_key: {env: K}}
           d: {catalog: vertex, vertex: {project: proj-test, location: us-central1}, credentials: {file: sa.json},
               token_url: "http://169.254.169.254/token"}
           e: {catalog: vertex, vertex: {project: proj-test, location: us-central1}, credentials: {file: nope.json}}

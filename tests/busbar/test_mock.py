@@ -832,7 +832,8 @@ _TEMPLATES = {
                        "toolChoice": {"tool": {"name": "f"}}},
         "messages": [{"role": "user", "content": [{"text": "hi"}, {"image": {}}]},
                      {"role": "assistant", "content": [{"toolUse": {}}]},
-                     {"role": "user", "content": [{"toolResult": {"toolUseId": "t", "content": [{"json": {"a": 1}}]}}]}]},
+                     {"role": "user",
+                      "content": [{"toolResult": {"toolUseId": "t", "content": [{"json": {"a": 1}}]}}]}]},
 }
 
 _JUNK = [None, True, 0, -1, 1.5, "", "x", [], {}, [None], {"x": None}, ["a"], 2 ** 62, "REQUIRED",

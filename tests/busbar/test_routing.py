@@ -123,7 +123,8 @@ def test_permits_are_lane_global_across_pools_and_the_direct_route():
 
 
 def test_current_weights_are_per_pool():
-    r = router(ABC, "p1: {members: [{model: a, weight: 2}, {model: b}]}\np2: {members: [{model: a, weight: 2}, {model: b}]}\n")
+    r = router(ABC, "p1: {members: [{model: a, weight: 2}, {model: b}]}\n"
+                    "p2: {members: [{model: a, weight: 2}, {model: b}]}\n")
     p1, p2 = r.resolve("p1"), r.resolve("p2")
     assert picks(p1, 2) == ["a", "b"]
     assert picks(p2, 3) == ["a", "b", "a"]  # p2 starts fresh, unaffected by p1's picks

@@ -159,7 +159,8 @@ def test_read_endpoints(gw):
 
 
 def test_validate_reports_problems_with_paths(gw):
-    bad = "providers:\n  m: {protocol: openai, base_url: 'http://127.0.0.1:9'}\nmodels:\n  gpt: {provider: m, max_concurent: 2}\n"
+    bad = ("providers:\n  m: {protocol: openai, base_url: 'http://127.0.0.1:9'}\n"
+           "models:\n  gpt: {provider: m, max_concurent: 2}\n")
     st, body = call(gw.admin, "POST", A("config/validate"), bad)
     assert st == 400 and body["error"]["code"] == "invalid_request"
     assert {"path": "models.gpt.max_concurent",

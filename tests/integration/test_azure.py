@@ -54,7 +54,8 @@ providers:
              azure: {{deployment: gpt4o-prod, api_version: 2024-10-21}}}}
   az-v1:   {{catalog: azure-openai, base_url: "{fake.url}", api_key: {{env: AZURE_KEY}}}}
   az-filt: {{protocol: openai, base_url: "{fake.url}", api_key: {{env: AZURE_KEY}}, azure: {{deployment: filtered}}}}
-  az-ff:   {{protocol: openai, base_url: "{fake.url}", api_key: {{env: AZURE_KEY}}, azure: {{deployment: filter-finish}}}}
+  az-ff:   {{protocol: openai, base_url: "{fake.url}", api_key: {{env: AZURE_KEY}},
+             azure: {{deployment: filter-finish}}}}
 models:
   dep: {{provider: az-dep, upstream_model: gpt-4o}}
   v1:  {{provider: az-v1, upstream_model: gpt-4o-mini}}

@@ -1,8 +1,9 @@
 """The first five minutes, as a new user meets them (issue 9): the README's example config
 validates, `validate --offline` lints without the environment, `busbar --help` lists every
-command (`busbar` alone serves: tests/integration/test_cli.py), `validate` without a config says where it looked, a config needing a package this install lacks
-is refused in one line, `busbar mock --help` says its port, and every command the demo banner
-prints runs as printed, whichever Python (or none) busbar runs on."""
+command (`busbar` alone serves: tests/integration/test_cli.py), `validate` without a config says
+where it looked, a config needing a package this install lacks is refused in one line, `busbar
+mock --help` says its port, and every command the demo banner prints runs as printed, whichever
+Python (or none) busbar runs on."""
 import json
 import os
 import re

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -18,7 +17,7 @@ import pytest
 from google import genai
 from google.genai import types as gt
 
-from tests.conftest import LANES, stop
+from tests.conftest import stop
 from tests.integration.gov_helpers import post, start, wait_usage
 
 MODELS = ["oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model",

@@ -74,7 +74,8 @@ def build(proto, model, stream, text, *, system=None, image=False, max_tokens=No
         msgs = [{"role": "user", "content": content}]
         if history:
             cid, args = history
-            msgs += [{"role": "assistant", "content": [{"type": "tool_use", "id": cid, "name": "get_weather", "input": args}]},
+            msgs += [{"role": "assistant",
+                      "content": [{"type": "tool_use", "id": cid, "name": "get_weather", "input": args}]},
                      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": cid, "content": "sunny"}]}]
         body = {"model": model, "messages": msgs, "max_tokens": max_tokens or 200, "stream": stream}
         if system:
@@ -124,7 +125,8 @@ def build(proto, model, stream, text, *, system=None, image=False, max_tokens=No
         msgs = [{"role": "user", "content": content}]
         if history:
             cid, args = history
-            msgs += [{"role": "assistant", "content": [{"toolUse": {"toolUseId": cid, "name": "get_weather", "input": args}}]},
+            msgs += [{"role": "assistant",
+                      "content": [{"toolUse": {"toolUseId": cid, "name": "get_weather", "input": args}}]},
                      {"role": "user", "content": [{"toolResult": {"toolUseId": cid, "content": [{"text": "sunny"}]}}]}]
         body = {"messages": msgs}
         if system:
@@ -168,7 +170,8 @@ def read_buffered(proto, doc):
     if proto == "openai":
         m = doc["choices"][0]["message"]
         a.text = m.get("content") or ""
-        a.calls = [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+        a.calls = [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                   for c in m.get("tool_calls") or []]
         a.stop = {"stop": "end", "length": "max", "tool_calls": "tool"}[doc["choices"][0]["finish_reason"]]
     elif proto == "responses":
         for item in doc["output"]:
@@ -204,7 +207,8 @@ def read_buffered(proto, doc):
     elif proto == "cohere":
         m = doc["message"]
         a.text = "".join(c["text"] for c in m.get("content") or [] if c["type"] == "text")
-        a.calls = [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in m.get("tool_calls") or []]
+        a.calls = [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"]))
+                   for c in m.get("tool_calls") or []]
         a.stop = {"COMPLETE": "end", "MAX_TOKENS": "max", "TOOL_CALL": "tool"}[doc["finish_reason"]]
     elif proto == "bedrock":
         for b in doc["output"]["message"]["content"]:
@@ -292,7 +296,8 @@ def read_stream(proto, raw):
                 a.stop = {"end_turn": "end", "max_tokens": "max", "tool_use": "tool"}[d["delta"]["stop_reason"]]
             elif ev == "error":
                 raise AssertionError(d)
-        a.calls = [(b["id"], b["name"], json.loads(b["_json"] or "{}")) for b in blocks.values() if b["type"] == "tool_use"]
+        a.calls = [(b["id"], b["name"], json.loads(b["_json"] or "{}"))
+                   for b in blocks.values() if b["type"] == "tool_use"]
     elif proto == "gemini":
         fr = None
         for _, data in frames:
@@ -308,7 +313,7 @@ def read_stream(proto, raw):
         a.stop = "max" if fr == "MAX_TOKENS" else ("tool" if a.calls else {"STOP": "end"}[fr])
     elif proto == "cohere":
         calls = {}
-        for ev, data in frames:
+        for _, data in frames:
             if data == b"[DONE]":
                 continue
             d = json.loads(data)

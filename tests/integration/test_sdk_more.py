@@ -69,7 +69,8 @@ def test_genai_sdk(gem, egress):
                                                                 parameters_json_schema=SCHEMA)])
     r = gem.models.generate_content(
         model=m, contents="weather? #mock:tool=1",
-        config=gt.GenerateContentConfig(tools=[tool], automatic_function_calling=gt.AutomaticFunctionCallingConfig(disable=True)))
+        config=gt.GenerateContentConfig(
+            tools=[tool], automatic_function_calling=gt.AutomaticFunctionCallingConfig(disable=True)))
     fc = r.function_calls[0]
     assert fc.name == "get_weather" and fc.args == {"city": "mock"}
 

@@ -156,10 +156,10 @@ def test_a_writer_that_cannot_keep_up_drops_and_counts(tmp_path, monkeypatch):
         log.writer.fd = w
         os.set_blocking(w, True)
         ev = threading.Event()
-        for i in range(2000):
+        for _ in range(2000):
             log.on_finish(AWKWARD[1])
         ev.wait(0.3)
-        for i in range(2000):
+        for _ in range(2000):
             log.on_finish(AWKWARD[1])
         assert dropped and log.writer.dropped == len(dropped)
     finally:

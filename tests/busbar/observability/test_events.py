@@ -1,8 +1,9 @@
 """Operational events through the real server's stderr: `boot` with its listeners, and shedding at
 the inbound concurrency cap as one WARNING when it starts and one INFO when it stops, however many
 requests were refused; a lane whose provider refuses busbar's credentials as one WARNING per
-lane and WARN_EVERY_SECS, and nothing for attempts that succeed; no prompt, completion or key in any line. (The breaker's and reload's lines
-are checked in test_lane_series.py, the store's in tests/busbar/governance/test_redis_store.py.)"""
+lane and WARN_EVERY_SECS, and nothing for attempts that succeed; no prompt, completion or key in
+any line. (The breaker's and reload's lines are checked in test_lane_series.py, the store's in
+tests/busbar/governance/test_redis_store.py.)"""
 from __future__ import annotations
 
 import threading

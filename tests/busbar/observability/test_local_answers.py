@@ -5,7 +5,6 @@ webhook), while the LLM calls around them are all counted and logged. On 1cbd392
 was a request record (pool "unresolved"), so Kubernetes probes drowned the real traffic."""
 from __future__ import annotations
 
-import http.client
 import json
 
 from tests.busbar.observability.test_metrics import _get, _post, _samples, _sum

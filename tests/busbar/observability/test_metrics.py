@@ -64,7 +64,7 @@ def test_counters_sum_over_two_workers_and_access_log(mock_port, tmp_path):
         for i in range(n_fail):
             # failover: the dead lane (weight 100) is tried first, then ant-model answers.
             assert _post(gw.port, "failover", "f%d" % i)[0] == 200
-        for i in range(n_unknown):
+        for _ in range(n_unknown):
             assert _post(gw.port, "no-such-pool")[0] == 404
         # Several scrapes: whichever worker answers, the totals are the same.
         seen = set()

@@ -26,7 +26,11 @@ class FakeLane:
     name = "lane-a"
 
 
-def cell(policy=BreakerPolicy(), limits=Limits(), slots=None, clock=None, budget=None, seed=1):
+DEFAULT_POLICY = BreakerPolicy()
+DEFAULT_LIMITS = Limits()
+
+
+def cell(policy=DEFAULT_POLICY, limits=DEFAULT_LIMITS, slots=None, clock=None, budget=None, seed=1):
     slots = slots or LocalSlots(LANE_SLOTS + CELL_SLOTS)
     clock = clock or Clock()
     lane_state = LaneState(slots, 0, budget)

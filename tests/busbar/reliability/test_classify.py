@@ -94,11 +94,14 @@ def test_real_error_bodies_classify(proto, status, body, disposition, cls):
 
 
 def test_stage_one_reads_each_providers_code():
-    assert classify_status(CODECS["openai"], 400, [], json.dumps(OPENAI_CONTEXT).encode(), OWN).code == "context_length_exceeded"
-    assert classify_status(CODECS["anthropic"], 529, [], json.dumps(ANTHROPIC_OVERLOADED).encode(), OWN).code == "overloaded_error"
-    assert classify_status(CODECS["gemini"], 429, [], json.dumps(GEMINI_EXHAUSTED).encode(), OWN).code == "RESOURCE_EXHAUSTED"
-    assert classify_status(CODECS["bedrock"], 429, [], json.dumps(BEDROCK_THROTTLE).encode(), OWN).code == "ThrottlingException"
-    assert "Trial key" in classify_status(CODECS["cohere"], 429, [], json.dumps(COHERE_TRIAL).encode(), OWN).message
+    def stage_one(proto, status, body):
+        return classify_status(CODECS[proto], status, [], json.dumps(body).encode(), OWN)
+
+    assert stage_one("openai", 400, OPENAI_CONTEXT).code == "context_length_exceeded"
+    assert stage_one("anthropic", 529, ANTHROPIC_OVERLOADED).code == "overloaded_error"
+    assert stage_one("gemini", 429, GEMINI_EXHAUSTED).code == "RESOURCE_EXHAUSTED"
+    assert stage_one("bedrock", 429, BEDROCK_THROTTLE).code == "ThrottlingException"
+    assert "Trial key" in stage_one("cohere", 429, COHERE_TRIAL).message
 
 
 def test_error_map_comes_first_but_never_makes_a_5xx_a_context_length():

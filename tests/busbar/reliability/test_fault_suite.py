@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 

@@ -93,7 +93,8 @@ pools:
 @pytest.fixture(scope="module")
 def hostile():
     h = HostileUpstream({"flaky": _flaky, "small": _small, "medium": _small, "big": _fine,
-                         "fine": _fine, "down1": _down, "down2": _down, "capped": _fine, "slow1": _slow, "slow2": _slow})
+                         "fine": _fine, "down1": _down, "down2": _down, "capped": _fine,
+                         "slow1": _slow, "slow2": _slow})
     yield h
     h.close()
 
