@@ -23,6 +23,7 @@ cdef class Target:
     cdef public bint byok
     cpdef lacking(self, op)
     cpdef bint eligible(self, Lane lane) except -1
+
     @cython.locals(lane=Lane, best=Py_ssize_t, i=Py_ssize_t, n=Py_ssize_t)
     cpdef pick(self, exclude=*)
     cpdef bint reasoning(self, Lane lane) except -1
