@@ -210,7 +210,6 @@ def _tls(doc: dict, key: str, env, base_dir, out: Problems, offline: bool) -> Tl
 
 
 def _tokens(section: dict, env, out: Problems, offline: bool) -> tuple[AdminToken, ...]:
-    from .secrets import resolve_secret
     raw = section.get("admin_tokens")
     if raw is None:
         return ()
@@ -239,17 +238,24 @@ def _tokens(section: dict, env, out: Problems, offline: bool) -> tuple[AdminToke
             continue
         if offline:
             continue
-        errors = len(out.errors)
-        token = resolve_secret(entry["token"], join(where, "token"), env, "", out)
-        if len(out.errors) > errors or token is None:
-            continue
-        if not token:
-            # SPEC §6: a blank admin token would let an empty header through.
-            out.error(join(where, "token"), "resolves to an empty token")
-            continue
-        if name is not None and scope in SCOPES:
+        token = _admin_token(entry["token"], join(where, "token"), env, out)
+        if token is not None and name is not None and scope in SCOPES:
             tokens.append(AdminToken(name, token, scope))
     return tuple(tokens)
+
+
+def _admin_token(ref, where: str, env, out: Problems) -> str | None:
+    """An operator token's value, or None (reported): resolved, and never blank (SPEC §6: a blank
+    admin token would let an empty header through)."""
+    from .secrets import resolve_secret
+    errors = len(out.errors)
+    token = resolve_secret(ref, where, env, "", out)
+    if len(out.errors) > errors or token is None:
+        return None
+    if not token:
+        out.error(where, "resolves to an empty token")
+        return None
+    return token
 
 
 def identity_providers(doc: dict, out: Problems) -> dict:
@@ -295,7 +301,6 @@ def _admin_auth(auth: dict, idps: dict, env, out: Problems, offline: bool):
     """`auth.admin_auth`: the admin plane's providers by name -> (admin tokens, open). `[]` is an
     open admin API. Each `admin-tokens` provider with a token is one operator credential, of its
     `max_admin_scope` (full by default for this module)."""
-    from .secrets import resolve_secret
     raw = auth.get("admin_auth", list(DEFAULT_ADMIN_AUTH))
     if not isinstance(raw, list):
         out.error("auth.admin_auth", f"expected a list of identity-provider names, got {describe(raw)}")
@@ -320,16 +325,9 @@ def _admin_auth(auth: dict, idps: dict, env, out: Problems, offline: bool):
             continue
         if "token" not in spec or offline:
             continue
-        token_where = f"identity-providers.{name}.token"
-        errors = len(out.errors)
-        token = resolve_secret(spec["token"], token_where, env, "", out)
-        if len(out.errors) > errors or token is None:
-            continue
-        if not token:
-            # A blank admin token would let an empty header through.
-            out.error(token_where, "resolves to an empty token")
-            continue
-        tokens.append(AdminToken(name, token, spec.get("max_admin_scope") or "full"))
+        token = _admin_token(spec["token"], f"identity-providers.{name}.token", env, out)
+        if token is not None:
+            tokens.append(AdminToken(name, token, spec.get("max_admin_scope") or "full"))
     return tuple(tokens), raw == []
 
 

@@ -357,6 +357,25 @@ def _yaml_load(text: str) -> tuple[object, list[str]]:
         loader.dispose()
 
 
+
+def _loaded_as_written(doc, duplicates, shadow, where: str, out: Problems) -> bool:
+    """Reports duplicate keys, and False when an interpolated ${VAR} changed the document's shape
+    (its value held YAML syntax): `shadow` is the text with placeholders in place of the values."""
+    for duplicate in duplicates:
+        out.error(where, duplicate)
+    if shadow is None:
+        return True
+    try:
+        shadow_doc, _ = _yaml_load(shadow)
+    except yaml.YAMLError:
+        shadow_doc = None
+    if same_shape(doc, shadow_doc):
+        return True
+    out.error(where, "an interpolated ${VAR} value changes the YAML structure (it contains YAML "
+              "syntax such as ': ', '[', '{' or '#'); quote the ${VAR} in the file")
+    return False
+
+
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     # Only position and problem: the context snippet could quote an interpolated secret.
     mark = getattr(exc, "problem_mark", None)
@@ -384,20 +403,8 @@ def _parse(text: str, source: str, env: Mapping[str, str], out: Problems) -> dic
                 pass
         out.error(source, message)
         return None
-    for duplicate in duplicates:
-        out.error(source, duplicate)
-    if shadow is not None:
-        try:
-            shadow_doc, _ = _yaml_load(shadow)
-        except yaml.YAMLError:
-            shadow_doc = None
-        if not same_shape(doc, shadow_doc):
-            out.error(
-                source,
-                "an interpolated ${VAR} value changes the YAML structure (it contains YAML "
-                "syntax such as ': ', '[', '{' or '#'); quote the ${VAR} in the file",
-            )
-            return None
+    if not _loaded_as_written(doc, duplicates, shadow, source, out):
+        return None
     if doc is None:
         out.error(source, "the file is empty; expected a mapping with 'providers' and 'models'")
         return None
@@ -630,17 +637,8 @@ def load_catalog(
     except yaml.YAMLError as exc:
         out.error(path, _yaml_problem(exc))
         return {}
-    for duplicate in duplicates:
-        out.error(path, duplicate)
-    if shadow is not None:
-        try:
-            shadow_doc, _ = _yaml_load(shadow)
-        except yaml.YAMLError:
-            shadow_doc = None
-        if not same_shape(doc, shadow_doc):
-            out.error(path, "an interpolated ${VAR} value changes the YAML structure; quote the "
-                            "${VAR} in the file")
-            return {}
+    if not _loaded_as_written(doc, duplicates, shadow, path, out):
+        return {}
     if doc is None:
         return {}
     if not isinstance(doc, dict):

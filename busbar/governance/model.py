@@ -231,21 +231,14 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             problems.append("%s.budget: expected a positive integer (cents)" % where)
             return None
-        per = raw.get("per")
-        if per not in PERIODS:
-            problems.append("%s.per: expected one of %s" % (where, ", ".join(PERIODS)))
-            return None
-        pool = raw.get("pool")
-        if pool is not None and (not isinstance(pool, str) or not pool):
-            problems.append("%s.pool: expected a pool name" % where)
-            return None
-        return Limit("budget_usd", value * NANO_PER_CENT, per, pool, spelling="budget")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
+        amount = value * NANO_PER_CENT
+    elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
             kind != "budget_usd" and not float(value).is_integer()):
         problems.append("%s.%s: expected a non-negative %s" % (
             where, kind, "number" if kind == "budget_usd" else "integer"))
         return None
-    amount = round(value * NANO) if kind == "budget_usd" else int(value)
+    else:
+        amount = round(value * NANO) if kind == "budget_usd" else int(value)
     per = raw.get("per")
     if kind == "concurrent":
         if per is not None:
@@ -258,6 +251,8 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
     if pool is not None and (not isinstance(pool, str) or not pool):
         problems.append("%s.pool: expected a pool name" % where)
         return None
+    if kind == "budget":
+        return Limit("budget_usd", amount, per, pool, spelling="budget")
     return Limit(kind, amount, per, pool)
 
 

@@ -427,8 +427,9 @@ def test_the_catalog_is_interpolated_like_the_config(tmp_path):
     assert out.errors == [f"{tmp_path / 'cat.yaml'}: ${{HOST}}: environment variable is not set (line 1)"]
     catalog, out = catalog_of(tmp_path, "a: {protocol: openai, base_url: ${HOST}}\n",
                               env={"HOST": "{x: 1}"})
-    assert out.errors[0].endswith("an interpolated ${VAR} value changes the YAML structure; "
-                                  "quote the ${VAR} in the file")
+    assert out.errors[0].endswith("an interpolated ${VAR} value changes the YAML structure (it "
+                                  "contains YAML syntax such as ': ', '[', '{' or '#'); quote the "
+                                  "${VAR} in the file")
 
 
 # --- how an entry merges into a provider --------------------------------------------------------
