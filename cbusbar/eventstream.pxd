@@ -20,4 +20,3 @@ cdef class EventStreamParser:
 
 cpdef bytes encode_headers(dict headers)
 cpdef bytes encode_frame(bytes header_block, bytes payload)
-cpdef bytes encode_message(dict headers, bytes payload)

@@ -304,8 +304,3 @@ cpdef bytes encode_frame(bytes header_block, bytes payload):
     memcpy(p + PRELUDE + hlen, PyBytes_AS_STRING(payload), plen)
     _put32(p + total - 4, _crc(0, p, total - 4))
     return out
-
-
-cpdef bytes encode_message(dict headers, bytes payload):
-    """One frame with these headers (see encode_headers for the value types) and payload."""
-    return encode_frame(encode_headers(headers), payload)

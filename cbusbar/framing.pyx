@@ -447,15 +447,6 @@ cpdef list members(bytes body, tuple span, tuple names):
     return out
 
 
-cpdef bint is_json(bytes body):
-    """True when `body` is exactly one JSON value (any type)."""
-    cdef const unsigned char* p = body
-    cdef Py_ssize_t n = len(body)
-    cdef Py_ssize_t i = _ws(p, 0, n)
-    i = _value(p, i, n, 0)
-    return i >= 0 and _ws(p, i, n) == n
-
-
 cpdef bytes splice(bytes body, Py_ssize_t start, Py_ssize_t end, bytes replacement):
     """body with body[start:end] replaced."""
     return body[:start] + replacement + body[end:]

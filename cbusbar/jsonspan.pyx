@@ -64,10 +64,6 @@ cdef class Marks:
 # Scanning
 
 
-cdef inline bint _hex(unsigned char c) noexcept nogil:
-    return (48 <= c <= 57) or (65 <= c <= 70) or (97 <= c <= 102)
-
-
 cdef inline int _hex4(const unsigned char* p) noexcept nogil:
     """The value of 4 hex digits, or -1."""
     cdef int v = 0, k

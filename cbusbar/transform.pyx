@@ -8,7 +8,7 @@ response_format would have produced.
 """
 import orjson
 
-from cbusbar.ir cimport (Block, Event, Message, Request, Response, Tool, B_TEXT, B_TOOL_USE, D_INPUT_JSON, D_TEXT,
+from cbusbar.ir cimport (Block, Event, Response, B_TEXT, B_TOOL_USE, D_INPUT_JSON, D_TEXT,
                          EV_BLOCK_DELTA, EV_BLOCK_START, EV_MESSAGE_DELTA, SR_END_TURN, SR_TOOL_USE)
 
 
@@ -58,18 +58,3 @@ cdef class ForcedToolUnwrapper:
                 if self.indexes and e.stop_reason == SR_TOOL_USE:
                     e.stop_reason = SR_END_TURN
         return events
-
-
-cpdef void clear_cache_control(Request req):
-    """Bedrock's cachePoint is sent only to lanes that declare prompt caching (Nova rejects it,
-    SPEC §1.5); busbar has no such lane flag yet, so translated requests to Bedrock carry none."""
-    cdef Block b
-    cdef Message m
-    cdef Tool t
-    for b in req.system:
-        b.cache_control = None
-    for m in req.messages:
-        for b in m.content:
-            b.cache_control = None
-    for t in req.tools:
-        t.cache_control = None

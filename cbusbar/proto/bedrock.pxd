@@ -1,6 +1,6 @@
 # The Bedrock Converse codec's stateful halves. The module functions (read_request, write_request,
-# read_response, write_response, read_usage, write_error, error_type, read_error, upstream_path,
-# forced_tool_name, mint_id) follow docs/codecs.md and live in bedrock.pyx.
+# read_response, write_response, read_usage, write_error, error_type, read_error_detail,
+# upstream_path, forced_tool_name, mint_id) follow docs/codecs.md and live in bedrock.pyx.
 
 from cbusbar.ir cimport Usage
 from cbusbar.eventstream cimport EventStreamParser

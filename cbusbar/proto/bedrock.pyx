@@ -649,10 +649,6 @@ cpdef object forced_tool_name(Request req):
     return req.rf_name or FORCED_TOOL
 
 
-cdef inline bint _is_int(object v):
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 cdef bint _tool_loop_without_thinking(list messages):
     """True mid tool loop (the last turn holds tool results) when the assistant turn that called
     the tools does not start with reasoning: Claude rejects enabling thinking then (history from a
@@ -1011,10 +1007,6 @@ cpdef tuple own_error(str kind):
     if kind == "permission":
         return (403, None)
     return (STATUS_OF_KIND.get(kind, 400), None)
-
-
-cpdef object read_error(bytes body):
-    return read_error_detail(body)[0]
 
 
 cpdef tuple read_error_detail(bytes body):

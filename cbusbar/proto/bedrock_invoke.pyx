@@ -79,15 +79,6 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return _b.write_error(status, kind, message, request_id)
 
 
-cpdef str error_type(str kind):
-    return _b.error_type(kind)
-
-
-cpdef object read_error(bytes body):
-    # Bedrock's own {"message"}; a model error relayed by Bedrock can be Anthropic's envelope.
-    return _b.read_error(body) or _a.read_error(body)
-
-
 cpdef str mint_id():
     return _a.mint_id()
 
@@ -122,6 +113,7 @@ cpdef str not_found_message(str name, str api_version):
 
 
 cpdef tuple read_error_detail(bytes body):
+    # Bedrock's own {"message"}; a model error relayed by Bedrock can be Anthropic's envelope.
     cdef tuple d = _b.read_error_detail(body)
     if d[0] is None:
         return _a.read_error_detail(body)

@@ -838,10 +838,6 @@ cpdef tuple own_error(str kind):
     return (STATUS_OF_KIND.get(kind, 400), None)
 
 
-cpdef object read_error(bytes body):
-    return read_error_detail(body)[0]
-
-
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body. Cohere's envelope is `{"message": ...}` with no
     machine code; a `code` field, when a proxy adds one, is passed on."""

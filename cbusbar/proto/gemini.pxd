@@ -1,5 +1,5 @@
 # The Gemini (generateContent) codec's stateful halves. The module functions (read_request,
-# write_request, read_response, write_response, read_usage, write_error, read_error,
+# write_request, read_response, write_response, read_usage, write_error, read_error_detail,
 # write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in gemini.pyx.
 
 from cbusbar.ir cimport Usage

@@ -1238,11 +1238,6 @@ cdef str _error_message(dict obj):
     return None
 
 
-cpdef str read_error(bytes body):
-    cdef dict obj = _error_envelope(body)
-    return _error_message(obj) if obj is not None else None
-
-
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body: OpenAI's `error.code`, else its `error.type`."""
     cdef dict obj = _error_envelope(body)

@@ -1,5 +1,5 @@
 # The OpenAI Responses API codec's stateful halves. The module functions (read_request,
-# write_request, read_response, write_response, read_usage, write_error, read_error,
+# write_request, read_response, write_response, read_usage, write_error, read_error_detail,
 # upstream_path, mint_id) follow docs/codecs.md and live in responses.pyx.
 
 from cbusbar.ir cimport Usage

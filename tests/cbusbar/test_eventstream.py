@@ -8,7 +8,7 @@ import pytest
 from botocore.eventstream import EventStreamBuffer
 
 from cbusbar.eventstream import (EventStreamError, EventStreamParser, crc32, encode_frame,
-                                 encode_headers, encode_message)
+                                 encode_headers)
 
 MAX_FRAME = 16 * 1024 * 1024
 
@@ -63,9 +63,9 @@ KNOWN_FRAMES = [
 def bedrock_frames():
     out = []
     for i in range(5):
-        out.append(encode_message(
+        out.append(encode_frame(encode_headers(
             {":event-type": "contentBlockDelta", ":content-type": "application/json",
-             ":message-type": "event"},
+             ":message-type": "event"}),
             b'{"contentBlockIndex":0,"delta":{"text":"tok%d"},"p":"abc"}' % i))
     return out
 
@@ -92,14 +92,9 @@ def test_all_header_types_decode_like_botocore():
     ({"x" * 255: "y" * 65535}, b"z" * 70000),
 ])
 def test_encodings_decode_with_botocore(headers, payload):
-    frame = encode_message(headers, payload)
+    frame = encode_frame(encode_headers(headers), payload)
     assert botocore_decode(frame) == [(headers, payload)]
     assert EventStreamParser().feed(frame) == [(headers, payload)]
-
-
-def test_encode_frame_reuses_a_header_block():
-    block = encode_headers({":event-type": "metadata"})
-    assert encode_frame(block, b"{}") == encode_message({":event-type": "metadata"}, b"{}")
 
 
 @pytest.mark.parametrize("headers", [
@@ -113,13 +108,13 @@ def test_encode_frame_reuses_a_header_block():
 ])
 def test_encode_rejects_what_the_format_cannot_carry(headers):
     with pytest.raises(EventStreamError):
-        encode_message(headers, b"")
+        encode_frame(encode_headers(headers), b"")
 
 
 def test_encode_rejects_oversized_frames():
     with pytest.raises(EventStreamError):
-        encode_message({}, b"x" * (MAX_FRAME - 15))
-    assert len(encode_message({}, b"x" * (MAX_FRAME - 16))) == MAX_FRAME
+        encode_frame(encode_headers({}), b"x" * (MAX_FRAME - 15))
+    assert len(encode_frame(encode_headers({}), b"x" * (MAX_FRAME - 16))) == MAX_FRAME
 
 
 def test_split_at_every_byte():
@@ -193,7 +188,7 @@ def test_event_stream_error_is_a_value_error():
 
 
 def test_frame_at_the_cap_is_accepted():
-    frame = encode_message({}, b"y" * (MAX_FRAME - 16))
+    frame = encode_frame(encode_headers({}), b"y" * (MAX_FRAME - 16))
     p = EventStreamParser()
     assert p.feed(frame[:100]) == []
     (headers, payload), = p.feed(frame[100:])

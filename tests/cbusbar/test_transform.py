@@ -44,14 +44,3 @@ def test_stream_unwrapper_rewrites_only_the_forced_block():
     assert events[4].stop_reason == ir.END_TURN
     plain = transform.ForcedToolUnwrapper("answer").apply([ir.ev_message_delta(ir.TOOL_USE_STOP, None, None)])
     assert plain[0].stop_reason == ir.TOOL_USE_STOP
-
-
-def test_clear_cache_control_clears_every_place():
-    req = ir.Request()
-    cc = {"type": "ephemeral"}
-    req.system = [ir.Block(ir.TEXT, "s", cache_control=cc)]
-    req.messages = [ir.Message(ir.USER, [ir.Block(ir.TEXT, "m", cache_control=cc)])]
-    req.tools = [ir.Tool("f", None, None, cc)]
-    transform.clear_cache_control(req)
-    assert (req.system[0].cache_control, req.messages[0].content[0].cache_control,
-            req.tools[0].cache_control) == (None, None, None)

@@ -9,7 +9,7 @@ import json
 import anthropic
 import pytest
 
-from cbusbar.eventstream import encode_message
+from cbusbar.eventstream import encode_frame, encode_headers
 from tests.conftest import free_port, stop, start_gateway
 from tests.integration.fakes import ANTHROPIC_REPLY, ANTHROPIC_STREAM, Fake
 from tests.integration.test_credentials import check_sigv4
@@ -25,9 +25,10 @@ def invoke_stream_body():
         if not block:
             continue
         data = block.split(b"data: ", 1)[1]
-        frames.append(encode_message({":event-type": "chunk", ":content-type": "application/json",
-                                      ":message-type": "event"},
-                                     json.dumps({"bytes": base64.b64encode(data).decode(), "p": "abcd"}).encode()))
+        frames.append(encode_frame(encode_headers({":event-type": "chunk",
+                                                   ":content-type": "application/json",
+                                                   ":message-type": "event"}),
+                                   json.dumps({"bytes": base64.b64encode(data).decode(), "p": "abcd"}).encode()))
     return b"".join(frames)
 
 

@@ -1428,15 +1428,17 @@ def test_encoder_extra_pings():
 def test_write_error(kind, status, wire):
     out = orjson.loads(codec.write_error(status, kind, "Something happened.", "req_123"))
     assert out == {"type": "error", "error": {"type": wire, "message": "Something happened."}, "request_id": "req_123"}
-    assert codec.read_error(codec.write_error(status, kind, "Something happened.")) == "Something happened."
+    assert codec.read_error_detail(codec.write_error(status, kind, "Something happened.")) == (
+        "Something happened.", wire)
     assert "request_id" not in orjson.loads(codec.write_error(status, kind, "m"))
 
 
-def test_read_error():
-    assert codec.read_error(b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}') == "Overloaded"
-    assert codec.read_error(b'{"message": "flat"}') == "flat"
+def test_read_error_detail_message():
+    raw = b'{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}'
+    assert codec.read_error_detail(raw)[0] == "Overloaded"
+    assert codec.read_error_detail(b'{"message": "flat"}')[0] == "flat"
     for raw in (b"", b"<html>", b"[]", b'{"error": "x"}', b'{"error": {"message": 5}}'):
-        assert codec.read_error(raw) is None
+        assert codec.read_error_detail(raw)[0] is None
 
 
 def test_write_model_list():

@@ -16,7 +16,7 @@ from botocore.exceptions import EventStreamError as BotoEventStreamError
 from botocore.validate import validate_parameters
 
 from cbusbar import ir
-from cbusbar.eventstream import EventStreamParser, encode_message
+from cbusbar.eventstream import EventStreamParser, encode_frame, encode_headers
 from cbusbar.proto import bedrock
 
 MODEL = botocore.session.get_session().get_service_model("bedrock-runtime")
@@ -100,13 +100,14 @@ def assert_valid_response(body):
 def frame(event_type, payload):
     """A ConverseStream event frame as AWS sends it (padding field included)."""
     payload = dict(payload, p="abcdefghijklmnop")
-    return encode_message({":event-type": event_type, ":content-type": "application/json",
-                           ":message-type": "event"}, orjson.dumps(payload))
+    return encode_frame(encode_headers({":event-type": event_type, ":content-type": "application/json",
+                                        ":message-type": "event"}), orjson.dumps(payload))
 
 
 def exception_frame(exception_type, message):
-    return encode_message({":exception-type": exception_type, ":content-type": "application/json",
-                           ":message-type": "exception"}, orjson.dumps({"message": message}))
+    return encode_frame(encode_headers({":exception-type": exception_type,
+                                        ":content-type": "application/json",
+                                        ":message-type": "exception"}), orjson.dumps({"message": message}))
 
 
 def decode_all(data, step=7):
@@ -440,9 +441,10 @@ def _bedrock_cache_points(req):
 
 
 def test_translated_cache_control_is_not_written_and_the_request_is_untouched():
-    # Issue 7: the engine used to call transform.clear_cache_control before writing for a Bedrock
-    # lane (busbar has no lane flag saying the model takes cachePoints; Nova rejects them). The
-    # codec now leaves out cache control from another protocol itself, without mutating the IR.
+    # Issue 7: the engine used to clear cache control (a transform step, since removed) before
+    # writing for a Bedrock lane (busbar has no lane flag saying the model takes cachePoints; Nova
+    # rejects them). The codec now leaves out cache control from another protocol itself, without
+    # mutating the IR.
     req = _rich_request()
     got = orjson.loads(bedrock.write_request(req))
     assert "cachePoint" not in orjson.dumps(got).decode()
@@ -767,11 +769,11 @@ def test_error_name_falls_back_to_the_status(status, name):
     assert orjson.loads(bedrock.write_error(status, "not-a-kind", "m"))["__type"] == name
 
 
-def test_read_error():
-    assert bedrock.read_error(b'{"message": "Too many tokens"}') == "Too many tokens"
-    assert bedrock.read_error(b'{"Message": "Access denied"}') == "Access denied"
+def test_read_error_detail_message():
+    assert bedrock.read_error_detail(b'{"message": "Too many tokens"}')[0] == "Too many tokens"
+    assert bedrock.read_error_detail(b'{"Message": "Access denied"}')[0] == "Access denied"
     for body in (b"", b"<html>", b"[]", b'{"message": 5}', b'{"message": ""}'):
-        assert bedrock.read_error(body) is None
+        assert bedrock.read_error_detail(body)[0] is None
 
 
 def test_mint_id_is_a_uuid4():
@@ -934,16 +936,17 @@ def test_decodes_exception_frames(exception, kind):
 
 
 def test_decodes_error_message_frames():
-    data = encode_message({":message-type": "error", ":error-code": "InternalFailure",
-                           ":error-message": "boom"}, b"")
+    data = encode_frame(encode_headers({":message-type": "error", ":error-code": "InternalFailure",
+                                        ":error-message": "boom"}), b"")
     assert decode_all(data) == [{"kind": ir.EVENT_ERROR, "error_kind": "api_error", "message": "boom"}]
 
 
 @pytest.mark.parametrize("data", [
     b"\x00\x00\x00\x10garbage garbage",
     text_stream()[:40] + b"\xff" + text_stream()[41:],
-    encode_message({":message-type": "event", ":event-type": "contentBlockDelta"}, b"{not json"),
-    encode_message({":message-type": "event", ":event-type": "contentBlockDelta"}, b"[1, 2]"),
+    encode_frame(encode_headers({":message-type": "event", ":event-type": "contentBlockDelta"}),
+                 b"{not json"),
+    encode_frame(encode_headers({":message-type": "event", ":event-type": "contentBlockDelta"}), b"[1, 2]"),
 ])
 def test_garbage_raises_codec_error(data):
     dec = bedrock.StreamDecoder()
@@ -961,7 +964,7 @@ def test_odd_but_valid_frames_do_not_crash():
         frame("contentBlockStart", {"contentBlockIndex": 0, "start": {"image": {"format": "png"}}}),
         frame("contentBlockStop", {"contentBlockIndex": 99}),
         frame("someFutureEvent", {"x": 1}),
-        encode_message({":message-type": "event"}, b"{}"),
+        encode_frame(encode_headers({":message-type": "event"}), b"{}"),
         frame("messageStop", {"stopReason": 7}),
         frame("metadata", {"usage": {"inputTokens": -5, "outputTokens": "many"}}),
     ])

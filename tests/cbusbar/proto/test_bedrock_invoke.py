@@ -7,7 +7,7 @@ import orjson
 from botocore.eventstream import EventStreamBuffer
 
 from cbusbar import ir
-from cbusbar.eventstream import encode_message
+from cbusbar.eventstream import encode_frame, encode_headers
 from cbusbar.proto import bedrock_invoke as bi, codec
 from tests.integration.fakes import ANTHROPIC_STREAM
 
@@ -35,9 +35,10 @@ def _chunks(sse):
     for block in sse.split(b"\n\n"):
         if block:
             data = block.split(b"data: ", 1)[1]
-            frames.append(encode_message({":event-type": "chunk", ":content-type": "application/json",
-                                          ":message-type": "event"},
-                                         orjson.dumps({"bytes": base64.b64encode(data).decode()})))
+            frames.append(encode_frame(encode_headers({":event-type": "chunk",
+                                                       ":content-type": "application/json",
+                                                       ":message-type": "event"}),
+                                       orjson.dumps({"bytes": base64.b64encode(data).decode()})))
     return b"".join(frames)
 
 
@@ -54,8 +55,9 @@ def test_decoder_reassembles_split_frames():
 
 
 def test_exception_frame_is_an_error_event():
-    frame = encode_message({":exception-type": "throttlingException", ":content-type": "application/json",
-                            ":message-type": "exception"}, b'{"message":"Too many requests"}')
+    frame = encode_frame(encode_headers({":exception-type": "throttlingException",
+                                         ":content-type": "application/json",
+                                         ":message-type": "exception"}), b'{"message":"Too many requests"}')
     events = bi.StreamDecoder().feed(frame)
     assert len(events) == 1 and events[0].kind == ir.EVENT_ERROR
     assert events[0].error_kind == "overloaded" and events[0].message == "Too many requests"

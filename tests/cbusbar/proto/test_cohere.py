@@ -119,10 +119,10 @@ def test_mint_id_is_uuid4():
 def test_errors():
     body = co.write_error(401, "authentication", "invalid api token", "req_1")
     assert orjson.loads(body) == {"message": "invalid api token"}
-    assert co.read_error(body) == "invalid api token"
-    assert co.read_error(b'{"detail": "x"}') is None
-    assert co.read_error(b"<html>") is None
-    assert co.read_error(b'["message"]') is None
+    assert co.read_error_detail(body)[0] == "invalid api token"
+    assert co.read_error_detail(b'{"detail": "x"}')[0] is None
+    assert co.read_error_detail(b"<html>")[0] is None
+    assert co.read_error_detail(b'["message"]')[0] is None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -943,12 +943,12 @@ def test_write_error_bad_key():
                      "reason": "API_KEY_INVALID", "domain": "googleapis.com"}]}}
 
 
-def test_read_error():
-    assert g.read_error(g.write_error(404, "not_found", "models/x is not found")) == (
+def test_read_error_detail_message():
+    assert g.read_error_detail(g.write_error(404, "not_found", "models/x is not found"))[0] == (
         "models/x is not found")
-    assert g.read_error(b'[{"error": {"code": 500, "message": "boom"}}]') == "boom"
+    assert g.read_error_detail(b'[{"error": {"code": 500, "message": "boom"}}]')[0] == "boom"
     for body in (b"", b"<html>", b"{}", b'{"error": "x"}', b"[]", b'{"error": {"message": 1}}'):
-        assert g.read_error(body) is None
+        assert g.read_error_detail(body)[0] is None
 
 
 def test_write_model_list(upstream):

@@ -936,7 +936,7 @@ def test_decoder_encoder_round_trip():
 def test_write_error(status, kind, etype, code, exc):
     raw = codec.write_error(status, kind, "Nope.", "req_123")
     assert orjson.loads(raw) == {"error": {"message": "Nope.", "type": etype, "param": None, "code": code}}
-    assert codec.read_error(raw) == "Nope."
+    assert codec.read_error_detail(raw)[0] == "Nope."
     with pytest.raises(exc) as e:
         serve(raw, status=status).chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
     assert (e.value.type, e.value.code) == (etype, code)
@@ -955,8 +955,8 @@ def test_write_error_unknown_kind_uses_status():
     (b"<html>502</html>", None),
     (b"[]", None),
 ])
-def test_read_error(raw, message):
-    assert codec.read_error(raw) == message
+def test_read_error_detail_message(raw, message):
+    assert codec.read_error_detail(raw)[0] == message
 
 
 def test_write_model_list():

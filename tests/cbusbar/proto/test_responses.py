@@ -562,12 +562,12 @@ def test_write_error_unknown_kind_uses_status():
     assert orjson.loads(R.write_error(404, "???", "m"))["error"]["type"] == "not_found_error"
 
 
-def test_read_error():
-    assert R.read_error(b'{"error": {"message": "Bad key", "type": "x"}}') == "Bad key"
-    assert R.read_error(b'{"error": "plain"}') == "plain"
-    assert R.read_error(b'{"message": "top"}') == "top"
-    assert R.read_error(b"<html>502</html>") is None
-    assert R.read_error(b"[]") is None
+def test_read_error_detail_message():
+    assert R.read_error_detail(b'{"error": {"message": "Bad key", "type": "x"}}')[0] == "Bad key"
+    assert R.read_error_detail(b'{"error": "plain"}')[0] == "plain"
+    assert R.read_error_detail(b'{"message": "top"}')[0] == "top"
+    assert R.read_error_detail(b"<html>502</html>")[0] is None
+    assert R.read_error_detail(b"[]")[0] is None
 
 
 # ---------------------------------------------------------------------------------------------
