@@ -3,8 +3,6 @@
 # ir.CodecError worded by the protocol's own Shape (each codec subclasses it to speak like its
 # provider). Upstream bodies are read leniently: a wrong type reads as absent, never raises.
 
-from cbusbar.framing cimport SSEParser
-
 
 cdef enum:
     # JSON types a getter expects (Shape.bad_type's `expected`)
@@ -55,7 +53,6 @@ cdef dict request_object(bytes body, str not_object)    # parse; PARSE_ERROR / n
 cdef dict upstream_object(bytes body)       # parse; CodecError(UPSTREAM_NOT_JSON) if not an object
 cdef dict frame_object(bytes data)          # parse; CodecError(UPSTREAM_BAD_FRAME) if not an object
 cdef object frame_too_large()               # the CodecError for a frame over the decoder's limit
-cdef list sse_frames(SSEParser parser, bytes chunk, bint eof)   # parser.feed(chunk) / close(), frame_too_large on an oversized frame
 
 
 cdef inline bint is_int(object v):

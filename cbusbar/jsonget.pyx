@@ -6,7 +6,6 @@ upstream body or stream frame can be unusable."""
 import orjson
 
 from cbusbar.ir import CodecError
-from cbusbar.framing import FramingError
 
 # The caller-safe texts, once. PARSE_ERROR is OpenAI's own wording (SPEC 1.1), used by all six so a
 # client of any protocol reads the same sentence for a body that is not JSON.
@@ -179,12 +178,3 @@ cdef dict frame_object(bytes data):
 
 cdef object frame_too_large():
     return CodecError(UPSTREAM_FRAME_TOO_LARGE)
-
-
-cdef list sse_frames(SSEParser parser, bytes chunk, bint eof):
-    """A stream decoder's SSE frames ((event, data) tuples) from its next chunk, or the rest at
-    upstream EOF; a frame over the parser's limit is the codecs' one CodecError for it."""
-    try:
-        return parser.close() if eof else parser.feed(chunk)
-    except FramingError:
-        raise frame_too_large() from None

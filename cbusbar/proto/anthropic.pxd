@@ -2,22 +2,16 @@
 # functions are documented in docs/codecs.md; anthropic.pyx implements both.
 
 from cbusbar cimport ir
-from cbusbar.framing cimport SSEParser
+from cbusbar.proto._common cimport SSEDecoder
 
 
-cdef class StreamDecoder:
-    cdef SSEParser parser
-    cdef readonly ir.Usage usage    # running totals, IR convention (input includes the cache
-                                    # buckets); None until message_start
-    cdef readonly bint finished     # message_stop seen
+cdef class StreamDecoder(SSEDecoder):
+    """`usage`: running totals, IR convention (input includes the cache buckets), None until
+    message_start; `finished`: message_stop seen; `done`: message_stop or an error seen."""
     cdef long long raw_input        # Anthropic's own input_tokens (cache buckets excluded)
     cdef dict blocks                # upstream content index -> IR block index (carried blocks only)
     cdef int next_index
-    cdef bint done                  # message_stop or error seen: later frames are ignored
 
-    cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, object event, bytes data, list out) except *
     cdef void _block_start(self, dict obj, list out) except *
     cdef object _block(self, dict obj)
     cdef void _block_delta(self, dict obj, list out) except *

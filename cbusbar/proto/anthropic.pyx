@@ -17,9 +17,8 @@ from cbusbar cimport ids
 
 from cbusbar cimport ir
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
+from cbusbar.framing cimport members, scan_top, sse_event
 from cbusbar cimport jsonget
 from cbusbar cimport jsonspan
 from cbusbar.jsonspan cimport Marks
@@ -32,6 +31,8 @@ from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport ObjectStream, object_of
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
+from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
+from cbusbar.proto._common import body_as_is, model_not_found, usage_always_sent
 
 NAME = "anthropic"
 CONTENT_TYPE = b"application/json"
@@ -1088,28 +1089,23 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return orjson.dumps(d)
 
 
+# busbar's own refusals in Anthropic's words (_common.own_error_in says what each kind is).
+cdef dict OWN_ERRORS = {
+    "authentication": (401, "invalid x-api-key"),
+    "permission": (403, None),
+    "quota": (429, None),
+}
+
+
 cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (401, "invalid x-api-key")
-    if kind == "quota":
-        return (429, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
+    return own_error_in(OWN_ERRORS, kind)
 
 
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body; the code is Anthropic's `error.type`."""
-    cdef object d, e, msg = None, code = None
-    try:
-        d = orjson.loads(body)
-    except Exception:
-        return (None, None)
-    if not isinstance(d, dict):
+    cdef dict d = error_object(body, False)
+    cdef object e, msg = None, code = None
+    if d is None:
         return (None, None)
     e = d.get("error")
     if isinstance(e, dict):
@@ -1144,18 +1140,11 @@ cdef str _request_id():
     return "req_" + ids.hex_id(12)
 
 
-cpdef str not_found_message(str name, str api_version):
-    return "The model '%s' does not exist or you do not have access to it." % name
+not_found_message = model_not_found
 
-
-cpdef bint wants_stream_usage(ir.Request req):
-    """Anthropic streams always carry usage: nothing for the client to ask."""
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """Anthropic streams always carry usage: the body goes as it is, nothing is hidden."""
-    return body, None
+# Anthropic streams always carry usage: nothing for the client to ask, nothing to hide.
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
@@ -1179,35 +1168,19 @@ cdef inline bytes _sse(str event, object payload):
     return sse_event(event.encode(), orjson.dumps(payload))
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
     """Anthropic SSE -> IR events. Anthropic's stream already has the IR's shape; the decoder adds
     the cache buckets into input, keeps usage as running totals, and renumbers blocks densely
     (blocks the IR cannot carry, such as server tool results, are skipped)."""
 
     def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
         self.raw_input = 0
         self.blocks = {}
         self.next_index = 0
-        self.done = False
-
-    cpdef list feed(self, bytes chunk):
-        cdef list out = []
-        for event, data in jsonget.sse_frames(self.parser, chunk, False):
-            self._frame(event, data, out)
-        return out
-
-    cpdef list close(self):
-        cdef list out = []
-        for event, data in jsonget.sse_frames(self.parser, None, True):
-            self._frame(event, data, out)
-        return out
 
     cdef void _frame(self, object event, bytes data, list out) except *:
         cdef object obj, t, msg, err
         cdef ir.Usage u
-        if self.done:
-            return
         if not data or ((data[0] == 32 or data[0] == 9) and not data.strip()):
             return  # an event without data, or blank data (a keep-alive; docs/codecs.md)
         obj = jsonget.frame_object(data)

@@ -39,7 +39,6 @@ from cbusbar.ir cimport (
 )
 from cbusbar.eventstream cimport EventStreamParser, encode_headers, encode_frame
 from cbusbar.ir import CodecError
-from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.eventstream import EventStreamError
 from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, members, scan_top
@@ -53,6 +52,8 @@ from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport ObjectStream, object_of
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
+from cbusbar.proto._common cimport error_object, own_error_in
+from cbusbar.proto._common import body_as_is, model_not_found, usage_always_sent
 
 NAME = "bedrock"
 CONTENT_TYPE = b"application/json"
@@ -995,35 +996,30 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return orjson.dumps({"__type": name, "message": message})
 
 
+# busbar's own refusals in AWS's words (_common.own_error_in says what each kind is).
+cdef dict OWN_ERRORS = {
+    "authentication": (403, "The security token included in the request is invalid."),
+    "permission": (403, None),
+    "quota": (400, None),
+}
+
+
 cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (403, "The security token included in the request is invalid.")
-    if kind == "quota":
-        return (400, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
+    return own_error_in(OWN_ERRORS, kind)
 
 
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body; the code is the exception name of `__type`
     (ThrottlingException, ...), without the `namespace#` prefix some services put before it."""
-    try:
-        raw = orjson.loads(body)
-    except Exception:
+    cdef dict raw = error_object(body, False)
+    if raw is None:
         return (None, None)
-    if not isinstance(raw, dict):
-        return (None, None)
-    msg = (<dict>raw).get("message")
+    msg = raw.get("message")
     if not isinstance(msg, str):
-        msg = (<dict>raw).get("Message")
-    code = (<dict>raw).get("__type")
+        msg = raw.get("Message")
+    code = raw.get("__type")
     if not isinstance(code, str):
-        code = (<dict>raw).get("code") if isinstance((<dict>raw).get("code"), str) else None
+        code = raw.get("code") if isinstance(raw.get("code"), str) else None
     if code is not None:
         code = (<str>code).rpartition("#")[2].partition(":")[0] or None
     return (msg if isinstance(msg, str) and msg else None, code)
@@ -1053,18 +1049,12 @@ cpdef bytes error_headers(str kind, str request_id):
         error_type(kind).encode() + b"\r\n"
 
 
-cpdef str not_found_message(str name, str api_version):
-    return "The model '%s' does not exist or you do not have access to it." % name
+not_found_message = model_not_found
 
-
-cpdef bint wants_stream_usage(Request req):
-    """ConverseStream always ends with a metadata event carrying usage."""
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """ConverseStream always ends with a metadata event carrying usage: the body goes as it is."""
-    return body, None
+# ConverseStream always ends with a metadata event carrying usage: nothing for the client to ask,
+# nothing to hide.
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):

@@ -21,6 +21,7 @@ from cbusbar.ir import EVENT_ERROR, CodecError
 from cbusbar.framing import SSEParser
 from cbusbar.proto import anthropic as _a
 from cbusbar.proto import bedrock as _b
+from cbusbar.proto._common import body_as_is, usage_always_sent
 
 NAME = "bedrock-invoke"
 CONTENT_TYPE = b"application/json"
@@ -83,13 +84,9 @@ cpdef str mint_id():
     return _a.mint_id()
 
 
-cpdef bint wants_stream_usage(ir.Request req):
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """Claude's stream always carries usage: the body goes as it is."""
-    return body, None
+# Claude's stream always carries usage: nothing for the client to ask, nothing to hide.
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
@@ -104,12 +101,8 @@ cpdef bytes error_headers(str kind, str request_id):
     return _b.error_headers(kind, request_id)
 
 
-cpdef tuple own_error(str kind):
-    return _b.own_error(kind)
-
-
-cpdef str not_found_message(str name, str api_version):
-    return _b.not_found_message(name, api_version)
+own_error = _b.own_error
+not_found_message = _b.not_found_message
 
 
 cpdef tuple read_error_detail(bytes body):

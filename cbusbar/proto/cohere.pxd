@@ -1,25 +1,20 @@
 # The Cohere v2 chat codec's stateful pieces (the module functions are in cohere.pyx).
 
 from cbusbar.ir cimport Block, Event, Usage
-from cbusbar.framing cimport SSEParser
+from cbusbar.proto._common cimport SSEDecoder
 from cbusbar.sequencer cimport BlockSequencer
 
 
-cdef class StreamDecoder:
-    cdef SSEParser parser
+cdef class StreamDecoder(SSEDecoder):
+    """`done`: message-end (or an error frame) seen; `finished`: a message-end that is not an
+    error seen; `usage`: message-end's."""
     cdef bint started           # MESSAGE_START emitted
-    cdef bint done              # message-end (or an error frame) seen; later frames are ignored
-    cdef readonly bint finished # a message-end that is not an error seen
-    cdef readonly Usage usage   # message-end's usage, None until it arrives
     cdef BlockSequencer seq     # the IR blocks: one open at a time, dense indexes; its `filled`
                                 # says whether an open tool call received argument bytes
     cdef int open_src           # which Cohere event family opened it (SRC_* in cohere.pyx)
     cdef object open_cohere     # Cohere's own index for it (content or tool-call index), or None
     cdef bint open_ended        # content-end seen, BLOCK_STOP deferred (citations arrive after it)
 
-    cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, list out, object event, bytes data)
     cdef bint _same(self, object index)
     cdef void _start(self, list out, object id)
     cdef void _close_open(self, list out)

@@ -26,9 +26,8 @@ import orjson
 from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
+from cbusbar.framing cimport members, scan_top, sse_event
 from cbusbar.ir import CodecError
-from cbusbar.ir import STATUS_OF_KIND
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
@@ -39,6 +38,9 @@ from cbusbar.jsonget cimport (
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_BAD_FRAME, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport input_of, text_of
+from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
+from cbusbar.proto._common import (body_as_is, model_not_found, no_error_headers, no_forced_tool,
+                                   no_response_headers, usage_always_sent)
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -824,29 +826,26 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return orjson.dumps({"message": message})
 
 
+# busbar's own refusals in Cohere's words (_common.own_error_in says what each kind is).
+cdef dict OWN_ERRORS = {
+    "authentication": (401, "invalid api token"),
+    "permission": (403, None),
+    "quota": (429, None),
+}
+
+
 cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (401, "invalid api token")
-    if kind == "quota":
-        return (429, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
+    return own_error_in(OWN_ERRORS, kind)
 
 
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body. Cohere's envelope is `{"message": ...}` with no
     machine code; a `code` field, when a proxy adds one, is passed on."""
-    try:
-        doc = orjson.loads(body)
-    except Exception:
+    cdef dict doc = error_object(body, False)
+    if doc is None:
         return (None, None)
-    message = _get(doc, "message")
-    code = _get(doc, "code")
+    message = doc.get("message")
+    code = doc.get("code")
     return (message if isinstance(message, str) else None,
             code if isinstance(code, str) and code else None)
 
@@ -855,35 +854,18 @@ cpdef tuple read_error_detail(bytes body):
 # Discovery: what the engine asks the codec instead of branching on its name
 
 
-cpdef object forced_tool_name(Request req):
-    """Cohere has response_format: structured output never becomes a forced tool."""
-    return None
-
-
-cpdef bint wants_stream_usage(Request req):
-    """Cohere's message-end always carries usage: nothing for the client to ask."""
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """Cohere's message-end always carries usage: the body goes as it is."""
-    return body, None
+# Cohere has response_format: structured output never becomes a forced tool. Its message-end
+# always carries usage: nothing for the client to ask, nothing to hide. No headers of its own.
+forced_tool_name = no_forced_tool
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
+response_headers = no_response_headers
+error_headers = no_error_headers
+not_found_message = model_not_found
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     return StreamEncoder(id, model)
-
-
-cpdef bytes response_headers(object upstream_headers, str request_id):
-    return b""
-
-
-cpdef bytes error_headers(str kind, str request_id):
-    return b""
-
-
-cpdef str not_found_message(str name, str api_version):
-    return "The model '%s' does not exist or you do not have access to it." % name
 
 
 cpdef str mint_id():
@@ -895,34 +877,19 @@ cpdef str mint_id():
 # Decoder and encoder: streams
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
     """Cohere SSE (`event: <type>` + `data: {"type": <type>, ...}`, then `data: [DONE]`) -> IR.
     Cohere keeps separate index spaces for content, tool calls and citations; IR blocks are numbered
     in arrival order. The tool plan has no start/end events: its first delta opens a TEXT block and
-    the next block (or message-end) closes it."""
+    the next block (or message-end) closes it. A stream cut before message-end is left unfinished
+    at upstream EOF: the engine ends it."""
 
     def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
         self.seq = BlockSequencer()
         self.open_cohere = None
 
-    cpdef list feed(self, bytes chunk):
-        cdef list out = []
-        for event, data in jsonget.sse_frames(self.parser, chunk, False):
-            self._frame(out, event, data)
-        return out
-
-    cpdef list close(self):
-        """Upstream EOF. A stream cut before message-end is left unfinished: the engine ends it."""
-        cdef list out = []
-        for event, data in jsonget.sse_frames(self.parser, None, True):
-            self._frame(out, event, data)
-        return out
-
-    cdef void _frame(self, list out, object event, bytes data):
+    cdef void _frame(self, object event, bytes data, list out) except *:
         cdef str kind
-        if self.done:
-            return
         stripped = data.strip()
         if not stripped:
             return

@@ -3,30 +3,27 @@
 # write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in gemini.pyx.
 
 from cbusbar.ir cimport Usage
-from cbusbar.framing cimport JsonArrayParser, SSEParser
+from cbusbar.framing cimport JsonArrayParser
+from cbusbar.proto._common cimport SSEDecoder
 from cbusbar.sequencer cimport BlockSequencer
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
     """Upstream GenerateContentResponse chunks -> IR events. The chunks come as SSE `data:` frames
-    (what busbar asks for with ?alt=sse) or, from an upstream that ignores alt=sse, as one streamed
-    JSON array. Gemini's stream is flat, so block boundaries are synthesised."""
-    cdef SSEParser parser           # SSE mode
+    (what busbar asks for with ?alt=sse; SSEDecoder's parser) or, from an upstream that ignores
+    alt=sse, as one streamed JSON array. Gemini's stream is flat, so block boundaries are
+    synthesised. `done`: MESSAGE_STOP or EV_ERROR emitted; `finished`: a candidate's finishReason
+    (or a blocked prompt) seen; `usage`: the latest usageMetadata."""
     cdef JsonArrayParser array      # JSON-array mode
     cdef int mode                   # 0 undecided, 1 SSE, 2 JSON array
     cdef bint started               # MESSAGE_START emitted
-    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
-    cdef readonly bint finished     # a candidate's finishReason (or a blocked prompt) seen
     cdef bint saw_tool              # a functionCall part arrived (finish STOP then means tool use)
     cdef bint sealed                # the open thinking block already got its signature
     cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes
     cdef int tool_count             # functionCall parts seen (seeds their minted ids)
     cdef str response_id            # the upstream responseId (seeds minted tool-call ids)
-    cdef readonly Usage usage       # the latest usageMetadata, None until one arrives
 
     cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, bytes data, list out) except *
     cdef void _chunk(self, dict chunk, list out) except *
     cdef void _part(self, dict part, object logprobs, list out) except *
     cdef void _fail(self, str kind, str message, list out) except *

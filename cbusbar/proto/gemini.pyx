@@ -32,7 +32,7 @@ from cbusbar.ir cimport (
 )
 from cbusbar.ir import CodecError, STATUS_OF_KIND, kind_of_status
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport JsonArrayParser, SSEParser, json_array_item, sse_data_crlf, top_field
+from cbusbar.framing cimport JsonArrayParser, json_array_item, sse_data_crlf, top_field
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
@@ -43,6 +43,9 @@ from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport object_of
 from cbusbar.reasoning cimport budget_of_effort
+from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
+from cbusbar.proto._common import (body_as_is, no_error_headers, no_forced_tool, no_response_headers,
+                                   usage_always_sent)
 
 NAME = "gemini"
 CONTENT_TYPE = b"application/json"
@@ -1119,34 +1122,27 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
     return orjson.dumps({"error": err})
 
 
+# busbar's own refusals in Google's words (_common.own_error_in says what each kind is).
+cdef dict OWN_ERRORS = {
+    "authentication": (400, "API key not valid. Please pass a valid API key."),
+    "permission": (403, None),
+    "quota": (429, None),
+}
+
+
 cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (400, "API key not valid. Please pass a valid API key.")
-    if kind == "quota":
-        return (429, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
+    return own_error_in(OWN_ERRORS, kind)
 
 
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body; the code is Google's `error.status`
     (INVALID_ARGUMENT, RESOURCE_EXHAUSTED, ...)."""
-    cdef object data, err, msg = None, code = None
-    try:
-        data = orjson.loads(body)
-    except Exception:
-        return (None, None)
     # a non-SSE streaming call reports its error inside the JSON array
-    if isinstance(data, list) and data:
-        data = data[0]
-    if not isinstance(data, dict):
+    cdef dict data = error_object(body, True)
+    cdef object err, msg = None, code = None
+    if data is None:
         return (None, None)
-    err = (<dict>data).get("error")
+    err = data.get("error")
     if isinstance(err, dict):
         if isinstance(err.get("message"), str) and err["message"]:
             msg = err["message"]
@@ -1159,19 +1155,14 @@ cpdef tuple read_error_detail(bytes body):
 # Discovery: what the engine asks the codec instead of branching on its name
 
 
-cpdef object forced_tool_name(Request req):
-    """Gemini has responseSchema: structured output never becomes a forced tool."""
-    return None
-
-
-cpdef bint wants_stream_usage(Request req):
-    """Gemini's final chunk always carries usageMetadata: nothing for the client to ask."""
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """Gemini's final chunk always carries usageMetadata: the body goes as it is."""
-    return body, None
+# Gemini has responseSchema: structured output never becomes a forced tool. Its final chunk
+# always carries usageMetadata: nothing for the client to ask, nothing to hide. No headers of its
+# own.
+forced_tool_name = no_forced_tool
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
+response_headers = no_response_headers
+error_headers = no_error_headers
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
@@ -1179,14 +1170,6 @@ cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint j
     cdef StreamEncoder enc = StreamEncoder(id, model)
     enc.json_array = json_array
     return enc
-
-
-cpdef bytes response_headers(object upstream_headers, str request_id):
-    return b""
-
-
-cpdef bytes error_headers(str kind, str request_id):
-    return b""
 
 
 cpdef str not_found_message(str name, str api_version):
@@ -1210,14 +1193,17 @@ cpdef str mint_id():
 # Decoder
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
 
     def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
         self.array = JsonArrayParser(max_frame)
         self.seq = BlockSequencer()
 
     cpdef list feed(self, bytes chunk):
+        """SSE mode is SSEDecoder's; the JSON-array mode reads the array's elements as frames.
+        close() is SSEDecoder's in both: in JSON-array mode its SSE parser holds nothing, and an
+        unfinished stream (no finishReason, or a truncated element) gets nothing more, as the
+        engine ends the client stream with an error."""
         cdef list out = [], frames
         cdef Py_ssize_t i, n
         if self.done:
@@ -1230,37 +1216,23 @@ cdef class StreamDecoder:
             if i == n:
                 return out  # whitespace only: the framing is not known yet
             self.mode = 2 if chunk[i] == 91 else 1  # `[`
+        if self.mode == 1:
+            return SSEDecoder.feed(self, chunk)
         try:
-            if self.mode == 1:
-                frames = [f[1] for f in self.parser.feed(chunk)]
-            else:
-                frames = self.array.feed(chunk)
+            frames = self.array.feed(chunk)
         except FramingError:
             raise jsonget.frame_too_large() from None
         for data in frames:
+            self._frame(None, data, out)
             if self.done:
                 break
-            self._frame(data, out)
-        return out
-
-    cpdef list close(self):
-        cdef list out = []
-        if self.done:
-            return out
-        if self.mode == 1:
-            for _, data in jsonget.sse_frames(self.parser, None, True):
-                if self.done:
-                    break
-                self._frame(data, out)
-        # An unfinished stream (no finishReason) gets nothing more: the engine ends the client
-        # stream with an error. A truncated JSON-array element is dropped for the same reason.
         return out
 
     cdef void _fail(self, str kind, str message, list out) except *:
         out.append(ev_error(kind, message))
         self.done = True
 
-    cdef void _frame(self, bytes data, list out) except *:
+    cdef void _frame(self, object event, bytes data, list out) except *:
         cdef object chunk
         data = data.strip()
         if not data or data == b"[DONE]":

@@ -3,17 +3,16 @@
 # write_model_list, upstream_path, mint_id) follow docs/codecs.md and live in openai.pyx.
 
 from cbusbar.ir cimport Usage
-from cbusbar.framing cimport SSEParser
+from cbusbar.proto._common cimport SSEDecoder
 from cbusbar.sequencer cimport BlockSequencer
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
     """Upstream `data:` chunks -> IR events. OpenAI's stream is flat, so block boundaries are
-    synthesised: one block is open at a time, and a change of delta kind closes it."""
-    cdef SSEParser parser
+    synthesised: one block is open at a time, and a change of delta kind closes it. `done`:
+    MESSAGE_STOP or EV_ERROR emitted; `finished`: [DONE], or a finish_reason then EOF; `usage`:
+    the usage chunk's totals."""
     cdef bint started               # MESSAGE_START emitted
-    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
-    cdef readonly bint finished     # the stream ended properly: [DONE], or a finish_reason then EOF
     cdef bint have_finish           # a finish_reason arrived
     cdef bint saw_tool              # a tool call was streamed (finish "stop" then means tool use)
     cdef bint saw_refusal           # delta.refusal text was streamed
@@ -21,33 +20,22 @@ cdef class StreamDecoder:
     cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes
     cdef dict tools                 # OpenAI tool-call key (its `index`, else its id) -> IR block index
     cdef object last_tool           # key of the most recent tool call (fragments without index/id)
-    cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
     cdef object _c_text             # _text_frame's scratch: the chunk's text and finish_reason
     cdef object _c_finish
 
-    cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, bytes data, list out) except *
     cdef bint _text_frame(self, bytes data, list out) except -1
     cdef void _choice(self, dict choice, list out) except *
     cdef void _tool_call(self, dict call, list out) except *
     cdef void _finish(self, list out) except *
 
 
-cdef class StreamTap:
+cdef class StreamTap(SSEDecoder):
     """The same-protocol relay's tap (docs/codecs.md `StreamTap`): reads a relayed stream for what
     the engine needs of it (the usage, an error event, whether it ended properly), not for IR
-    blocks; the client gets the upstream's bytes."""
-    cdef SSEParser parser
+    blocks; the client gets the upstream's bytes. `done`: [DONE] or an error event; `finished`
+    and `usage` as StreamDecoder's."""
     cdef bint started               # a frame was read whole (the stream's start was valid JSON)
-    cdef bint done                  # [DONE] or an error event: later frames are ignored
-    cdef readonly bint finished     # the stream ended properly: [DONE], or a finish_reason then EOF
     cdef bint have_finish           # a finish_reason arrived
-    cdef readonly Usage usage       # the usage chunk's totals, None until one arrives
-
-    cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, bytes data, list out) except *
 
 
 cdef class StreamEncoder:

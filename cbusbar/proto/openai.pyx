@@ -35,9 +35,8 @@ from cbusbar.ir cimport (
     D_TEXT, D_INPUT_JSON, D_THINKING,
 )
 from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.ir import STATUS_OF_KIND
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport DEFAULT_MAX_FRAME, SSEParser, members, scan_top, splice
+from cbusbar.framing cimport DEFAULT_MAX_FRAME, members, scan_top, splice
 from cbusbar cimport jsonget
 from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, string_end, text_literal,
                                text_value, ws)
@@ -55,6 +54,8 @@ from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
+from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
+from cbusbar.proto._common import model_not_found, no_error_headers, no_forced_tool, no_response_headers
 
 NAME = "openai"
 CONTENT_TYPE = b"application/json"
@@ -1189,18 +1190,16 @@ cpdef bytes write_error(int status, str kind, str message, str request_id=None):
                                    "code": ERROR_CODE.get(kind)}})
 
 
+# busbar's own refusals in OpenAI's words (_common.own_error_in says what each kind is).
+cdef dict OWN_ERRORS = {
+    "authentication": (401, "Incorrect API key provided."),
+    "permission": (403, None),
+    "quota": (429, None),
+}
+
+
 cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (401, "Incorrect API key provided.")
-    if kind == "quota":
-        return (429, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
+    return own_error_in(OWN_ERRORS, kind)
 
 
 cdef str _kind_of_error(dict err):
@@ -1216,17 +1215,6 @@ cdef str _kind_of_error(dict err):
     return "api_error"
 
 
-cdef dict _error_envelope(bytes body):
-    cdef object obj
-    try:
-        obj = orjson.loads(body)
-    except Exception:
-        return None
-    if isinstance(obj, list) and obj:  # a few compatible servers wrap the envelope in an array
-        obj = obj[0]
-    return obj if isinstance(obj, dict) else None
-
-
 cdef str _error_message(dict obj):
     cdef object err = obj.get("error")
     if isinstance(err, dict) and isinstance(err.get("message"), str):
@@ -1240,7 +1228,7 @@ cdef str _error_message(dict obj):
 
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body: OpenAI's `error.code`, else its `error.type`."""
-    cdef dict obj = _error_envelope(body)
+    cdef dict obj = error_object(body, True)    # a few compatible servers wrap it in an array
     cdef object err, code
     if obj is None:
         return (None, None)
@@ -1265,9 +1253,8 @@ cpdef bytes write_model_list(list names):
 # Discovery: what the engine asks the codec instead of branching on its name
 
 
-cpdef object forced_tool_name(Request req):
-    """Chat Completions has response_format: structured output never becomes a forced tool."""
-    return None
+# Chat Completions has response_format: structured output never becomes a forced tool.
+forced_tool_name = no_forced_tool
 
 
 cpdef bint wants_stream_usage(Request req):
@@ -1336,53 +1323,31 @@ cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint j
     return enc
 
 
-cpdef bytes response_headers(object upstream_headers, str request_id):
-    return b""
-
-
-cpdef bytes error_headers(str kind, str request_id):
-    return b""
-
-
-cpdef str not_found_message(str name, str api_version):
-    return "The model '%s' does not exist or you do not have access to it." % name
+response_headers = no_response_headers
+error_headers = no_error_headers
+not_found_message = model_not_found
 
 
 # ---------------------------------------------------------------------------------------------
 # Decoder and encoder: streaming
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
 
     def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
         self.seq = BlockSequencer()
         self.tools = {}
 
-    cpdef list feed(self, bytes chunk):
-        cdef list out = []
-        cdef tuple frame
-        for frame in jsonget.sse_frames(self.parser, chunk, False):
-            self._frame(frame[1], out)
-        return out
-
-    cpdef list close(self):
-        cdef list out = []
-        cdef tuple frame
-        for frame in jsonget.sse_frames(self.parser, None, True):
-            self._frame(frame[1], out)
+    cdef void _eof(self, list out) except *:
         # Some OpenAI-compatible servers end without `[DONE]`; a finish_reason is proof enough.
         # Without one the stream was cut, and the engine reports that itself.
-        if self.started and not self.done and self.have_finish:
+        if self.started and self.have_finish:
             self._finish(out)
-        return out
 
-    cdef void _frame(self, bytes data, list out) except *:
+    cdef void _frame(self, object event, bytes data, list out) except *:
         cdef object obj, v
         cdef dict d, err
         cdef object c
-        if self.done:
-            return
         data = data.strip()
         if not data:
             return  # a keep-alive
@@ -1827,7 +1792,7 @@ cdef class StreamEncoder:
 cdef tuple _ERROR_KEY = (b"error",)     # StreamTap: the one member a plain first frame must not have
 
 
-cdef class StreamTap:
+cdef class StreamTap(SSEDecoder):
     """What the engine reads a relayed same-protocol stream with: the usage, an error event (its
     text is masked before the client sees it) and whether the stream ended properly; the client
     gets the upstream's bytes, not what this reads. It builds no IR blocks: a frame it reads is
@@ -1852,35 +1817,18 @@ cdef class StreamTap:
     it read) 1,594 distinct cache lines of busbar's extension a stream, 1,409 now (the whole
     process: 3,423 -> 3,236-3,240)."""
 
-    def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
-
-    cpdef list feed(self, bytes chunk):
-        cdef list out = []
-        cdef tuple frame
-        for frame in jsonget.sse_frames(self.parser, chunk, False):
-            self._frame(frame[1], out)
-        return out
-
-    cpdef list close(self):
-        cdef list out = []
-        cdef tuple frame
-        for frame in jsonget.sse_frames(self.parser, None, True):
-            self._frame(frame[1], out)
-        # As StreamDecoder.close: a finish_reason then EOF is an ending (some compatible servers
-        # send no `[DONE]`); without one the engine reports the cut itself.
-        if self.started and not self.done and self.have_finish:
+    cdef void _eof(self, list out) except *:
+        # As StreamDecoder's: a finish_reason then EOF is an ending (some compatible servers send
+        # no `[DONE]`); without one the engine reports the cut itself.
+        if self.started and self.have_finish:
             self.done = True
             self.finished = True
-        return out
 
-    cdef void _frame(self, bytes data, list out) except *:
+    cdef void _frame(self, object event, bytes data, list out) except *:
         cdef const char* p
         cdef Py_ssize_t n
         cdef dict d, err
         cdef object v, c
-        if self.done:
-            return
         data = data.strip()
         n = len(data)
         if n == 0:

@@ -3,18 +3,16 @@
 # upstream_path, mint_id) follow docs/codecs.md and live in responses.pyx.
 
 from cbusbar.ir cimport Usage
-from cbusbar.framing cimport SSEParser
+from cbusbar.proto._common cimport SSEDecoder
 from cbusbar.sequencer cimport BlockSequencer
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
     """Upstream `event: response.*` frames -> IR events. Every output item (message, function
-    call, reasoning) becomes one IR block; one block is open at a time."""
-    cdef SSEParser parser
+    call, reasoning) becomes one IR block; one block is open at a time. `done`: MESSAGE_STOP or
+    EV_ERROR emitted; `finished`: response.completed / .incomplete / .failed seen; `usage`: the
+    final response's."""
     cdef bint started               # MESSAGE_START emitted
-    cdef bint done                  # MESSAGE_STOP or EV_ERROR emitted: later frames are ignored
-    cdef readonly bint finished     # response.completed / .incomplete / .failed seen
-    cdef readonly Usage usage       # the final response's usage, None until it arrives
     cdef bint saw_tool              # a function_call item was streamed (completed = tool use)
     cdef bint saw_refusal           # refusal text was streamed
     cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes; its
@@ -23,9 +21,6 @@ cdef class StreamDecoder:
     cdef dict by_output             # upstream output_index -> IR block index
     cdef dict by_item               # upstream item id -> IR block index
 
-    cpdef list feed(self, bytes chunk)
-    cpdef list close(self)
-    cdef void _frame(self, object event, bytes data, list out) except *
     cdef void _start(self, str id, str model, list out) except *
     cdef int _find(self, dict data) except -2
     cdef int _open(self, int kind, dict data, str id, str name, list out) except -1

@@ -13,9 +13,8 @@ import orjson
 from cbusbar cimport ids
 
 from cbusbar.framing import FramingError
-from cbusbar.framing cimport SSEParser, members, scan_top, sse_event
-from cbusbar.ir import CodecError, kind_of_status
-from cbusbar.ir import STATUS_OF_KIND
+from cbusbar.framing cimport members, scan_top, sse_event
+from cbusbar.ir import CodecError
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
 from cbusbar.jsonspan cimport join_text, text_value
@@ -26,6 +25,10 @@ from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
+from cbusbar.proto._common cimport SSEDecoder, error_object
+from cbusbar.proto._common import (body_as_is, model_not_found, no_error_headers, no_forced_tool,
+                                   no_response_headers, usage_always_sent)
+from cbusbar.proto import openai as _openai
 
 from cbusbar.ir cimport (
     B_DOCUMENT, B_IMAGE, B_TEXT, B_THINKING, B_TOOL_RESULT, B_TOOL_USE,
@@ -965,22 +968,9 @@ cpdef bytes write_response(Response resp):
 # Errors and discovery
 
 
-# Canonical kind -> OpenAI error `type` (SPEC 1.7: the same envelope and names as OpenAI Chat;
-# OpenAI answers every 5xx with `server_error`, and the SDK picks its exception from the status).
-_ERROR_TYPES = {
-    "invalid_request": "invalid_request_error",
-    "authentication": "authentication_error",
-    "permission": "permission_error",
-    "not_found": "not_found_error",
-    "request_too_large": "invalid_request_error",
-    "rate_limit": "rate_limit_error",
-    "quota": "insufficient_quota",
-    "api_error": "server_error",
-    "overloaded": "server_error",
-    "timeout": "server_error",
-}
-
-_ERROR_CODES = {"authentication": "invalid_api_key", "quota": "insufficient_quota"}
+# SPEC 1.7: the same error envelope, names and refusals as OpenAI Chat.
+write_error = _openai.write_error
+own_error = _openai.own_error
 
 # Upstream error codes (the `error` stream event, a failed response's error.code) -> canonical kind.
 _KIND_OF_CODE = {
@@ -1004,41 +994,13 @@ _FAILED_CODES = {
 }
 
 
-cpdef bytes write_error(int status, str kind, str message, str request_id=None):
-    if kind not in _ERROR_TYPES:
-        kind = kind_of_status(status)
-    return orjson.dumps({"error": {
-        "message": message,
-        "type": _ERROR_TYPES[kind],
-        "param": None,
-        "code": _ERROR_CODES.get(kind),
-    }})
-
-
-cpdef tuple own_error(str kind):
-    """(status, message) of busbar's own refusals in this vendor's words (SPEC §1.7, §5): a bad,
-    missing, disabled, expired or revoked key ("authentication", one answer for all five), a pool
-    the key may not use ("permission") and an exhausted budget ("quota", never 402). The message
-    is None where the caller supplies it."""
-    if kind == "authentication":
-        return (401, "Incorrect API key provided.")
-    if kind == "quota":
-        return (429, None)
-    if kind == "permission":
-        return (403, None)
-    return (STATUS_OF_KIND.get(kind, 400), None)
-
-
 cpdef tuple read_error_detail(bytes body):
     """(message, code) of an upstream error body: OpenAI's `error.code`, else its `error.type`."""
-    cdef object d, e, msg = None, code = None
-    try:
-        d = orjson.loads(body)
-    except Exception:
+    cdef dict d = error_object(body, False)
+    cdef object e, msg = None, code = None
+    if d is None:
         return (None, None)
-    if type(d) is not dict:
-        return (None, None)
-    e = (<dict>d).get("error")
+    e = d.get("error")
     if type(e) is dict:
         if type((<dict>e).get("message")) is str:
             msg = (<dict>e)["message"]
@@ -1058,35 +1020,18 @@ cpdef tuple read_error_detail(bytes body):
 # Discovery: what the engine asks the codec instead of branching on its name
 
 
-cpdef object forced_tool_name(Request req):
-    """Responses has text.format: structured output never becomes a forced tool."""
-    return None
-
-
-cpdef bint wants_stream_usage(Request req):
-    """Responses streams always end with the usage: nothing for the client to ask."""
-    return False
-
-
-cpdef tuple stream_usage_request(bytes body, dict spans=None):
-    """Responses streams always end with the usage: the body goes as it is."""
-    return body, None
+# Responses has text.format: structured output never becomes a forced tool. Its streams always
+# end with the usage: nothing for the client to ask, nothing to hide. No headers of its own.
+forced_tool_name = no_forced_tool
+wants_stream_usage = usage_always_sent
+stream_usage_request = body_as_is
+response_headers = no_response_headers
+error_headers = no_error_headers
+not_found_message = model_not_found
 
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     return StreamEncoder(id, model)
-
-
-cpdef bytes response_headers(object upstream_headers, str request_id):
-    return b""
-
-
-cpdef bytes error_headers(str kind, str request_id):
-    return b""
-
-
-cpdef str not_found_message(str name, str api_version):
-    return "The model '%s' does not exist or you do not have access to it." % name
 
 
 cdef str _kind_of_code(object code):
@@ -1142,36 +1087,12 @@ cdef str _str_or_none(object v):
     return <str>v if type(v) is str else None
 
 
-cdef class StreamDecoder:
+cdef class StreamDecoder(SSEDecoder):
 
     def __cinit__(self, Py_ssize_t max_frame=0):
-        self.parser = SSEParser(max_frame)
         self.seq = BlockSequencer()
         self.by_output = {}
         self.by_item = {}
-
-    cpdef list feed(self, bytes chunk):
-        cdef list out = []
-        cdef list frames
-        if self.done:
-            return out
-        frames = jsonget.sse_frames(self.parser, chunk, False)
-        for event, data in frames:
-            if self.done:
-                break
-            self._frame(event, data, out)
-        return out
-
-    cpdef list close(self):
-        cdef list out = []
-        if self.done:
-            return out
-        frames = jsonget.sse_frames(self.parser, None, True)
-        for event, data in frames:
-            if self.done:
-                break
-            self._frame(event, data, out)
-        return out
 
     cdef void _frame(self, object event, bytes data, list out) except *:
         cdef object parsed

@@ -233,6 +233,16 @@ def test_decoder_frame_limit(name):
     codec(name).StreamDecoder(max_frame=0).feed(b"data: " + b"x" * 64)  # 0: the 32 MiB default
 
 
+@pytest.mark.parametrize("name", [p for p in PROTOCOLS if p != "bedrock"])
+def test_decoder_reads_nothing_after_the_end(name):
+    # _common.SSEDecoder: once the end was read, later bytes are not read, not even for a frame
+    # over max_frame (openai, anthropic and cohere raised for one before the shared loop).
+    dec = codec(name).StreamDecoder(max_frame=4096)
+    for f in _stream(name):
+        dec.feed(f)
+    assert dec.feed(b"data: " + b"x" * 8192 + b"\n\n") == [] and dec.close() == []
+
+
 def test_bedrock_decoder_frame_limit():
     from cbusbar.eventstream import encode_frame, encode_headers
     frame = encode_frame(encode_headers({":message-type": "event", ":event-type": "messageStart",
