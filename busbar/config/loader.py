@@ -55,6 +55,7 @@ from busbar.governance.config import parse as _governance
 from busbar.observability.settings import parse as _observability
 from busbar.observability.settings import parse_export as _export
 from busbar.reliability import config as reliability_config
+from cbusbar.proto import codec
 
 CONFIG_ENV = "BUSBAR_CONFIG"
 PROVIDERS_ENV = "BUSBAR_PROVIDERS"  # deprecated in favour of `providers_file:`, still honoured
@@ -952,7 +953,7 @@ def _azure(entry: dict, base: dict, path: str, protocol: str | None, out: Proble
     if own is not None:
         check_keys(own, where, AZURE_KEYS, out)
         merged.update(own)
-    if protocol not in (None, "openai", "responses"):
+    if protocol is not None and not codec(protocol).AZURE_FORMS:
         out.error(where, "azure applies only to protocol openai or responses")
         return None
     if isinstance(merged.get("api_version"), datetime.date):
@@ -967,7 +968,7 @@ def _azure(entry: dict, base: dict, path: str, protocol: str | None, out: Proble
     if deployment is not None and version is None:
         # The deployments API has no default version; this is Azure's latest GA data-plane one.
         version = AZURE_DEFAULT_API_VERSION
-    if deployment is not None and protocol == "responses":
+    if deployment is not None and protocol is not None and "deployments" not in codec(protocol).AZURE_FORMS:
         out.error(join(where, "deployment"), "the Responses API is served on Azure's v1 path only; remove deployment")
         return None
     return deployment, version

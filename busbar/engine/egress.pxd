@@ -11,5 +11,6 @@ cdef class Egress:
     cdef public bint ready
     cdef public dict _lines, _paths
     cdef public bytes _base, _auth
-    cdef public bint vertex_anthropic, passthrough
+    cdef public object vertex_publisher, vertex_body, accept_stream
+    cdef public bint passthrough
     cpdef bytes request(self, path, bytes body, bint stream, bytes extra=*)

@@ -11,31 +11,19 @@ path): Azure OpenAI's /openai/deployments/{d}/…?api-version= or /openai/v1/…
 /v1/projects/{p}/locations/{l}/publishers/{google|anthropic}/models/{m}:… .
 
 Egress carries only gateway-built headers (SPEC §1.2): auth, Content-Type, a User-Agent copied from
-the vendor's own SDK (anti-fingerprinting), Accept. Client vendor beta headers (`anthropic-beta`,
-`openai-beta`) are added per request on same-protocol routes only.
+the vendor's own SDK (anti-fingerprinting), the header lines the vendor's API requires, Accept.
+Client vendor beta headers (`anthropic-beta`, `openai-beta`) are added per request on
+same-protocol routes only. What each protocol sends, and its Azure and Vertex forms, is its
+codec's to say (docs/codecs.md "Egress"); nothing here branches on a protocol's name.
 """
 from __future__ import annotations
 
 from urllib.parse import quote
 
-import orjson
+from cbusbar.proto import PROTOCOLS, VARIANTS, codec
 
-USER_AGENTS = {
-    "anthropic": b"Anthropic/Python 0.39.0",
-    "openai": b"OpenAI/Python 1.54.0",
-    "responses": b"OpenAI/Python 1.54.0",
-    "gemini": b"google-genai-sdk/0.8.0 gl-python/3.11",
-    "bedrock": b"Boto3/1.35.0 md/Botocore#1.35.0",
-    "bedrock-invoke": b"Anthropic/Python 0.39.0",
-    "cohere": b"cohere-python/5.11.0",
-}
-
-# Claude on Vertex AI names the API version in the body (anthropic/lib/vertex/_client.py).
-VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
-
-# Same-protocol only: the beta header each protocol's SDKs use to opt into preview features.
-BETA_HEADERS = {"anthropic": (b"anthropic-beta",), "openai": (b"openai-beta",),
-                "responses": (b"openai-beta",)}
+# Same-protocol only: the beta headers each protocol's SDKs use to opt into preview features.
+BETA_HEADERS = {name: codec(name).BETA_HEADERS for name in PROTOCOLS + tuple(VARIANTS)}
 
 
 def _clean(value: str) -> bytes:
@@ -49,6 +37,7 @@ class Egress:
     """Everything needed to send one request to one provider."""
 
     def __init__(self, provider):
+        c = codec(provider.protocol)
         self.provider = provider
         self.protocol = provider.protocol
         self.key = (provider.scheme, provider.host, provider.port)
@@ -61,11 +50,15 @@ class Egress:
         self.ready = True
         self._lines = {}    # (path, stream) → request line + head, for unsigned requests
         self._paths = {}    # codec path → provider path (signed requests)
-        self.vertex_anthropic = provider.protocol == "anthropic" and provider.vertex_project is not None
+        # Vertex AI: the codec's publisher there; vertex_body, where the model moves from the
+        # body into the path (Claude), else the codec's path is rewritten (Gemini).
+        self.vertex_publisher = c.VERTEX_PUBLISHER if provider.vertex_project is not None else None
+        self.vertex_body = c.vertex_body if self.vertex_publisher is not None else None
         # BYOK: the caller's own provider key goes upstream in this provider's carrier
         self.passthrough = provider.upstream_credentials == "passthrough"
+        self.accept_stream = c.STREAM_CONTENT_TYPE
         lines = [b"Host: " + self.host.encode("ascii"),
-                 b"User-Agent: " + USER_AGENTS.get(provider.protocol, b"okhttp/4.12.0"),
+                 b"User-Agent: " + c.USER_AGENT,
                  b"Content-Type: application/json"]
         self._auth = b""
         key = provider.api_key
@@ -96,8 +89,8 @@ class Egress:
             from busbar.upstream.gcp_oauth import GcpTokenSource
             self.source = GcpTokenSource(provider.gcp_service_account, provider.token_url)
             self.ready = False
-        if provider.protocol == "anthropic" and not self.vertex_anthropic:
-            lines.append(b"anthropic-version: 2023-06-01")
+        if self.vertex_publisher is None:
+            lines.extend(c.API_HEADERS)     # a Vertex form carries the API version in the body
         for name, value in provider.headers:
             lines.append(_clean(name) + b": " + _clean(value))
         self._base = b"\r\n".join(lines) + b"\r\n"
@@ -105,10 +98,8 @@ class Egress:
 
     def _build(self):
         base = self._base + self._auth
-        accept_stream = (b"application/vnd.amazon.eventstream"
-                         if self.protocol in ("bedrock", "bedrock-invoke") else b"text/event-stream")
         self.head_json = base + b"Accept: application/json\r\n"
-        self.head_stream = base + b"Accept: " + accept_stream + b"\r\n"
+        self.head_stream = base + b"Accept: " + self.accept_stream + b"\r\n"
         self._lines = {}
 
     def apply(self, value):
@@ -137,30 +128,26 @@ class Egress:
                 path = "/openai/v1" + rest
                 if p.azure_api_version is not None:
                     path += ("&" if "?" in rest else "?") + "api-version=" + p.azure_api_version
-        elif p.vertex_project is not None and p.protocol == "gemini":
+        elif self.vertex_publisher is not None and self.vertex_body is None:
             # /v1beta/models/{m}:{action} → Vertex's publisher model resource, same action.
             i = path.find("/models/")
             if i >= 0:
-                path = "/v1/projects/%s/locations/%s/publishers/google%s" % (
-                    p.vertex_project, p.vertex_location, path[i:])
+                path = "/v1/projects/%s/locations/%s/publishers/%s%s" % (
+                    p.vertex_project, p.vertex_location, self.vertex_publisher, path[i:])
         return self.prefix + path
 
-    def _vertex_anthropic(self, body: bytes, stream: bool):
-        """Claude on Vertex AI: the model moves from the body to the path and the API version
-        into the body, as anthropic.AnthropicVertex sends it."""
-        try:
-            obj = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            obj = None
-        if not isinstance(obj, dict):
-            return self.prefix + "/v1/messages", body
-        model = obj.pop("model", None)
-        obj["anthropic_version"] = VERTEX_ANTHROPIC_VERSION
+    def _vertex_request(self, path: str, body: bytes, stream: bool):
+        """A model Vertex AI serves through rawPredict (Claude): the codec takes the model out of
+        the body (vertex_body), which then names it in the path."""
+        reshaped = self.vertex_body(body)
+        if reshaped is None:
+            return self.prefix + path, body
+        model, body = reshaped
         p = self.provider
-        path = "%s/v1/projects/%s/locations/%s/publishers/anthropic/models/%s:%s" % (
-            self.prefix, p.vertex_project, p.vertex_location, quote(str(model or ""), safe="@._-"),
-            "streamRawPredict" if stream else "rawPredict")
-        return path, orjson.dumps(obj)
+        path = "%s/v1/projects/%s/locations/%s/publishers/%s/models/%s:%s" % (
+            self.prefix, p.vertex_project, p.vertex_location, self.vertex_publisher,
+            quote(str(model or ""), safe="@._-"), "streamRawPredict" if stream else "rawPredict")
+        return path, body
 
     def caller_auth(self, req) -> bytes:
         """The caller's key (wherever its SDK put it) as this provider's auth header; b"" when
@@ -180,8 +167,8 @@ class Egress:
 
     def request(self, path, body, stream, extra=b""):
         """The whole HTTP/1.1 request: request line, headers, body."""
-        if self.vertex_anthropic:
-            full, body = self._vertex_anthropic(body, stream)
+        if self.vertex_body is not None:
+            full, body = self._vertex_request(path, body, stream)
             return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n",
                              self.head_stream if stream else self.head_json, extra,
                              b"Content-Length: %d\r\n\r\n" % len(body), body))

@@ -130,9 +130,9 @@ class CountOp:
         return None
 
     def candidate(self, eg) -> bool:
-        # No translation for counting: only lanes of the caller's protocol (and not Claude on
-        # Vertex, whose count endpoint is another path).
-        return eg.protocol == self.proto and not eg.vertex_anthropic
+        # No translation for counting: only lanes of the caller's protocol (and not one whose
+        # Vertex form reshapes the body, Claude's, whose count endpoint is another path).
+        return eg.protocol == self.proto and eg.vertex_body is None
 
     def request(self, ex, lane, eg):
         wire = lane.model.upstream_model

@@ -45,6 +45,15 @@ NEEDS_MAX_TOKENS = True     # the Messages API refuses a request without max_tok
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
 PROBE_MAX_TOKENS = 1        # health probes: the Messages API accepts max_tokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"Anthropic/Python 0.39.0"
+# The Messages API names its version in a header (not on Vertex: vertex_body).
+API_HEADERS = (b"anthropic-version: 2023-06-01",)
+BETA_HEADERS = (b"anthropic-beta",)
+AZURE_FORMS = ()
+# Claude on Vertex AI: Vertex's `anthropic` publisher, the request reshaped by vertex_body.
+VERTEX_PUBLISHER = "anthropic"
 
 # Anthropic rejects a request without max_tokens; the engine injects the configured default on a
 # cross-protocol hop (SPEC 1.6), this is the last resort when nobody did.
@@ -1149,6 +1158,27 @@ stream_usage_request = body_as_is
 
 cpdef StreamEncoder stream_encoder(str id, str model, bint include_usage, bint json_array):
     return StreamEncoder(id, model)
+
+
+# Claude on Vertex AI names the API version in the body (anthropic/lib/vertex/_client.py).
+VERTEX_ANTHROPIC_VERSION = "vertex-2023-10-16"
+
+
+cpdef tuple vertex_body(bytes body):
+    """(model, body) of a request for Claude on Vertex AI, as anthropic.AnthropicVertex sends it:
+    the model leaves the body (the egress names it in the Vertex path) and the API version comes
+    in (no anthropic-version header there). None when the body is not a JSON object: it goes as
+    it is, to the codec's own path."""
+    cdef object obj
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    if type(obj) is not dict:
+        return None
+    model = (<dict>obj).pop("model", None)
+    (<dict>obj)["anthropic_version"] = VERTEX_ANTHROPIC_VERSION
+    return model, orjson.dumps(obj)
 
 
 cpdef bytes write_model_list(list names):

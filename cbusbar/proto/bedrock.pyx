@@ -66,6 +66,14 @@ NEEDS_MAX_TOKENS = False    # inferenceConfig.maxTokens is optional
 SCAN_KEYS = (b"model", b"stream", b"inferenceConfig")
 MAX_TOKENS_PATH = ((b"inferenceConfig", b"maxTokens"),)
 PROBE_MAX_TOKENS = 1        # health probes: Converse accepts maxTokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"Boto3/1.35.0 md/Botocore#1.35.0"
+API_HEADERS = ()
+BETA_HEADERS = ()
+AZURE_FORMS = ()
+VERTEX_PUBLISHER = None
+vertex_body = None
 
 # The forced tool that carries structured output (busbar goes beyond the reference here: SPEC,
 # "Where busbar goes beyond the reference"); cbusbar/transform.pyx unwraps it on the way back.

@@ -37,6 +37,14 @@ NEEDS_MAX_TOKENS = True
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
 PROBE_MAX_TOKENS = 1        # health probes: Anthropic Messages through InvokeModel, max_tokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"Anthropic/Python 0.39.0"   # AnthropicBedrock is the anthropic SDK
+API_HEADERS = ()
+BETA_HEADERS = ()
+AZURE_FORMS = ()
+VERTEX_PUBLISHER = None
+vertex_body = None
 
 cdef bytes _CHUNK_HEADERS = encode_headers({
     ":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"})

@@ -68,6 +68,14 @@ NEEDS_MAX_TOKENS = False    # max_tokens is optional
 SCAN_KEYS = (b"model", b"stream", b"max_tokens")
 MAX_TOKENS_PATH = ((b"max_tokens",),)
 PROBE_MAX_TOKENS = 1        # health probes: v2 chat accepts max_tokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"cohere-python/5.11.0"
+API_HEADERS = ()
+BETA_HEADERS = ()
+AZURE_FORMS = ()
+VERTEX_PUBLISHER = None
+vertex_body = None
 
 # Cohere documents "a list of up to 5 strings" for stop_sequences (cohere/v2/raw_client.py).
 cdef int MAX_STOP_SEQUENCES = 5

@@ -58,6 +58,15 @@ NEEDS_MAX_TOKENS = False    # maxOutputTokens is optional
 SCAN_KEYS = (b"model", b"stream", b"generationConfig")
 MAX_TOKENS_PATH = ((b"generationConfig", b"maxOutputTokens"),)
 PROBE_MAX_TOKENS = 1        # health probes: maxOutputTokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"google-genai-sdk/0.8.0 gl-python/3.11"
+API_HEADERS = ()
+BETA_HEADERS = ()
+AZURE_FORMS = ()
+# Gemini on Vertex AI: Vertex's `google` publisher; the codec's path already names the model.
+VERTEX_PUBLISHER = "google"
+vertex_body = None
 
 cdef str _BAD_SHAPE = (
     "Invalid JSON payload received: the body does not have the generateContent shape.")

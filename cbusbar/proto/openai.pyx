@@ -71,6 +71,15 @@ MAX_TOKENS_PATH = ((b"max_completion_tokens",), (b"max_tokens",))
 # What a streamed request's stream_options gets so the upstream sends the usage chunk.
 _INCLUDE_USAGE = b'{"include_usage":true}'
 PROBE_MAX_TOKENS = 1        # health probes: Chat Completions accepts max_tokens >= 1
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"OpenAI/Python 1.54.0"
+API_HEADERS = ()
+BETA_HEADERS = (b"openai-beta",)
+# Azure OpenAI serves Chat Completions on both its URL schemes.
+AZURE_FORMS = ("deployments", "v1")
+VERTEX_PUBLISHER = None
+vertex_body = None
 
 # OpenAI rejects more than 4 stop sequences (SPEC 1.5 "OpenAI <= 4").
 cdef Py_ssize_t MAX_STOP = 4

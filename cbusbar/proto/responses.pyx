@@ -56,6 +56,15 @@ NEEDS_MAX_TOKENS = False    # max_output_tokens is optional
 SCAN_KEYS = (b"model", b"stream", b"max_output_tokens")
 MAX_TOKENS_PATH = ((b"max_output_tokens",),)
 PROBE_MAX_TOKENS = 16       # health probes: the Responses API refuses max_output_tokens below 16
+# Egress: what busbar/engine/egress.py sends this API besides the body, and the API's cloud
+# forms (docs/codecs.md "Egress").
+USER_AGENT = b"OpenAI/Python 1.54.0"
+API_HEADERS = ()
+BETA_HEADERS = (b"openai-beta",)
+# Azure OpenAI serves the Responses API on its v1 URL scheme only.
+AZURE_FORMS = ("v1",)
+VERTEX_PUBLISHER = None
+vertex_body = None
 
 
 cpdef str upstream_path(str model, bint stream):

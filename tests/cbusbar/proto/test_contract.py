@@ -19,6 +19,25 @@ def test_module_constants(name, body_model, needs_max_tokens):
     assert (c.BODY_MODEL, c.NEEDS_MAX_TOKENS) == (body_model, needs_max_tokens)
 
 
+@pytest.mark.parametrize("name,azure,vertex", [
+    ("openai", ("deployments", "v1"), None), ("responses", ("v1",), None),
+    ("anthropic", (), "anthropic"), ("gemini", (), "google"), ("cohere", (), None),
+    ("bedrock", (), None), ("bedrock-invoke", (), None)])
+def test_egress_names(name, azure, vertex):
+    c = codec(name)
+    assert c.USER_AGENT and all(b": " in h for h in c.API_HEADERS)
+    assert all(h.islower() and h.endswith(b"-beta") for h in c.BETA_HEADERS)
+    assert (c.AZURE_FORMS, c.VERTEX_PUBLISHER) == (azure, vertex)
+    assert (c.vertex_body is not None) == (name == "anthropic")
+
+
+def test_anthropic_vertex_body():
+    model, body = codec("anthropic").vertex_body(b'{"model":"claude-x@1","max_tokens":5}')
+    assert (model, orjson.loads(body)) == ("claude-x@1", {"max_tokens": 5,
+                                                          "anthropic_version": "vertex-2023-10-16"})
+    assert codec("anthropic").vertex_body(b"[1]") is None
+
+
 @pytest.mark.parametrize("name", PROTOCOLS)
 def test_scan_keys_name_the_output_cap(name):
     """Every MAX_TOKENS_PATH starts at a scanned member, and the cap a caller sets in the
