@@ -129,18 +129,32 @@ cdef char* _str(char* p, const char* s, Py_ssize_t n):
             p += 2
         elif c < 0x20:
             if c == b'\n':
-                p[0] = b'\\'; p[1] = b'n'; p += 2
+                p[0] = b'\\'
+                p[1] = b'n'
+                p += 2
             elif c == b'\r':
-                p[0] = b'\\'; p[1] = b'r'; p += 2
+                p[0] = b'\\'
+                p[1] = b'r'
+                p += 2
             elif c == b'\t':
-                p[0] = b'\\'; p[1] = b't'; p += 2
+                p[0] = b'\\'
+                p[1] = b't'
+                p += 2
             elif c == 8:
-                p[0] = b'\\'; p[1] = b'b'; p += 2
+                p[0] = b'\\'
+                p[1] = b'b'
+                p += 2
             elif c == 12:
-                p[0] = b'\\'; p[1] = b'f'; p += 2
+                p[0] = b'\\'
+                p[1] = b'f'
+                p += 2
             else:
-                p[0] = b'\\'; p[1] = b'u'; p[2] = b'0'; p[3] = b'0'
-                p[4] = _HEX[c >> 4]; p[5] = _HEX[c & 15]
+                p[0] = b'\\'
+                p[1] = b'u'
+                p[2] = b'0'
+                p[3] = b'0'
+                p[4] = _HEX[c >> 4]
+                p[5] = _HEX[c & 15]
                 p += 6
         else:
             p[0] = c

@@ -10,9 +10,9 @@
 # - a stream to an object protocol (ObjectStream) relays the fragments while they can still make
 #   one object, and when they cannot, closes what was sent and adds the same member.
 
-cdef object input_of(str text)              # a text protocol's arguments -> Block.input: the
-                                            # object, {} for blank text (servers send "" for a
-                                            # call without arguments), else the text as is
+# a text protocol's arguments -> Block.input: the object, {} for blank text (servers send "" for a
+# call without arguments), else the text as is
+cdef object input_of(str text)
 cdef dict object_of(object input)           # Block.input -> an object protocol's object
 cdef str text_of(object input)              # Block.input -> a text protocol's arguments
 
@@ -29,8 +29,9 @@ cdef class ObjectStream:
     cdef int num                    # A_NUMBER: N_* how far the number is
     cdef int esc                    # in a string: 0, 1 after a backslash, 2 + hex digits of \u
     cdef int uval                   # the \u escape's value so far
-    cdef int low                    # after a high surrogate: 1 its low half's backslash must
-                                    # follow, 2 its u, 3 its digits are being read
+    # after a high surrogate: 1 its low half's backslash must follow, 2 its u, 3 its digits are
+    # being read
+    cdef int low
     cdef str lit                    # A_LITERAL: the literal being spelled, and ...
     cdef int lit_pos                # ... how much of it came
     cdef bytearray stack            # open containers, b"{" / b"["

@@ -407,7 +407,7 @@ cdef class ObjectStream:
                 self.num = N_DOT
                 return True
             return False
-        if c == 101 or c == 69: # e E
+        if c == 101 or c == 69:     # e E
             if n == N_ZERO or n == N_INT or n == N_FRAC:
                 self.num = N_E
                 return True

@@ -17,8 +17,9 @@ cdef class EmbedRequest:
     cdef public str input_type      # canonical, or None
     cdef public str encoding        # OpenAI encoding_format: "float" (default) or "base64"
     cdef public list types          # Cohere embedding_types asked for ("float", "base64"), or None
-    cdef public str dialect         # which body shape arrived: "titan" or "cohere" (Bedrock), the
-                                    # action "embedContent"/"batchEmbedContents" (Gemini), else None
+    # which body shape arrived: "titan" or "cohere" (Bedrock), the action
+    # "embedContent"/"batchEmbedContents" (Gemini), else None
+    cdef public str dialect
 
 
 cdef class EmbedResponse:

@@ -44,10 +44,10 @@ cdef uint32_t CRC_TABLE[8][256]
 
 cdef void _crc_tables() noexcept:
     cdef uint32_t c
-    cdef int i, j
+    cdef int i, j, _bit
     for i in range(256):
         c = <uint32_t>i
-        for j in range(8):
+        for _bit in range(8):
             c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
         CRC_TABLE[0][i] = c
     for i in range(256):

@@ -3,7 +3,6 @@
 finds and splices top-level fields (the same-protocol model rewrite) without a full JSON round trip.
 Sans-IO: bytes in, bytes out."""
 
-from cpython.bytearray cimport PyByteArray_AS_STRING
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdlib cimport strtod
 from libc.string cimport memchr, memcmp, memcpy
@@ -13,6 +12,7 @@ import orjson
 # Deepest JSON nesting accepted. Real chat bodies nest < 20 deep (a tool schema inside a tool inside
 # the request); 128 leaves room for deep schemas while bounding the scanner's recursion.
 cdef int MAX_DEPTH = 128
+
 
 class FramingError(ValueError):
     """Bytes that do not have the framing's shape, or a frame over its size cap."""

@@ -108,10 +108,10 @@ cdef class Block:
     cdef public bint is_error       # B_TOOL_RESULT
     cdef public str signature       # B_THINKING
     cdef public bint redacted       # B_THINKING: opaque (data holds it)
-    cdef public bint refusal        # B_TEXT: the text is the model declining (OpenAI's `refusal`
-                                    # field and content part). Still a text block, so a protocol
-                                    # with no refusal form writes it as text: it never vanishes;
-                                    # openai and responses write it back as a refusal.
+    # B_TEXT: the text is the model declining (OpenAI's `refusal` field and content part). Still a
+    # text block, so a protocol with no refusal form writes it as text: it never vanishes; openai
+    # and responses write it back as a refusal.
+    cdef public bint refusal
     cdef public object cache_control
     cdef public object citations    # list of raw citation objects, or None
 

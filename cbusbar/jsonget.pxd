@@ -19,8 +19,9 @@ cdef enum:
 
 cdef class Shape:
     """A protocol's wording of a client body's shape errors. The base words are the short form
-    `Invalid type for '<path>': expected <a type>.` (Cohere's: its stop_sequences take no single string, so J_STRINGS reads "an array of strings"); codecs subclass it to speak like
-    their provider."""
+    `Invalid type for '<path>': expected <a type>.` (Cohere's: its stop_sequences take no single
+    string, so J_STRINGS reads "an array of strings"); codecs subclass it to speak like their
+    provider."""
     cpdef object bad_type(self, str path, int expected, object value)   # returns a CodecError
     cpdef object missing(self, str path)                                # returns a CodecError
 

@@ -9,8 +9,7 @@ literals, by an equivalent fast path). So parse() accepts exactly the documents 
 gives the same objects; where it cannot tell (an odd byte, deep nesting) it returns None and the
 caller falls back to orjson.loads of the whole body."""
 
-from libc.string cimport memcpy, memcmp
-from libc.stdint cimport uint64_t
+from libc.string cimport memcmp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_FromLongLong
 from cpython.unicode cimport PyUnicode_DecodeASCII
@@ -34,7 +33,6 @@ cdef int MAX_MARKED_DEPTH = 64
 cdef int MAX_DEPTH = 512
 
 cdef object FAIL = object()     # parse(): not sure, let orjson decide
-
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import os
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
 from cpython.mem cimport PyObject_Free, PyObject_Malloc
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport uint64_t
 
 from cbusbar.ir cimport Usage
 
@@ -57,7 +57,6 @@ cdef inline uint64_t _h(object key):
     cdef uint64_t h = <uint64_t>hash(key)
     # 0 marks an empty bucket: fold it away.
     return h if h != 0 else 1
-
 
 
 cdef inline int _tokens(object usage, long long* inp, long long* out, long long* cr,
@@ -120,9 +119,9 @@ cdef class LimitTable:
         Caller holds the lock."""
         cdef int n = self.buckets
         cdef int i = <int>(h % <uint64_t>n)
-        cdef int k
+        cdef int _probe
         cdef long long* b
-        for k in range(n):
+        for _probe in range(n):
             b = self.p + HEADER + STRIDE * i
             if <uint64_t>b[0] == h:
                 return b

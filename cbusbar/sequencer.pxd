@@ -13,16 +13,16 @@ cdef class BlockSequencer:
     cdef readonly int next_index    # IR index the next block gets (= blocks started so far)
     cdef readonly int open_index    # IR index of the open block, -1 when none
     cdef readonly int open_kind     # B_* kind of the open block, 0 when none
-    cdef readonly bint filled       # the open block got content (text, thinking or argument
-                                    # bytes; not a signature or a citation)
-    cdef readonly bint open_refusal # the open block is a refusal (a B_TEXT block, ir.pxd): text
-                                    # and refusal deltas never share a block
+    # the open block got content (text, thinking or argument bytes; not a signature or a citation)
+    cdef readonly bint filled
+    # the open block is a refusal (a B_TEXT block, ir.pxd): text and refusal deltas never share a
+    # block
+    cdef readonly bint open_refusal
 
     cdef int start(self, list out, Block block) except -1       # close the open block, start this one
     cdef int open(self, list out, int kind) except -1           # ... start a new empty one of `kind`
-    cdef int ensure(self, list out, int kind) except -1         # the open block if it is of `kind`
-                                                                # (and not a refusal), else a new
-                                                                # empty one of `kind`
+    # the open block if it is of `kind` (and not a refusal), else a new empty one of `kind`
+    cdef int ensure(self, list out, int kind) except -1
     cdef Event text(self, list out, str text)                   # text delta, opening a text block
     cdef Event thinking(self, list out, str text)               # reasoning delta, opening a thinking block
     cdef Event refusal(self, list out, str text)                # refusal text, opening a refusal block

@@ -24,8 +24,7 @@ from cbusbar cimport jsonspan
 from cbusbar.jsonspan cimport Marks
 from cbusbar.jsonget cimport (
     Shape, as_dict, as_list, as_str, opt_bool, opt_dict, opt_int, opt_list, opt_number, opt_str,
-    req_dict, req_list, req_str, is_int, count,
-    J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT,
+    req_list, req_str, is_int, count, J_CONTENT,
 )
 from cbusbar.jsonget import NOT_AN_OBJECT, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
@@ -366,7 +365,7 @@ cdef void _read_tools(ir.Request req, object tools) except *:
     cdef list server = []
     cdef Py_ssize_t i
     cdef str where
-    cdef object raw, t, schema, desc
+    cdef object raw, t
     cdef ir.Tool tool
     as_list(tools, "tools", SHAPE)
     for i in range(len(tools)):
@@ -1507,7 +1506,6 @@ cdef class StreamEncoder:
         Anthropic's stream cannot carry (its deltas are then dropped)."""
         cdef int wire, kind
         cdef dict cb
-        cdef object v
         if block is None:
             self.wire_index[ir_index] = -1
             return -1
@@ -1547,13 +1545,15 @@ cdef class StreamEncoder:
             out.append(jsonspan.text_literal(block))
             out.append(DELTA_TAIL)
         elif kind == K_TOOL and block.input:
-            out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
+            out.append(_sse("content_block_delta", {
+                "type": "content_block_delta", "index": wire,
                 "delta": {"type": "input_json_delta",
                           "partial_json": orjson.dumps(object_of(block.input)).decode()}}))
             self.whole_input.add(wire)
         elif kind == K_THINKING:
             if block.text:
-                out.append(_sse("content_block_delta", {"type": "content_block_delta", "index": wire,
+                out.append(_sse("content_block_delta", {
+                    "type": "content_block_delta", "index": wire,
                     "delta": {"type": "thinking_delta", "thinking": block.text}}))
             if block.signature:
                 self.pending_signature[wire] = block.signature

@@ -40,8 +40,8 @@ cdef class StreamEncoder:
     cdef bint done                  # messageStop + metadata, or an exception frame, went out
     cdef dict kinds                 # IR block index -> B_* kind of blocks started and not stopped
     cdef dict wire                  # IR block index -> contentBlockIndex, once a frame named it
-    cdef dict input_sent            # IR index of a tool block -> 1 once input went out, 2 when
-                                    # it came whole on the block's start
+    # IR index of a tool block -> 1 once input went out, 2 when it came whole on the block's start
+    cdef dict input_sent
     cdef dict arguments             # IR index of a tool block -> ObjectStream of its fragments
     cdef dict signatures            # IR index of a thinking block -> signature held for its end
     cdef int next_index             # next contentBlockIndex

@@ -25,7 +25,7 @@ from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
-    ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
+    ev_message_start, ev_message_delta,
     ev_message_stop, ev_error, text_block,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
     SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
@@ -44,7 +44,7 @@ from cbusbar.framing import FramingError
 from cbusbar.framing cimport DEFAULT_MAX_FRAME, members, scan_top
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
-from cbusbar.jsonspan cimport join_text, text_value
+from cbusbar.jsonspan cimport text_value
 from cbusbar.jsonget cimport (
     Shape, opt_dict, opt_int, opt_list, opt_number, str_or_none, count, J_STRINGS,
 )
@@ -371,7 +371,7 @@ cdef Block _read_document(object v):
 
 
 cdef Block _read_tool_result(object v):
-    cdef Block b, inner
+    cdef Block b
     cdef dict d, part
     cdef list content = []
     if not isinstance(v, dict):
@@ -814,8 +814,8 @@ cpdef bytes write_request(Request req):
 
     tools = []
     for t in req.tools:
-        d = {"name": t.name, "inputSchema": {"json": t.schema if t.schema is not None
-                                               else {"type": "object", "properties": {}}}}
+        d = {"name": t.name, "inputSchema": {
+            "json": t.schema if t.schema is not None else {"type": "object", "properties": {}}}}
         if t.description:
             d["description"] = t.description
         tools.append({"toolSpec": d})

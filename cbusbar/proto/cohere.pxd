@@ -9,8 +9,9 @@ cdef class StreamDecoder(SSEDecoder):
     """`done`: message-end (or an error frame) seen; `finished`: a message-end that is not an
     error seen; `usage`: message-end's."""
     cdef bint started           # MESSAGE_START emitted
-    cdef BlockSequencer seq     # the IR blocks: one open at a time, dense indexes; its `filled`
-                                # says whether an open tool call received argument bytes
+    # the IR blocks: one open at a time, dense indexes; its `filled` says whether an open tool call
+    # received argument bytes
+    cdef BlockSequencer seq
     cdef int open_src           # which Cohere event family opened it (SRC_* in cohere.pyx)
     cdef object open_cohere     # Cohere's own index for it (content or tool-call index), or None
     cdef bint open_ended        # content-end seen, BLOCK_STOP deferred (citations arrive after it)

@@ -53,7 +53,7 @@ from cbusbar.ir cimport (
     SRC_BASE64, SRC_URL,
     TC_NONE, TC_REQUIRED, TC_TOOL,
     Block, Event, Message, Request, Response, Tool, Usage,
-    ev_block_delta, ev_block_start, ev_block_stop, ev_error, ev_message_delta, ev_message_start,
+    ev_error, ev_message_delta, ev_message_start,
     ev_message_stop, text_block,
 )
 
@@ -633,7 +633,7 @@ cpdef Response read_response(bytes body):
     cdef Response resp = Response()
     cdef list thinking = [], text = [], calls = [], by_content = []
     cdef Block plan = None, b, target
-    cdef Py_ssize_t i, n
+    cdef Py_ssize_t n
     cdef str s
     msg = doc.get("message")
     if msg is not None and not isinstance(msg, dict):

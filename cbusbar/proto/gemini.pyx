@@ -18,12 +18,12 @@ from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
-    ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
+    ev_message_start, ev_message_delta,
     ev_message_stop, ev_error, text_block,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
-    SRC_NONE, SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
-    TC_UNSET, TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
-    RF_UNSET, RF_TEXT, RF_JSON_OBJECT, RF_JSON_SCHEMA,
+    SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
+    TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
+    RF_TEXT, RF_JSON_OBJECT, RF_JSON_SCHEMA,
     SR_UNSET, SR_END_TURN, SR_STOP_SEQUENCE, SR_MAX_TOKENS, SR_TOOL_USE, SR_SAFETY, SR_ERROR,
     SR_OTHER,
     EV_MESSAGE_START, EV_BLOCK_START, EV_BLOCK_DELTA, EV_BLOCK_STOP, EV_MESSAGE_DELTA,
@@ -35,7 +35,7 @@ from cbusbar.framing import FramingError
 from cbusbar.framing cimport JsonArrayParser, json_array_item, sse_data_crlf, top_field
 from cbusbar cimport jsonget
 from cbusbar.ir cimport text_is_empty
-from cbusbar.jsonspan cimport join_text, text_value
+from cbusbar.jsonspan cimport text_value
 from cbusbar.jsonget cimport (
     Shape, as_dict, req_list, is_int, is_number, J_STRING, J_INTEGER, J_NUMBER, J_OBJECT, J_ARRAY,
 )
@@ -1242,7 +1242,6 @@ cdef class StreamDecoder(SSEDecoder):
         self.done = True
 
     cdef void _frame(self, object event, bytes data, list out) except *:
-        cdef object chunk
         data = data.strip()
         if not data or data == b"[DONE]":
             return  # a keep-alive, or the end marker some compatible servers add
@@ -1385,9 +1384,7 @@ cdef class StreamEncoder:
     cpdef bytes encode(self, list events):
         cdef bytearray out = bytearray()
         cdef Event e
-        cdef Usage u
         cdef list tool
-        cdef object args
         cdef dict call
         for ev in events:
             if self.finished:

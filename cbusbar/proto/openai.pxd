@@ -49,8 +49,8 @@ cdef class StreamEncoder:
     cdef bint finished              # [DONE] or an error frame went out
     cdef int tool_count             # OpenAI tool-call indexes handed out so far
     cdef dict tool_of_block         # IR block index -> OpenAI tool-call index
-    cdef set refusal_blocks         # IR indexes of refusal blocks (their text goes out as
-                                    # delta.refusal); None until the first
+    # IR indexes of refusal blocks (their text goes out as delta.refusal); None until the first
+    cdef set refusal_blocks
     cdef Usage usage                # running totals: usage.merge_usage of MESSAGE_START and MESSAGE_DELTAs
 
     cpdef bytes encode(self, list events)

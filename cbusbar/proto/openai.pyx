@@ -22,7 +22,7 @@ from cbusbar cimport ids
 
 from cbusbar.ir cimport (
     Usage, Block, Message, Tool, Request, Response, Event,
-    ev_message_start, ev_block_start, ev_block_delta, ev_block_stop, ev_message_delta,
+    ev_message_start, ev_message_delta,
     ev_message_stop, ev_error, text_block, refusal_block, text_is_empty,
     B_TEXT, B_IMAGE, B_DOCUMENT, B_TOOL_USE, B_TOOL_RESULT, B_THINKING,
     SRC_BASE64, SRC_URL, SRC_VENDOR, ROLE_USER, ROLE_ASSISTANT,
@@ -47,8 +47,9 @@ cdef extern from "string.h" nogil:
     void* memmem(const void* haystack, size_t hlen, const void* needle, size_t nlen)
 from cpython.bytes cimport PyBytes_AS_STRING
 from cbusbar.jsonget cimport (
-    OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number, opt_bool, opt_dict, is_int, is_number,
-    J_STRING, J_INTEGER, J_NUMBER, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
+    OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number,
+    opt_bool, opt_dict, is_int,
+    J_STRING, J_BOOLEAN, J_OBJECT, J_ARRAY, J_CONTENT, J_STRINGS, J_CHOICE,
 )
 from cbusbar.jsonget import PARSE_ERROR, UPSTREAM_NOT_JSON
 from cbusbar.usage cimport merge_usage
@@ -649,9 +650,9 @@ cdef dict _document_part(Block b):
                                     "format": "mp3" if mt == "audio/mpeg" or mt == "audio/mp3"
                                     else mt[6:]}}
         # OpenAI requires a filename beside inline file data.
-        return {"type": "file", "file": {"filename": b.name or ("document.pdf" if mt == "application/pdf"
-                                                                 else "document"),
-                                         "file_data": _data_uri(b)}}
+        return {"type": "file", "file": {
+            "filename": b.name or ("document.pdf" if mt == "application/pdf" else "document"),
+            "file_data": _data_uri(b)}}
     if b.src_kind == SRC_VENDOR and b.data:
         return {"type": "file", "file": {"file_id": b.data}}
     return None  # Chat Completions cannot take a document by URL
@@ -1062,7 +1063,6 @@ cdef list _response_blocks(dict msg, bint* saw_refusal):
 
 
 cpdef Response read_response(bytes body):
-    cdef object obj
     cdef dict d, choice
     cdef object v
     cdef Response resp = Response()
@@ -1096,7 +1096,7 @@ cdef list _annotations(Block b, Py_ssize_t start):
     """Citations that name a URL (OpenAI url_citation annotations, Anthropic web search results)
     -> url_citation annotations spanning the block's text within the message content."""
     cdef list out = []
-    cdef object c, inner
+    cdef object c
     cdef Py_ssize_t end = start + len(b.text or "")
     for c in b.citations:
         if not isinstance(c, dict):
@@ -1354,7 +1354,7 @@ cdef class StreamDecoder(SSEDecoder):
             self._finish(out)
 
     cdef void _frame(self, object event, bytes data, list out) except *:
-        cdef object obj, v
+        cdef object v
         cdef dict d, err
         cdef object c
         data = data.strip()
@@ -2031,7 +2031,7 @@ cdef class UsageHider:
 cdef bytes _hide_usage(bytes ev):
     """One SSE event (its lines and the blank line ending it) without its usage parts."""
     cdef list data_lines, others
-    cdef bytes l, data, new, term, d
+    cdef bytes line, data, new, term, d
     cdef const unsigned char* p = ev
     cdef Py_ssize_t n = len(ev), i = 6, j
     if ev.find(b'"usage"') < 0:
@@ -2054,12 +2054,12 @@ cdef bytes _hide_usage(bytes ev):
             return b"data: " + new + ev[i:]
     data_lines = []
     others = []
-    for l in ev.splitlines():
-        if l.startswith(b"data:"):
-            d = l[5:]
+    for line in ev.splitlines():
+        if line.startswith(b"data:"):
+            d = line[5:]
             data_lines.append(d[1:] if d.startswith(b" ") else d)
-        elif l:
-            others.append(l)
+        elif line:
+            others.append(line)
     if not data_lines:
         return ev
     data = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
@@ -2072,10 +2072,10 @@ cdef bytes _hide_usage(bytes ev):
     term = b"\r\n" if ev.find(b"\r\n") >= 0 else (
         b"\r" if ev.find(b"\r") >= 0 and ev.find(b"\n") < 0 else b"\n")
     out = bytearray()
-    for l in others:
-        out += l + term
-    for l in new.split(b"\n"):
-        out += b"data: " + l + term
+    for line in others:
+        out += line + term
+    for line in new.split(b"\n"):
+        out += b"data: " + line + term
     out += term
     return bytes(out)
 
@@ -2088,13 +2088,13 @@ cdef object _without_usage(bytes data):
     cdef object u, ch
     cdef bytes cur = data
     cdef object nxt
-    cdef int k
+    cdef int _round
     cdef Py_ssize_t n = len(data)
     if n > 15 and data.endswith(b',"usage":null}'):
         # OpenAI's own spelling, last member of the object: no scan needed. (A usage chunk never
         # has a null usage, so this is never the chunk to drop.)
         return data[:n - 14] + b"}"
-    for k in range(4):      # a repeated `usage` key: each occurrence goes
+    for _round in range(4):     # a repeated `usage` key: each occurrence goes
         try:
             spans = scan_top(cur, (b"choices", b"usage"))
         except FramingError:

@@ -15,8 +15,9 @@ cdef class StreamDecoder(SSEDecoder):
     cdef bint started               # MESSAGE_START emitted
     cdef bint saw_tool              # a function_call item was streamed (completed = tool use)
     cdef bint saw_refusal           # refusal text was streamed
-    cdef BlockSequencer seq         # the IR blocks: one open at a time, dense indexes; its
-                                    # `filled`: the open block got content deltas (done adds none)
+    # the IR blocks: one open at a time, dense indexes; its `filled`: the open block got content
+    # deltas (done adds none)
+    cdef BlockSequencer seq
     cdef int open_summary           # the reasoning summary_index last seen in the open block
     cdef dict by_output             # upstream output_index -> IR block index
     cdef dict by_item               # upstream item id -> IR block index

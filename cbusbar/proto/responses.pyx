@@ -35,13 +35,13 @@ from cbusbar.ir cimport (
     D_CITATION, D_INPUT_JSON, D_SIGNATURE, D_TEXT, D_THINKING,
     EV_BLOCK_DELTA, EV_BLOCK_START, EV_BLOCK_STOP, EV_ERROR, EV_MESSAGE_DELTA, EV_MESSAGE_START,
     EV_MESSAGE_STOP,
-    RF_JSON_OBJECT, RF_JSON_SCHEMA, RF_TEXT, RF_UNSET,
+    RF_JSON_OBJECT, RF_JSON_SCHEMA, RF_TEXT,
     ROLE_ASSISTANT, ROLE_USER,
     SR_END_TURN, SR_ERROR, SR_MAX_TOKENS, SR_OTHER, SR_REFUSAL, SR_SAFETY, SR_TOOL_USE, SR_UNSET,
-    SRC_BASE64, SRC_NONE, SRC_URL, SRC_VENDOR,
-    TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL, TC_UNSET,
+    SRC_BASE64, SRC_URL, SRC_VENDOR,
+    TC_AUTO, TC_NONE, TC_REQUIRED, TC_TOOL,
     Block, Event, Message, Request, Response, Tool, Usage,
-    ev_block_delta, ev_block_start, ev_block_stop, ev_error, ev_message_delta, ev_message_start,
+    ev_error, ev_message_delta, ev_message_start,
     ev_message_stop, text_block, refusal_block,
 )
 
@@ -404,7 +404,6 @@ cpdef Request read_request(bytes body):
     return req
 
 
-
 # ---------------------------------------------------------------------------------------------
 # Request: write_request
 
@@ -628,7 +627,6 @@ cpdef bytes write_request(Request req):
         if k not in body and k not in _OVERLAID:
             body[k] = v
     return orjson.dumps(body)
-
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1104,7 +1102,6 @@ cdef class StreamDecoder(SSEDecoder):
         self.by_item = {}
 
     cdef void _frame(self, object event, bytes data, list out) except *:
-        cdef object parsed
         cdef dict d
         cdef object t, r, v
         cdef int code, i, k
@@ -1222,7 +1219,6 @@ cdef class StreamDecoder(SSEDecoder):
     cdef int _open(self, int kind, dict data, str id, str name, list out) except -1:
         """A new block for an output item, named by its output_index and item id."""
         cdef int index
-        cdef object v
         if kind == B_TOOL_USE:
             index = self.seq.tool_start(out, id, name or "")
             self.saw_tool = True
@@ -1447,29 +1443,29 @@ cdef class StreamEncoder:
 
     cdef void _close(self, _Item item, list out) except *:
         cdef str text = "".join(item.parts)
-        cdef dict ids = {"item_id": item.item_id, "output_index": item.output_index}
+        cdef dict item_ref = {"item_id": item.item_id, "output_index": item.output_index}
         if item.closed:
             return
         item.closed = True
         if item.refusal:
             out.append(self._frame("response.refusal.done", dict(
-                ids, content_index=0, refusal=text)))
+                item_ref, content_index=0, refusal=text)))
             out.append(self._frame("response.content_part.done", dict(
-                ids, content_index=0, part={"type": "refusal", "refusal": text})))
+                item_ref, content_index=0, part={"type": "refusal", "refusal": text})))
         elif item.kind == B_TEXT:
             out.append(self._frame("response.output_text.done", dict(
-                ids, content_index=0, text=text, logprobs=[])))
+                item_ref, content_index=0, text=text, logprobs=[])))
             out.append(self._frame("response.content_part.done", dict(
-                ids, content_index=0,
+                item_ref, content_index=0,
                 part={"type": "output_text", "text": text, "annotations": item.annotations})))
         elif item.kind == B_TOOL_USE:
             out.append(self._frame("response.function_call_arguments.done", dict(
-                ids, arguments=text)))
+                item_ref, arguments=text)))
         elif item.summary_open:
             out.append(self._frame("response.reasoning_summary_text.done", dict(
-                ids, summary_index=0, text=text)))
+                item_ref, summary_index=0, text=text)))
             out.append(self._frame("response.reasoning_summary_part.done", dict(
-                ids, summary_index=0, part={"type": "summary_text", "text": text})))
+                item_ref, summary_index=0, part={"type": "summary_text", "text": text})))
         out.append(self._frame("response.output_item.done", {
             "output_index": item.output_index, "item": _item_json(item, "completed")}))
 
