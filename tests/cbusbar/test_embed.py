@@ -88,4 +88,5 @@ def test_passthrough_and_body_sniffing():
     assert embed.is_embed_body(b'{"texts":["a"],"input_type":"search_query"}')
     assert not embed.is_embed_body(b'{"anthropic_version":"v","messages":[],"max_tokens":1}')
     assert embed.upstream_path("bedrock", "cohere.embed-english-v3:0") == "/model/cohere.embed-english-v3%3A0/invoke"
-    assert embed.upstream_path("gemini", "gemini-embedding-001") == "/v1beta/models/gemini-embedding-001:batchEmbedContents"
+    assert (embed.upstream_path("gemini", "gemini-embedding-001")
+            == "/v1beta/models/gemini-embedding-001:batchEmbedContents")

@@ -148,7 +148,8 @@ def _request(rnd):
                           for _ in range(rnd.randrange(0, 30)))
     if not clean and rnd.random() < 0.05:
         target = rnd.choice([b"*", b"http://h/x", b"", b"x"])
-    version = b"HTTP/1.1" if clean else rnd.choice([b"HTTP/1.1"] * 4 + [b"HTTP/1.0", b"HTTP/2.0", b"http/1.1", b"HTTP/1.1 "])
+    version = b"HTTP/1.1" if clean else rnd.choice(
+        [b"HTTP/1.1"] * 4 + [b"HTTP/1.0", b"HTTP/2.0", b"http/1.1", b"HTTP/1.1 "])
     eol = b"\r\n" if clean or rnd.random() < 0.9 else rnd.choice([b"\n", b"\r", b"\r\r\n"])
     body = bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 0, 1, 5, 40])))
     lines = []
@@ -300,7 +301,8 @@ def _response(rnd):
     clean = rnd.random() < 0.5
     odd = 0.0 if clean else 0.03
     status = rnd.choice([200, 200, 201, 400, 429, 500, 529] if clean else [100, 101, 199, 204, 304, 600, 999, 200, 42])
-    reason = rnd.choice([b"OK", b"", b"Too Many Requests", b"x\ty"] if clean else [b"OK", b"\x01", b"caf\xc3\xa9", b"\r"])
+    reason = rnd.choice([b"OK", b"", b"Too Many Requests", b"x\ty"] if clean
+                        else [b"OK", b"\x01", b"caf\xc3\xa9", b"\r"])
     body = bytes(rnd.randrange(256) for _ in range(rnd.choice([0, 2, 30])))
     lines = []
     for _ in range(rnd.randrange(0, 8)):

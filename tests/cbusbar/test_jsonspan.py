@@ -58,8 +58,9 @@ BODIES = [
      "messages": [
          {"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image", "source": {
              "type": "base64", "media_type": "image/png", "data": "iVBOR"}}]},
-         {"role": "assistant", "content": [{"type": "text", "text": "y"},
-                                           {"type": "tool_use", "id": "t1", "name": "f", "input": {"q": "é", "n": [1, 2.5, -3e2, True, None]}}]},
+         {"role": "assistant", "content": [
+             {"type": "text", "text": "y"},
+             {"type": "tool_use", "id": "t1", "name": "f", "input": {"q": "é", "n": [1, 2.5, -3e2, True, None]}}]},
          {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "res"},
                                       {"type": "tool_result", "tool_use_id": "t2",
                                        "content": [{"type": "text", "text": "r1"}, {"type": "text", "text": "r2"}]}]},

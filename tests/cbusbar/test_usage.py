@@ -10,11 +10,15 @@ from cbusbar.proto import codec
 # count input without the cache buckets (ir.pxd).
 FINAL = {
     "openai": [b'"prompt_tokens":10,"completion_tokens":5', b'"cached_tokens":4,"cache_write_tokens":2'],
-    "responses": [b'"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4,"cache_write_tokens":2},"output_tokens":5'],
-    "anthropic": [b'"usage":{"input_tokens":4,"output_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":4}}\n\nevent: message_stop'],
-    "gemini": [b'"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15,"cachedContentTokenCount":4}'],
+    "responses": [b'"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":4,"cache_write_tokens":2},'
+                  b'"output_tokens":5'],
+    "anthropic": [b'"usage":{"input_tokens":4,"output_tokens":5,"cache_creation_input_tokens":2,'
+                  b'"cache_read_input_tokens":4}}\n\nevent: message_stop'],
+    "gemini": [b'"usageMetadata":{"promptTokenCount":10,"candidatesTokenCount":5,"totalTokenCount":15,'
+               b'"cachedContentTokenCount":4}'],
     "cohere": [b'"tokens":{"input_tokens":10,"output_tokens":5},"cached_tokens":4'],
-    "bedrock": [b'"usage":{"inputTokens":4,"outputTokens":5,"totalTokens":15,"cacheReadInputTokens":4,"cacheWriteInputTokens":2}'],
+    "bedrock": [b'"usage":{"inputTokens":4,"outputTokens":5,"totalTokens":15,"cacheReadInputTokens":4,'
+                b'"cacheWriteInputTokens":2}'],
 }
 
 

@@ -389,11 +389,13 @@ def test_read_request_never_raises_anything_but_codec_error():
     seed = orjson.loads(body(
         system=[{"type": "text", "text": "s", "cache_control": {"type": "ephemeral"}}],
         messages=[
-            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}},
-                                         {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "d"}]}}]},
+            {"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}},
+                {"type": "document", "source": {"type": "content", "content": [{"type": "text", "text": "d"}]}}]},
             {"role": "assistant", "content": [{"type": "thinking", "thinking": "t", "signature": "s"},
                                               {"type": "tool_use", "id": "a", "name": "f", "input": {"k": 1}}]},
-            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "r"}]}]}],
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "a", "content": [{"type": "text", "text": "r"}]}]}],
         tools=[{"name": "f", "input_schema": {"type": "object"}}],
         tool_choice={"type": "tool", "name": "f", "disable_parallel_tool_use": True},
         metadata={"user_id": "u"}, thinking={"type": "enabled", "budget_tokens": 2000},
@@ -551,7 +553,8 @@ def tool(name="f", schema=None):
 def test_write_request_tool_choice(choice, name, parallel, expected):
     out = written(make_request([user("q")], tools=[tool()], tool_choice=choice, tool_choice_name=name,
                                parallel_tool_calls=parallel))
-    assert out["tools"] == [{"name": "f", "description": "does f", "input_schema": {"type": "object", "properties": {}}}]
+    assert out["tools"] == [
+        {"name": "f", "description": "does f", "input_schema": {"type": "object", "properties": {}}}]
     assert out.get("tool_choice") == expected
 
 
@@ -758,7 +761,8 @@ def test_write_response_foreign_blocks():
         ir.Block(ir.THINKING, "reasoning without signature"),
         ir.text_block(""),
         ir.Block(ir.TEXT, "cited", citations=[
-            {"type": "url_citation", "url_citation": {"url": "https://x.test", "title": "X", "start_index": 0, "end_index": 5}},
+            {"type": "url_citation",
+             "url_citation": {"url": "https://x.test", "title": "X", "start_index": 0, "end_index": 5}},
             {"type": "unknown_thing"}]),
         ir.Block(ir.TOOL_USE, id="call_1", name="f", input='{"a":1}'),
         ir.Block(ir.IMAGE, src_kind=ir.SOURCE_URL, data="https://x.test/i.png"),
@@ -770,7 +774,8 @@ def test_write_response_foreign_blocks():
     assert msg.content[1].citations[0].url == "https://x.test" and len(msg.content[1].citations) == 1
     assert msg.content[2].input == {"a": 1}
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "END")
-    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens, msg.usage.cache_creation_input_tokens) == (40, 60, 0)
+    assert (msg.usage.input_tokens, msg.usage.cache_read_input_tokens,
+            msg.usage.cache_creation_input_tokens) == (40, 60, 0)
 
 
 def test_read_response_bad_bodies():
@@ -874,7 +879,8 @@ def test_decoder_usage_with_cache_buckets_and_backfill():
     events = decode(sse(msg_start(input_tokens=10, cache_write=500, cache_read=2000), msg_delta(output_tokens=4),
                         msg_delta(output_tokens=9), MSG_STOP))
     start, d1, d2 = events[0], events[1], events[2]
-    assert (start.usage.input_tokens, start.usage.cache_write_tokens, start.usage.cache_read_tokens) == (2510, 500, 2000)
+    assert (start.usage.input_tokens, start.usage.cache_write_tokens,
+            start.usage.cache_read_tokens) == (2510, 500, 2000)
     assert (d1.usage.input_tokens, d1.usage.output_tokens) == (2510, 4)
     assert (d2.usage.input_tokens, d2.usage.output_tokens) == (2510, 9)  # running total, not 13
     # newer APIs: input reported (again, cumulatively) on message_delta
@@ -1449,7 +1455,8 @@ def test_write_model_list():
         {"type": "model", "id": "claude-sonnet", "display_name": "claude-sonnet", "created_at": "1970-01-01T00:00:00Z",
          "lifecycle": "active"}],
         "has_more": False, "first_id": "claude-pool", "last_id": "claude-sonnet"}
-    assert orjson.loads(codec.write_model_list([])) == {"data": [], "has_more": False, "first_id": None, "last_id": None}
+    assert orjson.loads(codec.write_model_list([])) == {
+        "data": [], "has_more": False, "first_id": None, "last_id": None}
 
 
 # ---------------------------------------------------------------------------------------------

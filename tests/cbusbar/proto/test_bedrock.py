@@ -161,7 +161,7 @@ def test_upstream_path_is_what_boto3_sends(model, stream):
 
 def test_upstream_path_cache_keeps_answering_past_its_bound():
     from urllib.parse import quote
-    for rnd in range(2):
+    for _ in range(2):
         for i in range(600):
             m = "vendor.model-%d:0/x" % i
             assert bedrock.upstream_path(m, i % 2 == 0) == "/model/" + quote(m, safe="") + (
@@ -830,11 +830,13 @@ def test_decodes_tool_use_and_reasoning():
         frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"reasoningContent": {"text": "Think"}}}),
         frame("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"reasoningContent": {"signature": "SIG"}}}),
         frame("contentBlockStop", {"contentBlockIndex": 0}),
-        frame("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"reasoningContent": {"redactedContent": "b3BhcXVl"}}}),
+        frame("contentBlockDelta",
+              {"contentBlockIndex": 1, "delta": {"reasoningContent": {"redactedContent": "b3BhcXVl"}}}),
         frame("contentBlockStop", {"contentBlockIndex": 1}),
         frame("contentBlockDelta", {"contentBlockIndex": 2, "delta": {"text": "Let me look."}}),
         frame("contentBlockStop", {"contentBlockIndex": 2}),
-        frame("contentBlockStart", {"contentBlockIndex": 3, "start": {"toolUse": {"toolUseId": "tooluse_A", "name": "get_weather"}}}),
+        frame("contentBlockStart",
+              {"contentBlockIndex": 3, "start": {"toolUse": {"toolUseId": "tooluse_A", "name": "get_weather"}}}),
         frame("contentBlockDelta", {"contentBlockIndex": 3, "delta": {"toolUse": {"input": '{"city":'}}}),
         frame("contentBlockDelta", {"contentBlockIndex": 3, "delta": {"toolUse": {"input": '"Paris"}'}}}),
         frame("contentBlockStop", {"contentBlockIndex": 3}),

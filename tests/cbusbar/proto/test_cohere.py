@@ -20,7 +20,11 @@ def _req(**fields):
     return orjson.dumps(body)
 
 
-def _text_events(text_chunks, stop=ir.END_TURN, usage=ir.Usage(12, 7)):
+# The default final usage of _text_events; never mutated (the encoders copy what they merge).
+_TEXT_USAGE = ir.Usage(12, 7)
+
+
+def _text_events(text_chunks, stop=ir.END_TURN, usage=_TEXT_USAGE):
     evs = [ir.ev_message_start("up-1", "m", ir.Usage(12, 0)), ir.ev_block_start(0, ir.text_block(None))]
     evs += [ir.ev_block_delta(0, ir.DELTA_TEXT, t) for t in text_chunks]
     evs += [ir.ev_block_stop(0), ir.ev_message_delta(stop, None, usage), ir.ev_message_stop()]
@@ -72,8 +76,10 @@ UPSTREAM_TOOL = _frames(
     {"type": "tool-plan-delta", "delta": {"message": {"tool_plan": " it up."}}},
     {"type": "tool-call-start", "index": 0, "delta": {"message": {"tool_calls": {
         "id": "get_weather_abc", "type": "function", "function": {"name": "get_weather", "arguments": ""}}}}},
-    {"type": "tool-call-delta", "index": 0, "delta": {"message": {"tool_calls": {"function": {"arguments": "{\"city\""}}}}},
-    {"type": "tool-call-delta", "index": 0, "delta": {"message": {"tool_calls": {"function": {"arguments": ": \"Oslo\"}"}}}}},
+    {"type": "tool-call-delta", "index": 0,
+     "delta": {"message": {"tool_calls": {"function": {"arguments": "{\"city\""}}}}},
+    {"type": "tool-call-delta", "index": 0,
+     "delta": {"message": {"tool_calls": {"function": {"arguments": ": \"Oslo\"}"}}}}},
     {"type": "tool-call-end", "index": 0},
     {"type": "tool-call-start", "index": 1, "delta": {"message": {"tool_calls": {
         "id": "now_def", "type": "function", "function": {"name": "now", "arguments": ""}}}}},
@@ -179,13 +185,15 @@ def test_read_request_images():
 
 def test_read_request_tools_calls_and_results():
     req = co.read_request(_req(
-        tools=[{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-                                                   "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        tools=[{"type": "function", "function": {
+            "name": "get_weather", "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
         tool_choice="REQUIRED",
         messages=[
             {"role": "user", "content": "Weather in Oslo and Rome?"},
             {"role": "assistant", "tool_plan": "I will look both up.", "tool_calls": [
-                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
+                {"id": "c1", "type": "function",
+                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}},
                 {"id": "c2", "type": "function", "function": {"name": "get_weather", "arguments": ""}},
             ]},
             {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 3}"},
@@ -246,9 +254,12 @@ def test_read_request_assistant_thinking_and_unparseable_arguments():
      "Missing required parameter: 'messages[0].tool_call_id'."),
     (b'{"model": "m", "messages": [], "temperature": "hot"}', "Invalid type for 'temperature': expected a number."),
     (b'{"model": "m", "messages": [], "max_tokens": true}', "Invalid type for 'max_tokens': expected an integer."),
-    (b'{"model": "m", "messages": [], "stop_sequences": "x"}', "Invalid type for 'stop_sequences': expected an array of strings."),
-    (b'{"model": "m", "messages": [], "tool_choice": "AUTO"}', "Invalid value for 'tool_choice': expected 'REQUIRED' or 'NONE'."),
-    (b'{"model": "m", "messages": [], "tools": [{"type": "function"}]}', "Invalid type for 'tools[0].function': expected an object."),
+    (b'{"model": "m", "messages": [], "stop_sequences": "x"}',
+     "Invalid type for 'stop_sequences': expected an array of strings."),
+    (b'{"model": "m", "messages": [], "tool_choice": "AUTO"}',
+     "Invalid value for 'tool_choice': expected 'REQUIRED' or 'NONE'."),
+    (b'{"model": "m", "messages": [], "tools": [{"type": "function"}]}',
+     "Invalid type for 'tools[0].function': expected an object."),
 ])
 def test_read_request_rejects(body, message):
     with pytest.raises(ir.CodecError) as exc:
@@ -330,7 +341,8 @@ def test_write_request_caps_and_drops():
     out = orjson.loads(co.write_request(req))
     assert out["stop_sequences"] == ["a", "b", "c", "d", "e"]
     assert out["tool_choice"] == "REQUIRED"
-    assert out["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    assert out["tools"] == [
+        {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
     for dropped in ("parallel_tool_calls", "reasoning_effort", "thinking", "n", "user"):
         assert dropped not in out
 
@@ -520,7 +532,8 @@ def test_decode_tool_stream():
     events = _decode(UPSTREAM_TOOL, 5)
     starts = [e for e in events if e.kind == ir.BLOCK_START]
     assert [(e.index, e.block.kind, e.block.id, e.block.name) for e in starts] == [
-        (0, ir.TEXT, None, None), (1, ir.TOOL_USE, "get_weather_abc", "get_weather"), (2, ir.TOOL_USE, "now_def", "now")]
+        (0, ir.TEXT, None, None), (1, ir.TOOL_USE, "get_weather_abc", "get_weather"),
+        (2, ir.TOOL_USE, "now_def", "now")]
     by_block = {}
     for e in events:
         if e.kind == ir.BLOCK_DELTA:
@@ -550,7 +563,8 @@ def test_decode_thinking_and_citation_after_content_end():
         {"type": "citation-start", "index": 0, "delta": {"message": {"citations": {
             "start": 0, "end": 5, "text": "Cited", "sources": [], "content_index": 1, "type": "TEXT_CONTENT"}}}},
         {"type": "citation-end", "index": 0},
-        {"type": "message-end", "delta": {"finish_reason": "COMPLETE", "usage": {"tokens": {"input_tokens": 3, "output_tokens": 4}}}},
+        {"type": "message-end",
+         "delta": {"finish_reason": "COMPLETE", "usage": {"tokens": {"input_tokens": 3, "output_tokens": 4}}}},
     )
     events = _decode(data, 11)
     kinds = [(e.kind, e.index, e.delta_kind) for e in events if e.kind != ir.MESSAGE_START]

@@ -154,7 +154,8 @@ def test_read_request_assistant_and_tool_turns():
         {"role": "tool", "tool_call_id": "call_2", "content": [{"type": "text", "text": "21C"}]},
         {"role": "tool", "tool_call_id": "call_3", "content": "noon"},
         {"role": "user", "content": "thanks"},
-        {"role": "assistant", "content": [{"type": "text", "text": "You're"}, {"type": "refusal", "refusal": " welcome"}],
+        {"role": "assistant",
+         "content": [{"type": "text", "text": "You're"}, {"type": "refusal", "refusal": " welcome"}],
          "refusal": "No more."},
     ]))
     user, asst, tools, user2, asst2 = req.messages
@@ -243,11 +244,14 @@ def test_read_request_max_tokens_and_stop_list():
     (b'{"model": "", "messages": []}', "Missing required parameter: 'model'."),
     (b'{"model": "m"}', "Missing required parameter: 'messages'."),
     (b'{"model": "m", "messages": "hi"}', "Invalid type for 'messages': expected an array, but got a string instead."),
-    (b'{"model": "m", "messages": []}', "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
+    (b'{"model": "m", "messages": []}',
+     "Invalid 'messages': empty array. Expected an array with minimum length 1, but got an empty array instead."),
     (b'{"model": "m", "messages": [{"role": "robot", "content": "x"}]}',
-     "Invalid value: 'robot'. Supported values are: 'system', 'assistant', 'user', 'function', 'tool', and 'developer'."),
+     "Invalid value: 'robot'. Supported values are: "
+     "'system', 'assistant', 'user', 'function', 'tool', and 'developer'."),
     (b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
-     "Invalid type for 'messages[0].content': expected one of a string or array of objects, but got an integer instead."),
+     "Invalid type for 'messages[0].content': "
+     "expected one of a string or array of objects, but got an integer instead."),
     (b'{"model": "m", "messages": [{"role": "tool", "content": "x"}]}',
      "Missing required parameter: 'messages[0].tool_call_id'."),
     (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
@@ -289,7 +293,8 @@ FULL_REQUEST = {
                                      {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA"}},
                                      {"type": "file", "file": {"file_data": "AA", "filename": "f"}},
                                      {"type": "input_audio", "input_audio": {"data": "AA", "format": "wav"}}]},
-        {"role": "assistant", "content": None, "reasoning_content": "r", "function_call": {"name": "g", "arguments": "{}"},
+        {"role": "assistant", "content": None, "reasoning_content": "r",
+         "function_call": {"name": "g", "arguments": "{}"},
          "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}},
                         {"id": "d", "type": "custom", "custom": {"name": "h", "input": "x"}}]},
         {"role": "tool", "tool_call_id": "c", "content": [{"type": "text", "text": "ok"}]},
@@ -510,8 +515,10 @@ def test_read_response_tool_calls_reasoning_logprobs():
         "choices": [{"index": 0, "finish_reason": "tool_calls", "logprobs": {"content": lp},
                      "message": {"role": "assistant", "content": None, "reasoning_content": "think",
                                  "tool_calls": [
-                                     {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
-                                     {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "oops"}}]}}],
+                                     {"id": "call_a", "type": "function",
+                                      "function": {"name": "f", "arguments": '{"x": 1}'}},
+                                     {"id": "call_b", "type": "function",
+                                      "function": {"name": "g", "arguments": "oops"}}]}}],
         "usage": {"prompt_tokens": 5, "completion_tokens": 3, "prompt_cache_hit_tokens": 4}})
     resp = codec.read_response(raw)
     assert [b.kind for b in resp.content] == [ir.THINKING, ir.TOOL_USE, ir.TOOL_USE]
@@ -526,10 +533,14 @@ def test_read_response_tool_calls_reasoning_logprobs():
 @pytest.mark.parametrize("finish,message,stop", [
     ("stop", {"content": "x"}, ir.END_TURN),
     ("length", {"content": "x"}, ir.MAX_TOKENS),
-    ("tool_calls", {"content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, ir.TOOL_USE_STOP),
+    ("tool_calls",
+     {"content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+     ir.TOOL_USE_STOP),
     ("function_call", {"content": None, "function_call": {"name": "f", "arguments": "{}"}}, ir.TOOL_USE_STOP),
     ("content_filter", {"content": ""}, ir.SAFETY),
-    ("stop", {"content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, ir.TOOL_USE_STOP),
+    ("stop",
+     {"content": None, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+     ir.TOOL_USE_STOP),
     ("stop", {"content": None, "refusal": "I can't help with that."}, ir.REFUSAL),
     ("something_new", {"content": "x"}, ir.OTHER),
 ])
@@ -545,7 +556,8 @@ def test_read_response_rejects_non_objects(raw):
 
 def test_read_response_tolerates_odd_shapes():
     for raw in [b"{}", b'{"choices": null}', b'{"choices": [1, {"message": 5}]}',
-                b'{"choices": [{"message": {"content": [{"type": "text", "text": "a"}, 3], "tool_calls": [1, {"function": 2}]}}], "usage": "x"}']:
+                b'{"choices": [{"message": {"content": [{"type": "text", "text": "a"}, 3], '
+                b'"tool_calls": [1, {"function": 2}]}}], "usage": "x"}']:
         resp = codec.read_response(raw)
         assert isinstance(resp.content, list)
     assert not codec.read_response(b"{}").usage.input_known
@@ -655,10 +667,12 @@ TEXT_STREAM = sse(
 TOOL_STREAM = sse(
     chunk({"role": "assistant", "content": None}),
     chunk({"content": "Checking."}),
-    chunk({"tool_calls": [{"index": 0, "id": "call_A", "type": "function", "function": {"name": "weather", "arguments": ""}}]}),
+    chunk({"tool_calls": [
+        {"index": 0, "id": "call_A", "type": "function", "function": {"name": "weather", "arguments": ""}}]}),
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"city":'}}]}),
     chunk({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}),
-    chunk({"tool_calls": [{"index": 1, "id": "call_B", "type": "function", "function": {"name": "clock", "arguments": ""}}]}),
+    chunk({"tool_calls": [
+        {"index": 1, "id": "call_B", "type": "function", "function": {"name": "clock", "arguments": ""}}]}),
     chunk({"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]}),
     chunk({}, "tool_calls"),
     dict(chunk(), choices=[], usage=USAGE),
@@ -715,7 +729,8 @@ def test_decoder_reasoning_then_text_and_logprobs():
     lp = [{"token": "Hi", "logprob": -0.2, "bytes": None, "top_logprobs": []}]
     data = sse(chunk({"role": "assistant"}),
                chunk({"reasoning_content": "let me "}), chunk({"reasoning": "think"}),
-               dict(chunk({"content": "Hi"}), choices=[{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": lp}}]),
+               dict(chunk({"content": "Hi"}),
+                    choices=[{"index": 0, "delta": {"content": "Hi"}, "logprobs": {"content": lp}}]),
                chunk({}, "length"), b"[DONE]")
     events = decode(data, 3)
     check_order(events)
@@ -843,10 +858,12 @@ def test_encoder_frames_parse_as_sdk_chunks():
         {"role": "assistant", "content": ""},
         {"reasoning_content": "Hmm."},
         {"content": "Sure"}, {"content": "."},
-        {"tool_calls": [{"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": ""}}]},
+        {"tool_calls": [
+            {"index": 0, "id": "toolu_1", "type": "function", "function": {"name": "weather", "arguments": ""}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": '{"city"'}}]},
         {"tool_calls": [{"index": 0, "function": {"arguments": ':"Oslo"}'}}]},
-        {"tool_calls": [{"index": 1, "id": "toolu_2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
+        {"tool_calls": [
+            {"index": 1, "id": "toolu_2", "type": "function", "function": {"name": "clock", "arguments": ""}}]},
         {"tool_calls": [{"index": 1, "function": {"arguments": "{}"}}]},
         {}]
     assert [o["choices"][0]["finish_reason"] for o in objs][-2:] == [None, "tool_calls"]
@@ -894,13 +911,15 @@ def test_encoder_error_frames_raise_in_sdk():
     enc = codec.StreamEncoder("chatcmpl-xyz", "target-model")
     raw = enc.encode(ir_stream(with_tools=False)[:3]) + enc.error("overloaded", "Upstream overloaded.")
     assert enc.encode([ir.ev_message_stop()]) == b""  # nothing after an error frame
-    assert raw.endswith(b'data: {"error":{"message":"Upstream overloaded.","type":"server_error","param":null,"code":null}}\n\n')
+    assert raw.endswith(
+        b'data: {"error":{"message":"Upstream overloaded.","type":"server_error","param":null,"code":null}}\n\n')
     client = serve(raw, content_type="text/event-stream")
     with pytest.raises(openai.APIError) as e:
         list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], stream=True))
     assert e.value.message == "Upstream overloaded."
     enc2 = codec.StreamEncoder("i", "m")
-    out = enc2.encode([ir.ev_message_start("a", "b", None), ir.ev_error("rate_limit", "slow down"), ir.ev_message_stop()])
+    out = enc2.encode([ir.ev_message_start("a", "b", None), ir.ev_error("rate_limit", "slow down"),
+                       ir.ev_message_stop()])
     assert frames(out)[-1] == b'{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":null}}'
 
 
@@ -947,7 +966,8 @@ def test_write_error_unknown_kind_uses_status():
 
 
 @pytest.mark.parametrize("raw,message", [
-    (b'{"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error"}}', "Incorrect API key provided."),
+    (b'{"error": {"message": "Incorrect API key provided.", "type": "invalid_request_error"}}',
+     "Incorrect API key provided."),
     (b'{"error": "flat"}', "flat"),
     (b'{"message": "top"}', "top"),
     (b'[{"error": {"message": "wrapped"}}]', "wrapped"),

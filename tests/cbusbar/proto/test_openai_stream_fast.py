@@ -42,7 +42,8 @@ def chunk(rng):
         if rng.random() < 0.1:
             delta[k] = rng.choice([None, "", "why"])
     if rng.random() < 0.08:
-        delta["tool_calls"] = rng.choice([None, [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{"}}]])
+        delta["tool_calls"] = rng.choice(
+            [None, [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": "{"}}]])
     choice = {}
     r = rng.random()
     if r < 0.8:

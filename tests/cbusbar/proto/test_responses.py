@@ -963,7 +963,8 @@ def test_buffered_round_trip():
 @pytest.mark.parametrize("value, message", [
     ('hi', None),
     (3, "Invalid type for 'input': expected one of a string or array of objects, but got an integer instead."),
-    ({'role': 'user'}, "Invalid type for 'input': expected one of a string or array of objects, but got an object instead."),
+    ({'role': 'user'},
+     "Invalid type for 'input': expected one of a string or array of objects, but got an object instead."),
     (None, None),
 ])
 def test_read_request_conversation_field_type(value, message):

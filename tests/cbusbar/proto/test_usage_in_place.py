@@ -1,7 +1,8 @@
 """The same-protocol usage readers that read counts in place (framing.members: anthropic, openai,
-responses, bedrock, cohere) agree with the codec's dict reader (read_response's usage) on every shape a usage object can take: missing,
-null, float, negative, huge, string and boolean counts, details that are not objects, escaped
-member names, whitespace, unknown members around the known ones."""
+responses, bedrock, cohere) agree with the codec's dict reader (read_response's usage) on every
+shape a usage object can take: missing, null, float, negative, huge, string and boolean counts,
+details that are not objects, escaped member names, whitespace, unknown members around the known
+ones."""
 import json
 import random
 
