@@ -37,7 +37,7 @@ from busbar.engine.records import (
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
-from busbar.reliability import classify as RC
+from busbar.engine import classify as RC
 
 _loads = orjson.loads
 _dumps = orjson.dumps
@@ -731,7 +731,7 @@ class Exchange(Timed):
             self.answer(b"application/json", out, ing.response_headers(None, self.rid()))
 
     def status_error(self, body):
-        """A non-2xx upstream answer: classified (busbar/reliability/classify.py), its attempt
+        """A non-2xx upstream answer: classified (busbar/engine/classify.py), its attempt
         ended with the disposition, then another lane or the caller's answer. `body` None: it did
         not come in time, the status alone decides, and the caller's answer is busbar's own
         error for that status, in its shape."""

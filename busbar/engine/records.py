@@ -50,7 +50,7 @@ class Attempt:
         self.reason = None
         self.bytes_in = 0
         self.retry_after = None
-        # reliability: what the fault means (busbar/reliability/classify.py D_*); None on success
+        # reliability: what the fault means (busbar/engine/classify.py D_*); None on success
         # and for faults that are not the lane's (cancelled, refused, credentials pending).
         self.disposition = None
         # reliability: the error class of a non-2xx answer (classify.py: rate_limit, overloaded,

@@ -25,7 +25,7 @@ import logging
 import random
 import time
 
-from busbar.reliability.classify import D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN
+from busbar.engine.classify import D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN
 from cbusbar.cellcore import LAYOUT, CellCore, LaneCore, Window  # noqa: F401 (Window: state.py)
 from cbusbar.shared import LocalCounters
 

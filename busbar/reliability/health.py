@@ -42,8 +42,8 @@ from cbusbar import ir
 from cbusbar.proto import codec as _codec
 
 from busbar.reliability.breaker import L_PROBE_AT, L_PROBE_FAIL, L_PROBE_OK
-from busbar.reliability.classify import (D_ATTEMPT_TIMEOUT, D_CLIENT_FAULT, D_CONTEXT, D_TRANSIENT,
-                                         classify_status)
+from busbar.engine.classify import (D_ATTEMPT_TIMEOUT, D_CLIENT_FAULT, D_CONTEXT, D_TRANSIENT,
+                                    classify_status)
 
 log = logging.getLogger("busbar")
 

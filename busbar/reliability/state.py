@@ -29,7 +29,7 @@ import time
 
 from busbar.reliability.breaker import (CELL_SLOTS, HALF_OPEN, LANE_SLOTS, OPEN, S_STATE, S_UNTIL,
                                         Cell, LaneState, LocalSlots, Window)
-from busbar.reliability.classify import D_TRANSIENT, FAULT_DISPOSITION
+from busbar.engine.classify import D_TRANSIENT, FAULT_DISPOSITION
 from busbar.reliability.policy import DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED
 
 # Retry-After when nothing is cooling down (saturation, nothing configured): the reference's 2 s,

@@ -9,8 +9,8 @@ import pytest
 from busbar.config.schema import Limits
 from busbar.reliability.breaker import (CELL_SLOTS, CLOSED, HALF_OPEN, LANE_SLOTS, OPEN, Cell,
                                         LaneState, LocalSlots)
-from busbar.reliability.classify import (D_ATTEMPT_TIMEOUT, D_CLIENT_FAULT, D_HARD_DOWN,
-                                         D_TRANSIENT)
+from busbar.engine.classify import (D_ATTEMPT_TIMEOUT, D_CLIENT_FAULT, D_HARD_DOWN,
+                                    D_TRANSIENT)
 from busbar.reliability.policy import BreakerPolicy
 
 

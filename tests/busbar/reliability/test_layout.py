@@ -9,7 +9,7 @@ from busbar.admin.live import assign_slots, next_snapshot
 from busbar.config.loader import build
 from busbar.engine.snapshot import Snapshot
 from busbar.reliability.breaker import CLOSED, OPEN
-from busbar.reliability.classify import D_TRANSIENT
+from busbar.engine.classify import D_TRANSIENT
 from busbar.reliability.state import BLOCK, NoRoom, Reliability, capacity
 from cbusbar.shared import SharedCounters
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 
 from busbar.config.loader import build
 from busbar.engine.snapshot import Snapshot
-from busbar.reliability.classify import D_TRANSIENT
+from busbar.engine.classify import D_TRANSIENT
 from busbar.reliability.state import Reliability
 
 KINDS = ("healthy", "tripped", "saturated", "budget_empty", "failing")

@@ -14,6 +14,10 @@ signatures, then the status. Stage 2 maps the class to a disposition:
   context_length      the prompt is too long for this lane: no penalty, try a larger lane
 
 Nothing here runs on a 2xx: the happy path never classifies.
+
+In the engine because it is the attempt's vocabulary: the exchange classifies a failed attempt
+and decides from the disposition whether to fail over; reliability (breaker cells, health
+probes) reads the dispositions the engine wrote, so the arrow points from reliability to here.
 """
 from __future__ import annotations
 

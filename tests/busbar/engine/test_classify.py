@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from busbar.engine.translate import CODECS
-from busbar.reliability.classify import (D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN, D_TRANSIENT,
-                                         classify_status, retry_after)
+from busbar.engine.classify import (D_CLIENT_FAULT, D_CONTEXT, D_HARD_DOWN, D_TRANSIENT,
+                                    classify_status, retry_after)
 
 OWN = SimpleNamespace(error_map=(), upstream_credentials="own")
 BYOK = SimpleNamespace(error_map=(), upstream_credentials="passthrough")
