@@ -152,7 +152,7 @@ class Egress:
     def caller_auth(self, req) -> bytes:
         """The caller's key (wherever its SDK put it) as this provider's auth header; b"" when
         the caller sent none (the upstream answers 401, relayed as the caller's own)."""
-        from busbar.governance.gate import credential
+        from busbar.engine.request import credential
         kind, value = credential(req)
         if kind != "token" or not value or b"\r" in value or b"\n" in value:
             return b""

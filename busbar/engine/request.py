@@ -2,7 +2,9 @@
 """A client's request as the ingress read it: what busbar/server/http.py hands to an exchange.
 
 In the engine, not the server, so the exchange can type it (busbar/engine/exchange.pxd) while layers
-still point one way (server -> engine)."""
+still point one way (server -> engine). `credential(req)` reads the key a caller presented from the
+request's headers alone: governance's gate and a passthrough lane's egress both ask it, and neither
+is the other's layer."""
 from __future__ import annotations
 
 
@@ -33,3 +35,29 @@ def new_request(method, path, query, headers, body, t0, keep_alive):
     r.t0 = t0
     r.keep_alive = keep_alive
     return r
+
+
+def credential(req):
+    """(kind, value) of what the caller presented, wherever its SDK puts it: `Authorization:
+    Bearer` (OpenAI, Responses, Cohere; Anthropic's SDK may), `x-api-key` (Anthropic),
+    `x-goog-api-key` or `?key=` (Gemini), or a SigV4 `Authorization` (Bedrock). The token is
+    self-identifying (bbk_...), so no protocol decides where to look."""
+    h = req.headers
+    v = h.get(b"authorization")
+    if v is not None:
+        if v[:7].lower() == b"bearer ":
+            return "token", v[7:].strip()
+        if v.startswith(b"AWS4-HMAC-SHA256"):
+            return "sigv4", v
+    v = h.get(b"x-api-key")
+    if v is None:
+        v = h.get(b"x-goog-api-key")
+    if v is not None:
+        return "token", v.strip()
+    q = req.query
+    if q and "key=" in q:
+        for part in q.split("&"):
+            if part.startswith("key="):
+                from urllib.parse import unquote
+                return "token", unquote(part[4:]).encode("latin-1", "replace")
+    return None, None

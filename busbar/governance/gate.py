@@ -26,6 +26,8 @@ import time
 
 from cbusbar.framing import FramingError, scan_top
 
+from busbar.engine.request import credential
+
 from .model import (C_CHARGE, C_GROUP, C_KIND, C_PER, C_ROLL, Denial,
                     Usage, bucket_key, day_of, verify_token, window)
 
@@ -43,32 +45,6 @@ UNAVAILABLE = "unavailable"     # a store that cannot answer (redis_store.UNAVAI
 TOKEN_CACHE_MAX = 8192
 CHAIN_CACHE_MAX = 4096
 ACL_MESSAGE = "Your API key does not have permission to access this resource."
-
-
-def credential(req):
-    """(kind, value) of what the caller presented, wherever its SDK puts it: `Authorization:
-    Bearer` (OpenAI, Responses, Cohere; Anthropic's SDK may), `x-api-key` (Anthropic),
-    `x-goog-api-key` or `?key=` (Gemini), or a SigV4 `Authorization` (Bedrock). The token is
-    self-identifying (bbk_...), so no protocol decides where to look."""
-    h = req.headers
-    v = h.get(b"authorization")
-    if v is not None:
-        if v[:7].lower() == b"bearer ":
-            return "token", v[7:].strip()
-        if v.startswith(b"AWS4-HMAC-SHA256"):
-            return "sigv4", v
-    v = h.get(b"x-api-key")
-    if v is None:
-        v = h.get(b"x-goog-api-key")
-    if v is not None:
-        return "token", v.strip()
-    q = req.query
-    if q and "key=" in q:
-        for part in q.split("&"):
-            if part.startswith("key="):
-                from urllib.parse import unquote
-                return "token", unquote(part[4:]).encode("latin-1", "replace")
-    return None, None
 
 
 class LocalDirectory:
