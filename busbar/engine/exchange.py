@@ -157,17 +157,6 @@ class Exchange(Timed):
         """(status, message) of busbar's own refusal in the caller's vendor's words."""
         return CODECS[self.proto or "openai"].own_error(kind)
 
-    def client_request(self):
-        """The client's request in the IR (parsed once; None when it does not parse: the attempt
-        that needs it says why)."""
-        cr = self.cr
-        if cr is None:
-            try:
-                cr = self.cr = ClientRequest(self.ingress, self.req.body)
-            except ir.CodecError:
-                return None
-        return cr
-
     def chat(self):
         req = self.req
         route = self.route

@@ -9,8 +9,6 @@ from __future__ import annotations
 from cbusbar import ir, transform
 from cbusbar.proto import codec as _codec
 
-PROTOCOLS = ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock")
-
 
 class _Codecs(dict):
     """protocol name → codec module, imported on first use."""

@@ -27,7 +27,6 @@ import httptools
 
 from busbar.engine.deadlines import Timed
 from busbar.engine.request import new_request
-from busbar.engine.status import REASONS, status_line  # noqa: F401 (re-exported)
 from cbusbar.clock import now_ns
 from cbusbar.h1 import parse_request as _fast_parse
 
