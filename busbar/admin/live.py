@@ -106,15 +106,14 @@ async def swap_in_worker(gw, config, version, slots, plans=None):
     if any(eg.source is not None for eg in fresh):
         from busbar.upstream.refresh import start_credentials
         r = await start_credentials(gw.loop, fresh)
-        gw.live_refreshers = getattr(gw, "live_refreshers", []) + [r]
+        gw.live_refreshers = gw.live_refreshers + [r]
     # reliability: the new targets get their cells (blocks the parent assigned, the same in every
     # worker) before any request can see them.
     gw.reliability.attach(snap, plans.get("reliability"))
     observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
-    prober = getattr(gw, "prober", None)
-    if prober is not None:
-        prober.config_changed()     # health probing turned on by this config: the ticks start
+    if gw.prober is not None:
+        gw.prober.config_changed()     # health probing turned on by this config: the ticks start
     stop_unused_refreshers(gw)
 
 
@@ -124,12 +123,10 @@ def stop_unused_refreshers(gw) -> int:
     flight on the old snapshot keep the credentials already applied."""
     live = set(map(id, gw.snapshot.egress.values()))
     stopped = 0
-    refreshers = [r for r in (getattr(gw, "credentials", None),) if r is not None]
-    refreshers += getattr(gw, "live_refreshers", [])
-    for r in refreshers:
+    refreshers = [gw.credentials] if gw.credentials is not None else []
+    for r in refreshers + gw.live_refreshers:
         stopped += r.retain(live)
-    if getattr(gw, "live_refreshers", None):
-        gw.live_refreshers = [r for r in gw.live_refreshers if r.tasks]
+    gw.live_refreshers = [r for r in gw.live_refreshers if r.tasks]
     return stopped
 
 
@@ -231,7 +228,7 @@ class LiveConfig:
         interleave their swaps."""
         async with self.lock:
             gw = self.gw
-            if config.governance is not None and getattr(gw, "gate", None) is None:
+            if config.governance is not None and gw.gate is None:
                 raise ConfigError(["auth: governance (auth.chain, groups, rate_card, store) was off "
                                    "when busbar started; restart busbar to turn it on"])
             old = gw.snapshot

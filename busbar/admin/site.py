@@ -169,6 +169,7 @@ class AdminSite:
         self.gw = gw
         self.deadlines = gw.deadlines
         self.connections = set()
+        self.bodies = None      # admin bodies are small and few: no body budget
         self.routes = Routes()
         self.set_auth(control)
 

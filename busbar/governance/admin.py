@@ -44,7 +44,7 @@ def mount(site, gw, boot):
         if gate.directory.remote:
             return          # the Redis store published the invalidation itself
         gate.directory.apply(msg)
-        live = getattr(gw, "live", None)
+        live = gw.live
         if live is None or not live.workers:
             return
         async with live.lock:
@@ -385,7 +385,7 @@ STORE_READY_SECS = 10.0
 
 def _when_ready(boot, handler):
     async def call(req):
-        ready = getattr(boot, "ready", None)
+        ready = boot.ready
         if ready is not None and not ready.is_set():
             try:
                 await asyncio.wait_for(ready.wait(), STORE_READY_SECS)

@@ -45,6 +45,8 @@ class GovBoot:
         self.child_end = None
         self.is_child = False
         self.readers = []
+        self.ready = None           # an asyncio.Event, set once the store is open (start)
+        self.spender = None         # the parent's spend refresh task (start)
         if self.local:
             from cbusbar.ledger import LimitTable
 
@@ -126,10 +128,9 @@ class GovBoot:
         if not self.is_child:
             # The routes exist as soon as the admin listener does (another worker may already
             # serve data); a call waits for the store to open (busbar/governance/admin.py).
-            admin = getattr(gw, "admin", None)
-            if admin is not None:
+            if gw.admin is not None:
                 from .admin import mount
-                mount(admin, gw, self)
+                mount(gw.admin, gw, self)
         if not self.local:
             await gate.directory.start()
             await gate.ledger.start()
@@ -172,9 +173,9 @@ class GovBoot:
             await _add(self.store, rows)
 
     async def close(self, gw):
-        if getattr(self, "spender", None) is not None:
+        if self.spender is not None:
             self.spender.cancel()
-        gate = getattr(gw, "gate", None)
+        gate = gw.gate
         if gate is not None and gate.batcher is not None:
             gate.batcher.flush()
         if not self.local:
@@ -265,7 +266,7 @@ def seed(table, gov, api_groups: dict, store, now: float):
 async def store_problem(gw) -> str | None:
     """Why the governance store cannot serve the admin API right now, or None: a Redis store that
     does not answer a PING (a local store is this process's own file or memory)."""
-    boot = getattr(gw, "gov_boot", None)
+    boot = gw.gov_boot
     if boot is None or boot.local or boot.store is None:
         return None
     from .redis_store import StoreUnavailable
@@ -281,15 +282,15 @@ async def spend_by_group(gw):
     stored day, read from the governance store and priced with the running rate card; a key's
     spend counts under its own group (None: keys without one). The status page's spend table."""
     gov = gw.snapshot.governance
-    boot = getattr(gw, "gov_boot", None)
+    boot = gw.gov_boot
     if gov is None or boot is None:
         return None, "governance is off (no keys, groups or rate_card in the config)"
     if not gov.rate_card:
         return None, "no rate_card: tokens are counted but not priced"
-    ready = getattr(boot, "ready", None)
+    ready = boot.ready
     if boot.store is None or (ready is not None and not ready.is_set()):
         return None, "the governance store is not open yet"
-    gate = getattr(gw, "gate", None)
+    gate = gw.gate
     if gate is not None and gate.batcher is not None:
         gate.batcher.flush()        # this process's last calls (the sink is a task: let it run)
         await asyncio.sleep(0)

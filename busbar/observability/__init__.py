@@ -61,7 +61,7 @@ def plan(gw, config):
     """In the parent, before a reload's swap: the metrics' name tables with `config`'s new pools,
     pairs and lanes given spare slots, sent to every worker with the config (`adopt`), so all of
     them count a new pool into the same slots. None when metrics are off."""
-    st = getattr(gw, "observability", None)
+    st = gw.observability
     m = st.metrics if st is not None else None
     if m is None:
         return None
@@ -75,7 +75,7 @@ def plan(gw, config):
 
 def adopt(gw, plan):
     """In every worker, with a reload's swap: the parent's name tables (see `plan`)."""
-    st = getattr(gw, "observability", None)
+    st = gw.observability
     if plan is not None and st is not None and st.metrics is not None:
         st.metrics.L.adopt(plan)
 
@@ -132,7 +132,7 @@ def install(gw):
 
 
 async def shutdown(gw):
-    state = getattr(gw, "observability", None)
+    state = gw.observability
     if state is None:
         return
     for close in state.closers:

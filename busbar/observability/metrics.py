@@ -322,7 +322,7 @@ def _cells(site):
     """(pool label, lane, state, trips) of every breaker cell of the current config, read from the
     shared slots (gateway-wide). A direct route's cell is labelled with its model's name as pool,
     as in every other series."""
-    rel = getattr(site, "reliability", None) if site is not None else None
+    rel = site.reliability if site is not None else None
     if rel is None:
         return []
     from busbar.reliability.breaker import OPEN, S_HARD, S_STATE, S_TRIPS
@@ -431,7 +431,7 @@ def render(m: Metrics) -> bytes:
     w("# TYPE busbar_admission_denied_total counter")
     for g, gate in enumerate(GATES):
         w("busbar_admission_denied_total%s %d" % (_labels(gate=gate), v[L.admission + g]))
-    spend = getattr(m.site, "gov_spend", None) if m.site is not None else None
+    spend = m.site.gov_spend if m.site is not None else None
     if spend is not None:
         # governance: derived from stored usage and the current rate card, refreshed every few
         # seconds by the parent (busbar/governance/plane.py); the top keys, then "others".
@@ -473,7 +473,7 @@ def render(m: Metrics) -> bytes:
             w("busbar_lane_inflight%s %d" % (_labels(lane=lane), inflight[i]))
     # reliability: requests waiting for a lane permit (on_exhausted: queue), from the shared
     # pool blocks every worker updates (busbar/reliability/queue.py).
-    rel = getattr(m.site, "reliability", None)
+    rel = m.site.reliability if m.site is not None else None
     queued = rel.queued_by_pool() if rel is not None else {}
     if queued:
         w("# HELP busbar_pool_queued Requests waiting for a lane permit, over all workers.")

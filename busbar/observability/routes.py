@@ -34,7 +34,7 @@ _PAGE = None
 
 
 def _obs(site):
-    return getattr(site, "observability", None)
+    return site.observability
 
 
 def metrics(site, req):

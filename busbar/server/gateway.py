@@ -44,9 +44,12 @@ class Gateway:
     open connections, and the hooks run at the lifecycle's two exits."""
 
     def __init__(self, config, loop, shared=None):
+        # Every attribute a Gateway has is set here, with what it means; the parts wired in from
+        # outside (busbar/supervisor.py: observability, governance, the control plane) fill
+        # theirs, and every reader reads them plainly (no getattr probes for a part not there).
         self.loop = loop
-        self.shared = shared
-        self.snapshot = Snapshot(config, shared)
+        self.shared = shared        # the workers' shared-memory counters (None: one process)
+        self.snapshot = Snapshot(config, shared)    # replaced whole by a reload (admin/live.py)
         lim = config.limits
         self.pool = UpstreamPool(loop, connect_timeout=lim.upstream_connect_timeout_secs,
                                  max_idle_per_host=lim.upstream_pool_max_idle_per_host,
@@ -70,6 +73,10 @@ class Gateway:
         # busbar/observability/events.py), or None. Not a finish hook: with every observer off,
         # no finish hook means no RequestRecord is built at all.
         self.on_shed = None
+        # observe: this worker's observability objects (busbar/observability State: metrics,
+        # access log, tracer, the status page's samples), or None before install / in a bare
+        # gateway (tests).
+        self.observability = None
         # reliability: breaker cells and lane budgets, fed by every attempt's end
         # (busbar/reliability/state.py); a reloaded snapshot is attached again.
         from busbar.reliability.state import Reliability
@@ -78,13 +85,29 @@ class Gateway:
         self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.hook())
+        # reliability: the active health prober (busbar/reliability/health.py), made by start().
+        self.prober = None
+        # reach: the refresher of the boot config's dynamic upstream credentials (AWS chain, GCP
+        # OAuth; busbar/upstream/refresh.py), made by start(); and those a reload started for the
+        # providers it added (busbar/admin/live.py), each stopped when no provider uses it.
+        self.credentials = None
+        self.live_refreshers = []
         # new_exchange(conn, req, route): the request's Exchange with the snapshot current then;
         # engine's C function bound to this gateway, so no Python frame runs per request.
         self.new_exchange = functools.partial(new_exchange, self)
         self._debug = log.isEnabledFor(logging.DEBUG)
         # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
-        # governance section at start.
+        # governance section at start. gov_boot: the process's GovBoot (busbar/governance/plane.py:
+        # the store, the usage channels), and gov_spend: {(key id, group): USD} the parent
+        # recomputes every few seconds for busbar_key_spend_usd_total (None: not computed).
         self.gate = None
+        self.gov_boot = None
+        self.gov_spend = None
+        # control: the live config (busbar/admin/live.py LiveConfig: reload, apply, rollback, and
+        # the channels to the other workers) and the admin listener's site (busbar/admin/site.py),
+        # both in the parent process (worker 0) only; None in the other workers.
+        self.live = None
+        self.admin = None
 
     @property
     def config(self):
@@ -133,7 +156,7 @@ class Gateway:
     async def drain(self):
         """Stop accepting; finish in-flight requests; close idle keep-alive connections."""
         self.draining = True
-        if getattr(self, "prober", None) is not None:
+        if self.prober is not None:
             self.prober.close()
         for s in self.servers:
             s.close()
@@ -148,7 +171,7 @@ class Gateway:
             c.transport.close()
         self.pool.close()
         self.deadlines.close()
-        if getattr(self, "credentials", None) is not None:  # reach hook
+        if self.credentials is not None:    # reach hook
             self.credentials.close()
-        for r in getattr(self, "live_refreshers", ()):      # providers added by reloads
+        for r in self.live_refreshers:      # providers added by reloads
             r.close()

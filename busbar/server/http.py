@@ -8,8 +8,8 @@ and each misbehaving client only ever costs its own connection.
 A connection serves a *site*: the object that says what a request is and answers it (the gateway's
 data plane, or the admin API on its own listener). A site has `snapshot.limits`, `deadlines`,
 `connections` (a set), `draining`, `dispatch(method, path, query, headers) -> Route`,
-`new_exchange(conn, req, route)` and `write_error_response(conn, proto, status, kind, message,
-keep_alive, t0)`; and optionally `bodies`, the worker's BodyBudget (the data plane has one).
+`new_exchange(conn, req, route)`, `write_error_response(conn, proto, status, kind, message,
+keep_alive, t0)` and `bodies`: the worker's BodyBudget (the data plane's), or None.
 
 Request bodies a worker holds are bounded by `limits.inflight_body_bytes` as back-pressure, not as
 errors: over it, the worker stops reading from its clients (BodyBudget below), so the kernel's
@@ -205,7 +205,7 @@ class HttpConnection(Timed):
         self._deadlines = site.deadlines
         self._timer = 0.0       # the seconds of the timeout armed last
         self._rearm = 0.0       # the timeout to arm when the budget resumes reading (0: none)
-        self._budget = getattr(site, "bodies", None)
+        self._budget = site.bodies
         self._held = 0          # body bytes this connection holds in the budget
         self._partial = 0       # of which: the body being received
         self._ex_bytes = 0      # of which: the body of the request its exchange serves

@@ -53,7 +53,7 @@ def test_refreshers_stop_when_their_provider_leaves(tmp_path):
             # 1. The provider leaves: the boot refresher's loop is done.
             await swap(without, 2)
             assert boot_task.done() and boot_task.cancelled()
-            assert gw.credentials.tasks == [] and getattr(gw, "live_refreshers", []) == []
+            assert gw.credentials.tasks == [] and gw.live_refreshers == []
             # 2. It comes back: a new refresher, started (first token fetched) before the swap.
             await swap(with_vtx, 3)
             [r] = gw.live_refreshers
