@@ -10,7 +10,6 @@ messages are busbar/server/channel.py's (a 4-byte length and a pickle).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import signal
 import socket
@@ -137,8 +136,7 @@ class ParentAgent:
         gw.live = live      # governance pushes key changes over the same channels
         self.site = site = AdminSite(gw, ctl)
         mount(site, live, self.plane)
-        gw.admin = site     # where other parts of busbar add admin routes (site.routes.add)
-        _mount_observability(site, gw)
+        gw.admin = site
         self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
                                                                 ctl.admin_tls),
                                                sock=self.plane.admin_sock, backlog=128,
@@ -163,25 +161,3 @@ class ParentAgent:
             self.server.close()
         if self.site is not None:
             self.site.close()
-
-
-def _mount_observability(site, gw):
-    """The status page (public: static HTML, it asks for a token itself), /metrics (read-only, or
-    public with observability.metrics_public), /stats and /status.json (read-only)."""
-    from busbar.admin.site import PUBLIC, Response
-    from busbar.observability import ADMIN_ROUTES, settings
-    public_metrics = settings(gw.config).metrics_public
-    def response(out):
-        status, ctype, body = out
-        return Response(status, body, ctype)
-
-    async def later(out):
-        return response(await out)
-
-    for (method, path), handler in ADMIN_ROUTES.items():
-        def adapted(req, handler=handler):
-            out = handler(gw, req)
-            return later(out) if asyncio.iscoroutine(out) else response(out)
-        scope = PUBLIC if path == "/" or (path == "/metrics" and public_metrics) else None
-        site.routes.add(method, path, adapted, scope=scope,
-                        summary="observability: " + (handler.__doc__ or path).strip().split("\n")[0])

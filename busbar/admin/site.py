@@ -1,11 +1,13 @@
 """The admin listener's site: the second *site* HttpConnection serves (busbar/server/http.py), with
-the same parsing, limits and timeouts as the data plane but its own route table. Admin routes
-exist only here, so the data listener cannot answer them whatever the path.
+the same parsing, limits and timeouts as the data plane but its own route table, the gateway's
+`admin_routes` (busbar/server/routes.py, the one route table type both listeners use). Admin
+routes exist only there, so the data listener cannot answer them whatever the path.
 
-Adding a route (issue 11 mounts `/metrics` and `/` this way):
+Every part adds its routes the same way, when it is wired into the worker (observability's pages
+and /metrics, the admin API, governance's endpoints):
 
-    site.routes.add("GET", "/metrics", handler, scope=PUBLIC)       # no admin token asked
-    site.routes.add("GET", "/api/v1/admin/pools/{name}", handler)   # scope from method + path
+    gw.admin_routes.add("GET", "/metrics", handler, scope=PUBLIC)       # no admin token asked
+    gw.admin_routes.add("GET", "/api/v1/admin/pools/{name}", handler)   # scope from method + path
 
 A handler takes an `AdminRequest` and returns a `Response` (or a coroutine giving one). `scope`:
 PUBLIC (no auth), or None (the default: SPEC §6, `read-only` for GET and `POST config/validate`,
@@ -21,10 +23,10 @@ import logging
 import orjson
 
 from busbar.engine.status import status_line
+from busbar.server.routes import PUBLIC, Response  # noqa: F401 (the admin API's vocabulary too)
 
 log = logging.getLogger("busbar.admin")
 
-PUBLIC = "public"
 PREFIX = "/api/v1/admin"
 # Paths under PREFIX that need only the read-only scope although they are not GETs (SPEC §6).
 READ_ONLY_POSTS = frozenset({PREFIX + "/config/validate"})
@@ -33,16 +35,6 @@ READ_ONLY_POSTS = frozenset({PREFIX + "/config/validate"})
 CODES = {400: "invalid_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
          405: "method_not_allowed", 409: "conflict", 413: "invalid_request", 408: "invalid_request",
          431: "invalid_request", 500: "internal", 503: "unavailable"}
-
-
-class Response:
-    __slots__ = ("status", "body", "ctype", "headers")
-
-    def __init__(self, status=200, body=b"", ctype=b"application/json", headers=b""):
-        self.status = status
-        self.body = body
-        self.ctype = ctype
-        self.headers = headers
 
 
 def json_response(obj, status=200) -> Response:
@@ -81,53 +73,6 @@ class AdminRequest:
             return orjson.loads(self.body or b"{}")
         except orjson.JSONDecodeError as exc:
             raise AdminError(400, "the body is not JSON: %s" % exc) from None
-
-
-class _Route:
-    __slots__ = ("method", "parts", "handler", "scope", "summary")
-
-    def __init__(self, method, pattern, handler, scope, summary):
-        self.method = method
-        self.parts = tuple(pattern.strip("/").split("/")) if pattern != "/" else ()
-        self.handler = handler
-        self.scope = scope
-        self.summary = summary
-
-    def match(self, parts):
-        if len(parts) != len(self.parts):
-            return None
-        params = {}
-        for want, got in zip(self.parts, parts):
-            if want.startswith("{") and want.endswith("}"):
-                if not got:
-                    return None
-                params[want[1:-1]] = got
-            elif want != got:
-                return None
-        return params
-
-
-class Routes:
-    """The admin listener's route table: (method, pattern) → handler. Patterns are literal
-    segments and `{name}` placeholders (one segment each); no regex on the request path."""
-
-    def __init__(self):
-        self.table: list[_Route] = []
-
-    def add(self, method: str, pattern: str, handler, scope: str | None = None, summary: str = ""):
-        self.table.append(_Route(method.upper(), pattern, handler, scope, summary))
-
-    def find(self, method: str, path: str):
-        """(route, params), or (None, allowed methods) when only the path matched."""
-        parts = tuple(path.strip("/").split("/")) if path != "/" else ()
-        allowed = []
-        for r in self.table:
-            params = r.match(parts)
-            if params is not None:
-                if r.method == method or (method == "HEAD" and r.method == "GET"):
-                    return r, params
-                allowed.append(r.method)
-        return None, allowed
 
 
 def required_scope(method: str, path: str) -> str:
@@ -170,7 +115,7 @@ class AdminSite:
         self.deadlines = gw.deadlines
         self.connections = set()
         self.bodies = None      # admin bodies are small and few: no body budget
-        self.routes = Routes()
+        self.routes = gw.admin_routes
         self.set_auth(control)
 
     def set_auth(self, control):

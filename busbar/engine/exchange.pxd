@@ -19,6 +19,10 @@ from cbusbar.clock cimport now_ns
 from cbusbar.h1 cimport response_head, server_timing
 from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 
+# The Route kinds the exchange compares (busbar/engine/route.py), as C ints: imported once, then a
+# compare per request is an int compare instead of a Python one.
+cdef int CHAT, COUNT_TOKENS, EMBED, LOCAL
+
 cdef class Exchange(Timed):
     cdef public object site, conn
     cdef public Request req
@@ -88,7 +92,7 @@ cdef class Exchange(Timed):
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
     cpdef error(self, int status, kind, message, retry_after=*, outcome=*, extra=*)
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
-                   ch=RecordHook, target=Target, kind=cython.int)
+                   ch=RecordHook, target=Target)
     cpdef finish(self, outcome, bint keep_alive=*)
 
 

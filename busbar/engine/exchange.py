@@ -28,8 +28,7 @@ from cbusbar.record import AttemptHook, RecordHook, record_at
 
 from busbar.engine import operations
 from busbar.engine.deadlines import Timed
-from busbar.engine.route import (
-    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, STATS, UNSUPPORTED)
+from busbar.engine.route import CHAT, COUNT_TOKENS, EMBED, LOCAL
 from busbar.engine.records import (
     F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
@@ -40,7 +39,6 @@ from busbar.engine.translate import (
 from busbar.engine import classify as RC
 
 _loads = orjson.loads
-_dumps = orjson.dumps
 
 # Response modes once upstream headers arrived
 M_NONE = 0
@@ -124,34 +122,13 @@ class Exchange(Timed):
                            retry_after=1, outcome=O_SHED)
                 return
             self.chat()
-        elif kind == HEALTH:
-            ok = bool(self.snap.router.lanes) and self.site.reliability.healthy()
-            self.respond(200 if ok else 503, b"text/plain; charset=utf-8",
-                         b"ok" if ok else b"no usable lanes")
-        elif kind == STATS:
-            from busbar.reliability.stats import stats_snapshot
-            self.respond(200, b"application/json", _dumps(stats_snapshot(self.site)))
-        elif kind == MODEL_GET or kind == MODELS:
-            gov = self.snap.governance
-            if gov is not None and gov.keys:
-                site.gate.enter(self, gov, self.discovery)
-            else:
-                self.discovery()
-        elif kind == METHOD:
-            self.error(405, "invalid_request", "Method %s not allowed for %s." % (
-                self.req.method.decode("latin-1"), self.req.path))
-        elif kind == UNSUPPORTED:
-            self.error(404, "not_found", "This endpoint does not support that operation.")
         else:
-            self.error(404, "not_found", "Unknown request URL: %s %s." % (
-                self.req.method.decode("latin-1"), self.req.path))
-
-    def discovery(self):
-        if self.route.kind == MODEL_GET:
-            operations.model_get(self)
-        else:
-            self.respond(200, b"application/json",
-                         CODECS[self.proto].write_model_list(self.snap.router.names()))
+            # What busbar answers itself (its route table's entries, busbar/server/local.py and
+            # what other parts registered), or a refusal of the protocol dispatch (404, 405):
+            # the route's handler answers through this exchange, or returns the Response.
+            out = route.handler(self)
+            if out is not None:
+                self.respond(out.status, out.ctype, out.body, out.headers)
 
     def own_error(self, kind):
         """(status, message) of busbar's own refusal in the caller's vendor's words."""
@@ -942,9 +919,7 @@ class Exchange(Timed):
                 _log_hook_failure(site.gate.settle)
             self.ticket = None
         hooks = site.finish_hooks
-        kind = self.route.kind
-        if hooks and (kind == CHAT or not (kind == HEALTH or kind == STATS or kind == MODELS
-                                           or kind == MODEL_GET)):
+        if hooks and self.route.kind != LOCAL:
             # The RequestRecord, built in C; the attempts read here, where they are typed. Only
             # calls are records: what busbar answers about itself (/healthz, /stats, the model
             # list) is not an LLM request, and a Kubernetes probe every few seconds would drown

@@ -1,4 +1,4 @@
-"""Operations other than chat: embeddings, token counting, model retrieve.
+"""Operations other than chat: embeddings and token counting.
 
 - Embeddings (POST /v1/embeddings, /v2/embed, Gemini :embedContent / :batchEmbedContents, Bedrock
   /model/{id}/invoke with a Titan or Cohere body): any of the four protocols reaches any lane that
@@ -6,7 +6,6 @@
   Bedrock, the same body dialect) goes through byte for byte with the model spliced.
 - Token counting (Anthropic /v1/messages/count_tokens, Gemini :countTokens): passed through to a
   lane of the same protocol, model spliced; a target with no such lane is a native 404.
-- GET /v1/models/{id} and /v1beta/models/{name}: answered from the config, in the caller's shape.
 
 Embeddings and token counting run through the same Exchange as chat, with its one lifecycle
 (attempts, failover, deadlines, `end_attempt`, `finish`): an `Op` only says which lanes are
@@ -16,14 +15,11 @@ operation no lane of the target serves is a native 404.
 """
 from __future__ import annotations
 
-import orjson
-
 from cbusbar import embed
 from cbusbar.framing import FramingError, scan_top, splice
 from cbusbar.ir import CodecError, Usage
 
 from busbar.engine import route as R
-from busbar.engine.translate import CODECS
 
 NOT_SERVED = "This endpoint does not support that operation."
 
@@ -46,19 +42,6 @@ def select(ex):
         # /model/{id}/invoke carries either Claude's Messages or an embedding model's body.
         return EmbedOp("bedrock")
     return None
-
-
-def model_get(ex):
-    route = ex.route
-    name = route.name
-    codec = CODECS[route.protocol]
-    if ex.snap.router.resolve(name) is None:
-        ex.error(404, "not_found", codec.not_found_message(name, route.gemini_version))
-        return
-    listing = orjson.loads(codec.write_model_list([name]))
-    one = listing["models"][0] if "models" in listing else listing["data"][0]
-    ex.respond(200, b"application/json", orjson.dumps(one),
-               codec.response_headers(None, ex.rid()))
 
 
 class EmbedOp:

@@ -7,3 +7,4 @@ cdef class Route:
     cdef public bint stream
     cdef public object gemini_version
     cdef public bint json_array, name_in_body, may_embed
+    cdef public object handler

@@ -3,9 +3,10 @@
 engine receives a Route and never looks at the path again."""
 from __future__ import annotations
 
-# Route kinds
-HEALTH = 1
-MODELS = 2          # GET /v1/models, /v1beta/models
+# Route kinds. A call (CHAT, EMBED, COUNT_TOKENS) goes upstream; every other kind is answered by
+# busbar itself, by the route's `handler` (an entry of the listener's route table,
+# busbar/server/routes.py).
+LOCAL = 1           # busbar's answer about itself (/healthz, /stats, the models, /metrics): no record
 CHAT = 3            # a protocol call
 NOT_FOUND = 4       # a path no protocol owns (answered in the dialect inferred from the path)
 METHOD = 5          # a protocol path with the wrong method → 405
@@ -13,13 +14,11 @@ UNSUPPORTED = 6     # a protocol path for an operation busbar does not serve (mo
 # Operations other than chat (busbar/engine/operations.py)
 EMBED = 7           # POST /v1/embeddings, /v2/embed, Gemini :embedContent / :batchEmbedContents
 COUNT_TOKENS = 8    # POST /v1/messages/count_tokens, Gemini :countTokens (same-protocol lanes)
-MODEL_GET = 9       # GET /v1/models/{id} (OpenAI, Anthropic), GET /v1beta/models/{name} (Gemini)
-STATS = 10          # GET /stats: lanes and breaker cells (busbar/reliability/stats.py)
 
 
 # A Route's members (route.pxd types them).
 FIELDS = ("kind", "protocol", "name", "stream", "gemini_version", "json_array", "name_in_body",
-          "may_embed")
+          "may_embed", "handler")
 
 
 class Route:
@@ -34,3 +33,6 @@ class Route:
         # A path whose body may be an embeddings request instead (Bedrock /model/{id}/invoke):
         # the engine tells the two apart by the body's shape (operations.select).
         self.may_embed = False
+        # What answers a request busbar answers itself (every kind but a call): handler(exchange),
+        # from the listener's route table; None for a call.
+        self.handler = None

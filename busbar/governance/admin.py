@@ -26,8 +26,8 @@ NAME_MAX = 200
 ACK_TIMEOUT_SECS = 5.0
 
 
-def mount(site, gw, boot):
-    r = site.routes
+def mount(r, gw, boot):
+    """Governance's endpoints into `r`, the admin listener's route table (gw.admin_routes)."""
     P = "/api/v1/admin"
 
     def gov():

@@ -128,9 +128,8 @@ class GovBoot:
         if not self.is_child:
             # The routes exist as soon as the admin listener does (another worker may already
             # serve data); a call waits for the store to open (busbar/governance/admin.py).
-            if gw.admin is not None:
-                from .admin import mount
-                mount(gw.admin, gw, self)
+            from .admin import mount
+            mount(gw.admin_routes, gw, self)
         if not self.local:
             await gate.directory.start()
             await gate.ledger.start()

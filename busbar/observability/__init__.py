@@ -8,11 +8,10 @@ costs nothing. The gateway calls three functions:
 - `prepare(config, workers)` in the parent before the workers fork: the shared-memory metrics
   mapping every worker will count into;
 - `install(gw)` in each worker once its Gateway exists: the hooks, the sinks' writers, the OTLP
-  exporter, the periodic gauge publisher, and `/metrics` on the data listener if `metrics_public`;
+  exporter, the periodic gauge publisher, and the routes (busbar/observability/routes.py: the
+  status page, /metrics, /status.json and /stats in the admin listener's table, and `/metrics` in
+  the data listener's if `metrics_public`), all through the Gateway's hook lists and route tables;
 - `shutdown(gw)` after the drain: flushes the access log, sinks and spans.
-
-`ADMIN_ROUTES` is the table the admin listener mounts: `{(method, path): handler(site, request) ->
-(status, content_type, body)}`.
 """
 from __future__ import annotations
 
@@ -51,8 +50,6 @@ def preload(config):
         import busbar.observability.access_log  # noqa: F401
     if obs.request_logs:
         import busbar.observability.sinks  # noqa: F401
-    if obs.metrics_public:
-        import busbar.observability.mount  # noqa: F401
     if obs.otlp is not None:
         import busbar.observability.otlp  # noqa: F401
 
@@ -99,10 +96,6 @@ def install(gw):
         m.attach(gw)
         gw.finish_hooks.append(m.hook)     # a RecordHook: called in C by the exchange
         _every(gw.loop, _publish_period(), m.publish)
-        if obs.metrics_public:
-            from busbar.observability.mount import mount_public
-            from busbar.observability.routes import PUBLIC_ROUTES
-            mount_public(gw, PUBLIC_ROUTES)
     from busbar.observability.events import LaneEvents, Shedding
     from cbusbar.record import FaultsOnly
     gw.attempt_hooks.append(FaultsOnly(LaneEvents().on_attempt))     # failed attempts only
@@ -125,7 +118,8 @@ def install(gw):
         gw.attempt_hooks.append(t.on_attempt)
         gw.finish_hooks.append(t.on_finish)
         state.closers.append(t.close)
-    from busbar.observability.routes import SAMPLE_SECS, Recent
+    from busbar.observability.routes import SAMPLE_SECS, Recent, mount
+    mount(gw, obs)
     state.recent = Recent(state)
     if state.metrics is not None:
         _every(gw.loop, SAMPLE_SECS, state.recent.sample)
@@ -179,13 +173,6 @@ def _every(loop, secs, fn):
         finally:
             loop.call_later(secs, tick)
     loop.call_later(secs, tick)
-
-
-def __getattr__(name):
-    if name == "ADMIN_ROUTES":
-        from busbar.observability.routes import ADMIN_ROUTES
-        return ADMIN_ROUTES
-    raise AttributeError(name)
 
 
 def boot(config, workers: int, admin=None):

@@ -1,5 +1,7 @@
-"""The observability routes for the admin listener: `ADMIN_ROUTES` (read-only scope: every GET),
-and `PUBLIC_ROUTES` (what `metrics_public: true` adds to the data listener).
+"""The observability routes, registered by `mount(gw, obs)` when observability is installed in a
+worker: into the admin listener's table (`gw.admin_routes`; read-only scope: every GET) and, with
+`metrics_public: true`, `/metrics` into the data listener's (`gw.routes`). Both are the one route
+table type (busbar/server/routes.py).
 
 - `GET /metrics`: Prometheus text 0.0.4 over all workers (404 when `metrics` is off).
 - `GET /`: the status page (busbar/observability/status.html, self-contained).
@@ -7,22 +9,24 @@ and `PUBLIC_ROUTES` (what `metrics_public: true` adds to the data listener).
   failovers, totals (from the shared counters' differences over time); and `spend_by_group`, USD
   per group read from the governance store and priced with the running rate card
   (`busbar.governance.plane.spend_by_group`), or null with `spend_off` saying why there is none.
-- `GET /stats`: SPEC §7's lane table, `busbar.reliability.stats.stats_snapshot(site)`: the very
-  function the data listener's `/stats` answers with, so both say the same.
+- `GET /stats`: SPEC §7's lane table: the data listener's own `/stats` handler
+  (busbar/server/local.py), so both say the same.
 
-A handler takes (site, request) and returns (status, content_type, body), or a coroutine giving
-them (the admin listener awaits it; the data listener's table takes plain functions only).
+A handler here takes (gw, request) and is registered bound to its gateway; it returns a Response,
+or a coroutine giving one (the admin listener awaits it; the data listener's entry is plain).
 """
 from __future__ import annotations
 
 import collections
+import functools
 import os
 import time
 
 import orjson
 
 from busbar.observability.metrics import REQUEST_BUCKETS_S, render
-from busbar.reliability.stats import stats_snapshot
+from busbar.server import local
+from busbar.server.routes import PUBLIC, Response
 
 TEXT_004 = b"text/plain; version=0.0.4; charset=utf-8"
 JSON = b"application/json"
@@ -33,23 +37,44 @@ SAMPLE_SECS = 2.0
 _PAGE = None
 
 
-def _obs(site):
-    return site.observability
+def mount(gw, obs):
+    """The status page (public: static HTML, it asks for a token itself), /metrics (read-only, or
+    public with observability.metrics_public, which also puts it on the data listener), /stats
+    and /status.json (read-only)."""
+    r = gw.admin_routes
+    for path, handler, scope in (("/", page, PUBLIC),
+                                 ("/metrics", metrics, PUBLIC if obs.metrics_public else None),
+                                 ("/status.json", status_json, None),
+                                 ("/stats", local.stats, None)):
+        r.add("GET", path, functools.partial(handler, gw), scope=scope,
+              summary="observability: " + (handler.__doc__ or path).strip().split("\n")[0])
+    if obs.metrics and obs.metrics_public:
+        gw.routes.add("GET", "/metrics", functools.partial(public_metrics, gw))
 
 
-def metrics(site, req):
-    st = _obs(site)
+def metrics(gw, req):
+    """Prometheus text 0.0.4 over all workers."""
+    st = gw.observability
     if st is None or st.metrics is None:
-        return 404, JSON, b'{"error":{"code":"not_found","message":"metrics are off (observability.metrics)"}}'
-    return 200, TEXT_004, render(st.metrics)
+        return Response(404, b'{"error":{"code":"not_found","message":"metrics are off '
+                        b'(observability.metrics)"}}', JSON)
+    return Response(200, render(st.metrics), TEXT_004)
 
 
-def page(site, req):
+def public_metrics(gw, req):
+    """/metrics on the data listener: as on the admin listener, not to be cached."""
+    r = metrics(gw, req)
+    r.headers = b"Cache-Control: no-store\r\n"
+    return r
+
+
+def page(gw, req):
+    """The status page."""
     global _PAGE
     if _PAGE is None:
         with open(os.path.join(os.path.dirname(__file__), "status.html"), "rb") as f:
             _PAGE = f.read()
-    return 200, b"text/html; charset=utf-8", _PAGE
+    return Response(200, _PAGE, b"text/html; charset=utf-8")
 
 
 class Recent:
@@ -110,25 +135,11 @@ def _quantile(counts, q):
     return round(REQUEST_BUCKETS_S[-1] * 1000, 3)
 
 
-async def status_json(site, req):
+async def status_json(gw, req):
     """The status page's figures: the last minute from the counters, and spend by group from
     the governance store."""
-    st = _obs(site)
+    st = gw.observability
     body = st.recent.window() if st is not None and st.recent is not None else {"metrics": False}
     from busbar.governance.plane import spend_by_group
-    body["spend_by_group"], body["spend_off"] = await spend_by_group(site)
-    return 200, JSON, orjson.dumps(body)
-
-
-def stats(site, req):
-    """SPEC §7's lane table: the data listener's own `GET /stats` (one producer for both)."""
-    return 200, JSON, orjson.dumps(stats_snapshot(site))
-
-
-ADMIN_ROUTES = {
-    ("GET", "/"): page,
-    ("GET", "/metrics"): metrics,
-    ("GET", "/status.json"): status_json,
-    ("GET", "/stats"): stats,
-}
-PUBLIC_ROUTES = {("GET", "/metrics"): metrics}
+    body["spend_by_group"], body["spend_off"] = await spend_by_group(gw)
+    return Response(200, orjson.dumps(body), JSON)

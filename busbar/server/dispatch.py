@@ -1,6 +1,11 @@
 # cython: boundscheck=True, wraparound=True, cdivision=False, initializedcheck=True, annotation_typing=False
 """Ingress dispatch: (method, path, headers) → what the request is. Never sniffs the body (SPEC §1.1).
 
+A data listener's `Dispatcher` looks, in this order, at the four fixed chat paths (the request
+path's shortcut), at its route table (busbar/server/routes.py: what busbar answers itself), then
+at the protocols' paths (`dispatch`); a path no protocol takes is refused with the table's answer
+for that refusal, in the caller's protocol.
+
 The order of the header checks matters and is the reference's: a SigV4 Authorization header means
 Bedrock, an anthropic-version/beta header means Anthropic, x-goog-api-key means Gemini, a bare
 x-api-key means Anthropic; then the path decides.
@@ -11,7 +16,7 @@ import functools
 from urllib.parse import unquote
 
 from busbar.engine.route import (  # noqa: F401 (the kinds are part of this module's answer)
-    CHAT, COUNT_TOKENS, EMBED, HEALTH, METHOD, MODEL_GET, MODELS, NOT_FOUND, STATS, UNSUPPORTED, Route)
+    CHAT, COUNT_TOKENS, EMBED, LOCAL, METHOD, NOT_FOUND, UNSUPPORTED, Route)
 
 
 def header_protocol(headers: dict) -> str | None:
@@ -100,33 +105,49 @@ _OPERATIONS = {"/v1/embeddings": (EMBED, "openai"), "/v2/embed": (EMBED, "cohere
                "/v1/messages/count_tokens": (COUNT_TOKENS, "anthropic")}
 
 
+class Dispatcher:
+    """A data listener's dispatch (the Gateway's `dispatch`): the fixed chat paths, then the
+    listener's route table `routes`, then the protocols; a refusal gets the table's handler."""
+
+    def __init__(self, routes):
+        self.routes = routes
+
+    def dispatch(self, method, path, query, headers):
+        r = _FIXED_CHAT.get(path)
+        if r is not None and method == b"POST":
+            by_header = header_protocol(headers)
+            if by_header is None or by_header == r.protocol:
+                return r
+        if ":" not in path:     # a Gemini `{model}:{action}` is a call, never a local answer
+            found = self.routes.match(method, path)
+            if found is not None:
+                # (a handler reads what it needs from the exchange's request, its path included)
+                r = Route(LOCAL, None)
+                r.handler = found[0].handler
+                return r
+        r = protocol_route(method, path, query, headers)
+        kind = r.kind
+        if kind != CHAT and kind != EMBED and kind != COUNT_TOKENS:
+            r.handler = self.routes.refusals[kind]
+        return r
+
+
 def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
+    """The protocols' route for a request (no route table: busbar's own answers are the
+    Dispatcher's)."""
     r = _FIXED_CHAT.get(path)
     if r is not None and method == b"POST":
         by_header = header_protocol(headers)
         if by_header is None or by_header == r.protocol:
             return r
-    if path == "/healthz":
-        return Route(HEALTH, None)
-    if path == "/stats" and method == b"GET":
-        return Route(STATS, None)
-    if path in ("/v1/models", "/v1beta/models"):
-        if method != b"GET":
-            return Route(METHOD, "openai")
-        proto = "gemini" if path == "/v1beta/models" or b"x-goog-api-key" in headers else (
-            "anthropic" if b"anthropic-version" in headers else "openai")
-        return Route(MODELS, proto)
+    return protocol_route(method, path, query, headers)
 
+
+def protocol_route(method: bytes, path: str, query: str, headers: dict) -> Route:
+    if path in ("/v1/models", "/v1beta/models"):
+        # the list's paths (a local answer for GET): any other method is refused
+        return Route(METHOD, "openai")
     by_header = header_protocol(headers)
-    if method == b"GET" and ":" not in path and (
-            path.startswith("/v1/models/") or path.startswith("/v1beta/models/")):
-        # reach: retrieve one model, in the shape of whoever asks (as GET /v1/models).
-        proto = "gemini" if path.startswith("/v1beta/") or by_header == "gemini" else (
-            "anthropic" if by_header == "anthropic" else "openai")
-        name = unquote(path[path.index("/models/") + 8:])
-        if proto == "gemini" and name.startswith("models/"):
-            name = name[7:]
-        return Route(MODEL_GET, proto, name) if name else Route(NOT_FOUND, proto)
     if method == b"POST" and path in _OPERATIONS:   # reach: embeddings, token counting
         kind, proto = _OPERATIONS[path]
         if by_header is None or by_header == proto:

@@ -15,8 +15,10 @@ from busbar.engine.exchange import _req_id, new_exchange
 from busbar.engine.snapshot import Snapshot
 from busbar.engine.status import status_line
 from busbar.engine.translate import CODECS
-from busbar.server.dispatch import dispatch
+from busbar.server import local
+from busbar.server.dispatch import Dispatcher
 from busbar.server.http import BodyBudget, HttpConnection
+from busbar.server.routes import Routes
 from busbar.upstream.pool import UpstreamPool
 
 log = logging.getLogger("busbar")
@@ -95,6 +97,17 @@ class Gateway:
         # new_exchange(conn, req, route): the request's Exchange with the snapshot current then;
         # engine's C function bound to this gateway, so no Python frame runs per request.
         self.new_exchange = functools.partial(new_exchange, self)
+        # What the listeners answer themselves (busbar/server/routes.py): `routes` is the data
+        # listener's table (busbar's own answers, busbar/server/local.py, and what the parts
+        # add: observability's /metrics when public); `admin_routes` the admin listener's (the
+        # admin API, governance's endpoints, observability's pages), filled in every worker by
+        # the parts as they are wired in and served by the admin site where there is one.
+        # dispatch(method, path, query, headers) -> Route: the data listener's dispatch over
+        # `routes` (a compiled method: no Python frame per request).
+        self.routes = Routes()
+        self.admin_routes = Routes()
+        local.mount(self)
+        self.dispatch = Dispatcher(self.routes).dispatch
         self._debug = log.isEnabledFor(logging.DEBUG)
         # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
         # governance section at start. gov_boot: the process's GovBoot (busbar/governance/plane.py:
@@ -104,16 +117,14 @@ class Gateway:
         self.gov_boot = None
         self.gov_spend = None
         # control: the live config (busbar/admin/live.py LiveConfig: reload, apply, rollback, and
-        # the channels to the other workers) and the admin listener's site (busbar/admin/site.py),
-        # both in the parent process (worker 0) only; None in the other workers.
+        # the channels to the other workers) and the admin listener's site (busbar/admin/site.py,
+        # serving `admin_routes`), both in the parent process (worker 0) only; None in the others.
         self.live = None
         self.admin = None
 
     @property
     def config(self):
         return self.snapshot.config
-
-    dispatch = staticmethod(dispatch)
 
     def log_debug(self, msg, *args):
         if self._debug:
