@@ -31,8 +31,8 @@ from busbar.engine.deadlines import Timed
 from busbar.engine.route import CHAT, COUNT_TOKENS, EMBED, LOCAL
 from busbar.engine.records import (
     F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
-    F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_EXHAUSTED,
-    O_INTERNAL, O_OK, O_SHED, O_UPSTREAM_ERROR, new_attempt)
+    F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_INTERNAL, O_OK,
+    O_SHED, O_UPSTREAM_ERROR, new_attempt)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
     CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
@@ -52,27 +52,6 @@ PARSE_ERROR = "We could not parse the JSON body of your request."
 MISSING_MODEL = "Missing required parameter: 'model'."
 STREAM_BROKE = "The upstream stream ended unexpectedly."
 STREAM_TIMEOUT = "The upstream timed out."
-
-# What the caller is told when every lane failed, by how the last attempt failed. Never the
-# upstream's address: the caller should not learn busbar's topology.
-EXHAUSTED = {
-    F_CONNECT: (502, "api_error", "busbar could not connect to the upstream provider."),
-    F_TIMEOUT: (504, "timeout", "The upstream provider did not answer in time."),
-    F_CREDENTIALS: (503, "overloaded", "busbar has no credentials for the upstream provider yet "
-                    "(they are being fetched); retry shortly."),
-    F_RESET: (502, "api_error", "The upstream provider closed the connection before answering."),
-    F_MALFORMED: (502, "api_error", "The upstream provider returned a response busbar could not read."),
-    F_TRUNCATED: (502, "api_error", "The upstream provider's stream ended before it was complete."),
-}
-UNREADABLE = EXHAUSTED[F_MALFORMED]
-# Retry-After when nothing is cooling down: the reference's 2 s floor, never 1 (SPEC §4.3).
-RETRY_FLOOR_SECS = 2
-
-
-TIMED_OUT = "The request timed out. Please retry shortly."
-CREDENTIALS_REFUSED = ("The upstream provider refused busbar's credentials for every lane that "
-                       "could take this request; the lanes are benched. Please retry later.")
-
 
 # Request ids: "req_" + a per-process random prefix + a counter, made in C (cbusbar/ids.pyx).
 _req_id = request_id
@@ -205,21 +184,14 @@ class Exchange(Timed):
     def attempt(self, lane=None):
         snap = self.snap
         if lane is None:
-            # reliability: the target's hop and time budgets (SPEC §4.3).
-            pol = self.target.policy
-            if pol is not None and self.attempts:
-                if len(self.attempts) >= pol.max_attempts:
-                    self.exhausted(hops_spent=True)
-                    return
-                if now_ns() - self.req.t0 >= pol.failover.timeout_secs * 1e9:
-                    self.error(503, "overloaded", TIMED_OUT, outcome=O_EXHAUSTED)
-                    return
-            elif len(self.attempts) >= snap.max_attempts:
-                self.exhausted()
+            # reliability (busbar/reliability/state.py): after a failed attempt, the target's hop
+            # and time budgets (SPEC §4.3); with no lane to take the request, on_exhausted and the
+            # caller's answer. Either answers the request itself when it says no.
+            if self.attempts and not self.site.reliability.next_hop(self):
                 return
             lane = self.target.pick(self.tried)
             if lane is None:
-                self.exhausted()
+                self.site.reliability.exhausted(self)
                 return
         self.lane = lane
         self.tried.add(lane)
@@ -406,95 +378,6 @@ class Exchange(Timed):
                     _log_hook_failure(h)
         if fault is not None and fault != F_CANCELLED and fault != F_REFUSED:
             self.site.log_debug("attempt on %s failed: %s (%s)", a.lane.name, fault, reason)
-
-    def exhausted(self, hops_spent=False):
-        """No lane can take the request (or the hops ran out): the target's on_exhausted policy,
-        then the caller's answer (SPEC §4.3)."""
-        target = self.target
-        pol = target.policy
-        rel = self.site.reliability
-        if pol is not None and not hops_spent:
-            lane = rel.cooling_closed(target, self.tried)
-            if lane is not None:
-                self.attempt(lane)
-                return
-            oe = pol.on_exhausted
-            if oe.kind == "fallback_pool":
-                nxt = self.snap.router.resolve(oe.fallback_pool)
-                # Cycles are refused at boot; this guards a reload that made one anyway.
-                if nxt is not None and self.fallbacks < len(self.snap.config.pools):
-                    self.fallbacks += 1
-                    self.target = nxt
-                    self.tried.update(nxt.lacking(self.op.name if self.op is not None else "chat"))
-                    self.attempt()
-                    return
-            elif oe.kind == "least_bad":
-                lane = rel.least_bad(target, self.tried)
-                if lane is not None:
-                    self.site.log_debug("pool %s exhausted: degraded to %s", target.name, lane.name)
-                    self.attempt(lane)
-                    return
-            elif oe.kind == "queue":
-                # Waits for a permit (attempt(lane) when one comes); after max_ms the queue calls
-                # exhausted(hops_spent=True), answered below as reject.
-                if rel.enqueue(self, target):
-                    return
-        atts = self.attempts
-        last = atts[-1] if atts else None
-        if last is None and pol is not None:
-            held = rel.held(target, self.tried)
-            if held is not None:
-                # Every lane left is held by its provider's Retry-After: answered here, without
-                # a call, with the time left (SPEC §4.2).
-                self.held(held[0], held[1])
-                return
-        if last is None or last.fault == F_CREDENTIALS or last.disposition == RC.D_HARD_DOWN:
-            if pol is None:
-                why = "all are at capacity"
-            else:
-                why = rel.why(target, self.tried)
-            wait = rel.soonest_cooldown(target) if pol is not None else None
-            ra = int(wait + 0.999) if wait else RETRY_FLOOR_SECS
-            if ra < RETRY_FLOOR_SECS:
-                ra = RETRY_FLOOR_SECS
-            if last is not None and last.disposition == RC.D_HARD_DOWN:
-                msg = CREDENTIALS_REFUSED
-            elif last is not None:
-                msg = EXHAUSTED[F_CREDENTIALS][2]
-            else:
-                msg = "No lane for '%s' can take the request right now: %s. Please retry " \
-                      "shortly." % (self.name, why)
-            self.error(503, "overloaded", msg, retry_after=ra, outcome=O_EXHAUSTED)
-            return
-        le = self.last_error
-        if last.fault == F_STATUS and le is not None:
-            # Every lane failed and the last said why: the caller gets that upstream error in its
-            # own shape, which says more than a generic message.
-            self.final_error(*le, outcome=O_EXHAUSTED)
-            return
-        status, kind, msg = EXHAUSTED.get(last.fault, UNREADABLE)
-        if last.fault == F_CONNECT and last.reason and "SSL" in last.reason:
-            msg = ("busbar could not connect to the upstream provider: its TLS certificate was "
-                   "not accepted.")
-        self.error(status, kind, msg, outcome=O_EXHAUSTED)
-
-    def held(self, wait, rate_limit):
-        """The caller's answer while the lanes' providers asked busbar to wait: their rate limit
-        in the caller's own words (429), else overloaded (503), with Retry-After the time left,
-        rounded up, at least 1 s."""
-        kind = "rate_limit" if rate_limit else "overloaded"
-        ra = int(wait)
-        if ra < wait:
-            ra += 1
-        if ra < 1:
-            ra = 1
-        if rate_limit:
-            msg = ("The upstream provider is rate limiting '%s' and asked busbar to wait; "
-                   "please retry after the indicated time." % self.name)
-        else:
-            msg = ("The upstream provider of '%s' is unavailable and asked busbar to wait; "
-                   "please retry after the indicated time." % self.name)
-        self.error(self.own_error(kind)[0], kind, msg, retry_after=ra, outcome=O_EXHAUSTED)
 
     def fault(self, fault, reason):
         """The current attempt failed in a way another lane may not: fail over while the client has
@@ -718,23 +601,10 @@ class Exchange(Timed):
         if d in RC.FAIL_OVER:
             self.last_error = le
             if d == RC.D_CONTEXT:
-                self._exclude_smaller(lane)
+                self.site.reliability.context_exceeded(self, lane)
             self.attempt()
             return
         self.final_error(*le, outcome=O_UPSTREAM_ERROR)
-
-    def _exclude_smaller(self, failed):
-        """Context length: only members with a larger known context stay candidates (unknown
-        ones stay too)."""
-        pol = self.target.policy
-        if pol is None:
-            return
-        cm = pol.cell_of[failed].context_max
-        if cm is None:
-            return
-        for lane, cell in pol.cell_of.items():
-            if cell.context_max is not None and cell.context_max <= cm:
-                self.tried.add(lane)
 
     def truncated(self):
         """A 2xx stream that ended without its final event."""

@@ -85,7 +85,7 @@ class Waiter:
         ex = self.ex
         if not ex.closed:
             try:
-                ex.exhausted(hops_spent=True)
+                self.qs.rel.exhausted(ex, hops_spent=True)
             except Exception as e:  # a bug answers this request with a 500, not silence
                 ex.crash(e)
 

@@ -27,14 +27,34 @@ from __future__ import annotations
 import collections
 import time
 
+from cbusbar.clock import now_ns
+
+from busbar.engine.classify import D_HARD_DOWN, D_TRANSIENT, FAULT_DISPOSITION
+from busbar.engine.records import (F_CONNECT, F_CREDENTIALS, F_MALFORMED, F_RESET, F_STATUS,
+                                   F_TIMEOUT, F_TRUNCATED, O_EXHAUSTED)
 from busbar.reliability.breaker import (CELL_SLOTS, HALF_OPEN, LANE_SLOTS, OPEN, S_STATE, S_UNTIL,
                                         Cell, LaneState, LocalSlots, Window)
-from busbar.engine.classify import D_TRANSIENT, FAULT_DISPOSITION
 from busbar.reliability.policy import DEFAULT_BREAKER, DEFAULT_FAILOVER, DEFAULT_ON_EXHAUSTED
 
 # Retry-After when nothing is cooling down (saturation, nothing configured): the reference's 2 s,
 # never 1 (SPEC §4.3), so clients that retry at once do not hammer a saturated gateway.
 RETRY_FLOOR_SECS = 2
+
+# What the caller is told when every lane failed, by how the last attempt failed. Never the
+# upstream's address: the caller should not learn busbar's topology.
+EXHAUSTED = {
+    F_CONNECT: (502, "api_error", "busbar could not connect to the upstream provider."),
+    F_TIMEOUT: (504, "timeout", "The upstream provider did not answer in time."),
+    F_CREDENTIALS: (503, "overloaded", "busbar has no credentials for the upstream provider yet "
+                    "(they are being fetched); retry shortly."),
+    F_RESET: (502, "api_error", "The upstream provider closed the connection before answering."),
+    F_MALFORMED: (502, "api_error", "The upstream provider returned a response busbar could not read."),
+    F_TRUNCATED: (502, "api_error", "The upstream provider's stream ended before it was complete."),
+}
+UNREADABLE = EXHAUSTED[F_MALFORMED]
+TIMED_OUT = "The request timed out. Please retry shortly."
+CREDENTIALS_REFUSED = ("The upstream provider refused busbar's credentials for every lane that "
+                       "could take this request; the lanes are benched. Please retry later.")
 
 # A provider's Retry-After holds its lane at least this long (a provider's rate limit: SPEC §4.2),
 # up to limits.max_honored_retry_after_secs. The header counts whole seconds (RFC 9110 §10.2.3),
@@ -304,7 +324,7 @@ class Reliability:
         direct route and every worker, whether or not another lane could take its calls. The
         breaker cooldown only steers traffic to other members (with none left, `cooling_closed`
         calls the lane anyway); a hold is the provider's word, and no call goes to the lane
-        before it ends: callers are answered locally (Exchange.exhausted)."""
+        before it ends: callers are answered locally (`exhausted`)."""
         secs = min(max(retry_after, HOLD_FLOOR_SECS), cell.limits.max_honored_retry_after_secs)
         until = cell.now_ms() + int(secs * 1000)
         cell.budget.hold(until, rate_limit)
@@ -312,6 +332,111 @@ class Reliability:
         # least as long, so the happy path reads nothing new.
         for c in self.cells_by_lane.get(cell.lane.name, ()):
             c._extend(until)
+
+    # ------------------------------------------------------------------ a request's budgets
+    # The exchange (busbar/engine/exchange.py) asks these on its failure paths only: next_hop once
+    # an attempt failed, exhausted when no lane can take the request, context_exceeded when a
+    # lane found the prompt too long. Each answers the request through the exchange (`attempt`,
+    # `error`, `final_error`) when it decides its end.
+    def next_hop(self, ex) -> bool:
+        """Whether `ex` may make another attempt after a failed one: its target's hops and time
+        (SPEC §4.3: failover.max_hops, failover.timeout_secs; a target without a policy, the
+        snapshot's attempt cap). When not, the request is answered here and False returned."""
+        pol = ex.target.policy
+        if pol is not None:
+            if len(ex.attempts) >= pol.max_attempts:
+                self.exhausted(ex, hops_spent=True)
+                return False
+            if now_ns() - ex.req.t0 >= pol.failover.timeout_secs * 1e9:
+                ex.error(503, "overloaded", TIMED_OUT, outcome=O_EXHAUSTED)
+                return False
+        elif len(ex.attempts) >= ex.snap.max_attempts:
+            self.exhausted(ex)
+            return False
+        return True
+
+    def context_exceeded(self, ex, failed):
+        """`failed` found the prompt too long: only members with a larger known context stay
+        candidates of `ex` (unknown ones stay too)."""
+        pol = ex.target.policy
+        if pol is None:
+            return
+        cm = pol.cell_of[failed].context_max
+        if cm is None:
+            return
+        for lane, cell in pol.cell_of.items():
+            if cell.context_max is not None and cell.context_max <= cm:
+                ex.tried.add(lane)
+
+    def exhausted(self, ex, hops_spent=False):
+        """No lane can take `ex` (or its hops ran out): the target's on_exhausted policy, then the
+        caller's answer (SPEC §4.3)."""
+        target = ex.target
+        pol = target.policy
+        if pol is not None and not hops_spent:
+            lane = self.cooling_closed(target, ex.tried)
+            if lane is not None:
+                ex.attempt(lane)
+                return
+            oe = pol.on_exhausted
+            if oe.kind == "fallback_pool":
+                nxt = ex.snap.router.resolve(oe.fallback_pool)
+                # Cycles are refused at boot; this guards a reload that made one anyway.
+                if nxt is not None and ex.fallbacks < len(ex.snap.config.pools):
+                    ex.fallbacks += 1
+                    ex.target = nxt
+                    ex.tried.update(nxt.lacking(ex.op.name if ex.op is not None else "chat"))
+                    ex.attempt()
+                    return
+            elif oe.kind == "least_bad":
+                lane = self.least_bad(target, ex.tried)
+                if lane is not None:
+                    ex.site.log_debug("pool %s exhausted: degraded to %s", target.name, lane.name)
+                    ex.attempt(lane)
+                    return
+            elif oe.kind == "queue":
+                # Waits for a permit (attempt(lane) when one comes); after max_ms the queue calls
+                # exhausted(hops_spent=True), answered below as reject.
+                if self.enqueue(ex, target):
+                    return
+        atts = ex.attempts
+        last = atts[-1] if atts else None
+        if last is None and pol is not None:
+            held = self.held(target, ex.tried)
+            if held is not None:
+                # Every lane left is held by its provider's Retry-After: answered here, without
+                # a call, with the time left (SPEC §4.2).
+                _held_answer(ex, held[0], held[1])
+                return
+        if last is None or last.fault == F_CREDENTIALS or last.disposition == D_HARD_DOWN:
+            if pol is None:
+                why = "all are at capacity"
+            else:
+                why = self.why(target, ex.tried)
+            wait = self.soonest_cooldown(target) if pol is not None else None
+            ra = int(wait + 0.999) if wait else RETRY_FLOOR_SECS
+            if ra < RETRY_FLOOR_SECS:
+                ra = RETRY_FLOOR_SECS
+            if last is not None and last.disposition == D_HARD_DOWN:
+                msg = CREDENTIALS_REFUSED
+            elif last is not None:
+                msg = EXHAUSTED[F_CREDENTIALS][2]
+            else:
+                msg = "No lane for '%s' can take the request right now: %s. Please retry " \
+                      "shortly." % (ex.name, why)
+            ex.error(503, "overloaded", msg, retry_after=ra, outcome=O_EXHAUSTED)
+            return
+        le = ex.last_error
+        if last.fault == F_STATUS and le is not None:
+            # Every lane failed and the last said why: the caller gets that upstream error in its
+            # own shape, which says more than a generic message.
+            ex.final_error(*le, outcome=O_EXHAUSTED)
+            return
+        status, kind, msg = EXHAUSTED.get(last.fault, UNREADABLE)
+        if last.fault == F_CONNECT and last.reason and "SSL" in last.reason:
+            msg = ("busbar could not connect to the upstream provider: its TLS certificate was "
+                   "not accepted.")
+        ex.error(status, kind, msg, outcome=O_EXHAUSTED)
 
     # ------------------------------------------------------------------ questions
     def healthy(self) -> bool:
@@ -409,6 +534,25 @@ class Reliability:
         """The cooling lane whose cooldown ends soonest and that has a free permit (SPEC §4.3),
         its permit and budget taken; None when there is none."""
         return _soonest(target, exclude, closed_only=False)
+
+
+def _held_answer(ex, wait, rate_limit):
+    """The caller's answer while the lanes' providers asked busbar to wait: their rate limit in
+    the caller's own words (429), else overloaded (503), with Retry-After the time left, rounded
+    up, at least 1 s."""
+    kind = "rate_limit" if rate_limit else "overloaded"
+    ra = int(wait)
+    if ra < wait:
+        ra += 1
+    if ra < 1:
+        ra = 1
+    if rate_limit:
+        msg = ("The upstream provider is rate limiting '%s' and asked busbar to wait; "
+               "please retry after the indicated time." % ex.name)
+    else:
+        msg = ("The upstream provider of '%s' is unavailable and asked busbar to wait; "
+               "please retry after the indicated time." % ex.name)
+    ex.error(ex.own_error(kind)[0], kind, msg, retry_after=ra, outcome=O_EXHAUSTED)
 
 
 def _soonest(target, exclude, closed_only):
