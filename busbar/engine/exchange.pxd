@@ -13,7 +13,8 @@ from busbar.engine.records cimport Attempt, new_attempt
 from busbar.routing.swrr cimport Lane, Target
 from busbar.engine.request cimport Request
 from busbar.upstream.pool cimport UpstreamConnection, UpstreamPool
-from cbusbar.framing cimport scan_top, splice
+from cbusbar.framing cimport scan_top
+from busbar.engine.translate cimport forwarded, with_model
 from busbar.engine.status cimport status_line
 from cbusbar.clock cimport now_ns
 from cbusbar.h1 cimport response_head, server_timing

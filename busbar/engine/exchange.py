@@ -22,7 +22,7 @@ import orjson
 from cbusbar import ir
 from cbusbar.clock import now_ns
 from cbusbar.ids import request_id
-from cbusbar.framing import FramingError, scan_top, splice
+from cbusbar.framing import FramingError, scan_top
 from cbusbar.h1 import response_head, server_timing
 from cbusbar.record import AttemptHook, RecordHook, record_at
 
@@ -35,7 +35,8 @@ from busbar.engine.records import (
     O_SHED, O_UPSTREAM_ERROR, new_attempt)
 from busbar.engine.status import status_line
 from busbar.engine.translate import (
-    CODECS, ClientRequest, StreamTranslation, translate_response, write_request)
+    CODECS, ClientRequest, StreamTranslation, forwarded, translate_response, with_model,
+    write_request)
 from busbar.engine import classify as RC
 
 _loads = orjson.loads
@@ -227,17 +228,7 @@ class Exchange(Timed):
             self.same = True
             body = self.req.body
             if codec.BODY_MODEL:
-                span = self.model_span
-                wj = snap.wire(wire)
-                if span is None:
-                    # /{name}/v1/messages without a body model: insert it.
-                    i = body.index(b"{") + 1
-                    body = body[:i] + b'"model":' + wj + (
-                        b"," if body[i:].strip() != b"}" else b"") + body[i:]
-                elif body[span[0]:span[1]] != wj:
-                    # Bytes compare, no parse: a client spelling of the same name with escapes
-                    # just gets the canonical spelling spliced in.
-                    body = splice(body, span[0], span[1], wj)
+                body = with_model(body, self.model_span, snap.wire(wire))
             if stream and (self.principal is not None or self.site.finish_hooks):
                 # Usage on every path that reads it (SPEC §5): a key's settlement and the finish
                 # hooks (metrics, logs, traces). The codec makes the upstream send it, and gives
@@ -248,11 +239,7 @@ class Exchange(Timed):
                 body, self.relay = codec.stream_usage_request(body, self.spans)
             betas = snap.beta_headers.get(proto)
             if betas:
-                h = self.req.headers
-                for hname in betas:
-                    v = h.get(hname)
-                    if v is not None and b"\r" not in v and b"\n" not in v:
-                        extra += hname + b": " + v + b"\r\n"
+                extra = forwarded(betas, self.req.headers)
         else:
             self.same = False
             cr = self.cr

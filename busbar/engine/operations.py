@@ -20,6 +20,7 @@ from cbusbar.framing import FramingError, scan_top, splice
 from cbusbar.ir import CodecError, Usage
 
 from busbar.engine import route as R
+from busbar.engine.translate import forwarded
 
 NOT_SERVED = "This endpoint does not support that operation."
 
@@ -122,11 +123,7 @@ class CountOp:
         body = ex.req.body
         if self.span is not None:
             body = splice(body, self.span[0], self.span[1], ex.snap.wire(wire))
-        extra = b""
-        for hname in ex.snap.beta_headers.get(eg.protocol, ()):
-            v = ex.req.headers.get(hname)
-            if v is not None and b"\r" not in v and b"\n" not in v:
-                extra += hname + b": " + v + b"\r\n"
+        extra = forwarded(ex.snap.beta_headers.get(eg.protocol, ()), ex.req.headers)
         return body, COUNT_PATHS[eg.protocol](wire), True, extra
 
     def read_usage(self, eproto, body):

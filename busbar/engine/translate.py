@@ -1,12 +1,17 @@
-"""The translation steps between an ingress codec and a lane's codec, as the engine runs them.
+"""The upstream request's body for a lane, and the translation steps between an ingress codec and
+a lane's codec, as the engine runs them.
 
-Both the exchange and the golden runner (tests/cbusbar/test_golden.py) call these functions, so a
-golden cannot pass while production translates differently. Everything here is sans-IO: codec
-modules (docs/codecs.md) and IR objects in, bytes out.
+A lane of the caller's protocol gets the client's bytes with its wire model spliced in
+(`with_model`) and the protocol's beta headers passed on (`forwarded`); any other lane gets the
+client's request read once into the IR (`ClientRequest`) and written in its protocol
+(`write_request`). Both the exchange and the golden runner (tests/cbusbar/test_golden.py) call these
+functions, so a golden cannot pass while production translates differently. Everything here is
+sans-IO: codec modules (docs/codecs.md), IR objects and bytes in, bytes out.
 """
 from __future__ import annotations
 
 from cbusbar import ir, transform
+from cbusbar.framing import splice
 from cbusbar.proto import codec as _codec
 
 
@@ -19,6 +24,32 @@ class _Codecs(dict):
 
 
 CODECS = _Codecs()
+
+
+def with_model(body, span, wire_json):
+    """The client's body (a body-model protocol's) with `wire_json`, the lane's model as a JSON
+    string, as its `model`: spliced over the client's (`span`, from the body's top-level scan),
+    or inserted first when the body names none (/{name}/v1/messages)."""
+    if span is None:
+        i = body.index(b"{") + 1
+        return body[:i] + b'"model":' + wire_json + (
+            b"," if body[i:].strip() != b"}" else b"") + body[i:]
+    if body[span[0]:span[1]] != wire_json:
+        # Bytes compare, no parse: a client spelling of the same name with escapes just gets the
+        # canonical spelling spliced in.
+        return splice(body, span[0], span[1], wire_json)
+    return body
+
+
+def forwarded(names, headers):
+    """Header lines passing the client's `names` headers on upstream (a protocol's beta headers,
+    `advanced.beta_headers`); a value with CR or LF is not passed."""
+    extra = b""
+    for name in names:
+        v = headers.get(name)
+        if v is not None and b"\r" not in v and b"\n" not in v:
+            extra += name + b": " + v + b"\r\n"
+    return extra
 
 
 class ClientRequest:
