@@ -183,3 +183,20 @@ def gateway_factory(tmp_path):
     yield make
     for gw in started:
         stop(gw.proc)
+
+
+@pytest.fixture
+def inproc_gateway():
+    """make(config_text, env=None, setup=None, drain=False) -> tests/inproc.py InprocGateway, a
+    gateway in this process; each is stopped after the test."""
+    from tests.inproc import InprocGateway
+    started = []
+
+    def make(config_text, env=None, setup=None, drain=False):
+        g = InprocGateway(config_text, env, setup, drain)
+        started.append(g)
+        return g
+
+    yield make
+    for g in started:
+        g.stop()

@@ -2,51 +2,28 @@
 in-process gateway on its own loop thread, the mock as upstream): every request ends in exactly one
 RequestRecord with its usage read on every path (same-protocol buffered and streamed, translated
 buffered and streamed), and every attempt in exactly one Attempt."""
-import asyncio
 import http.client
 import json
-import threading
 import time
 
 import pytest
-import uvloop
 
-from busbar import config as cfgmod
 from busbar.engine.records import F_CONNECT, O_CLIENT_ERROR, O_OK
-from busbar.server.gateway import Gateway
-from busbar.server.listen import bind
 from tests.conftest import CONFIG, free_port
+from tests.inproc import InprocGateway
 
 
 @pytest.fixture(scope="module")
 def site(mock_port):
-    port = free_port()
-    cfg = cfgmod.load(text=CONFIG.format(port=port, mock=mock_port, dead=free_port()),
-                      env={"MOCK_KEY": "sk-test-key",
-                           "MOCK_AWS": "AKIDEXAMPLE:wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"})
-    loop = uvloop.new_event_loop()
-    ready = threading.Event()
-    box = {}
+    box = {"records": [], "attempts": []}
 
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = Gateway(cfg, loop)
-        box["records"] = records = []
-        box["attempts"] = attempts = []
-        gw.finish_hooks.append(records.append)
-        gw.attempt_hooks.append(lambda ex, a: attempts.append(a))
-        box["gw"] = gw
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    box["port"] = port
-    yield box
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    def hooks(gw):
+        gw.finish_hooks.append(box["records"].append)
+        gw.attempt_hooks.append(lambda ex, a: box["attempts"].append(a))
+    with InprocGateway(CONFIG.format(port="{port}", mock=mock_port, dead=free_port()),
+                       setup=hooks) as g:
+        box["gw"], box["port"] = g.gw, g.port
+        yield box
 
 
 def _post(site, path, body, headers=None):

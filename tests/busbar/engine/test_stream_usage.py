@@ -3,22 +3,16 @@ chunk (`stream_options.include_usage`) even when the client did not, reads it wi
 into the RequestRecord, and hides it again from that client. Through the real server over real
 HTTP (an in-process gateway, as in test_records.py), with the openai SDK, against the built-in mock
 and a hostile upstream that splits its stream at odd byte boundaries."""
-import asyncio
 import http.client
 import json
-import threading
 import time
 
 import openai
 import pytest
-import uvloop
 
-from busbar import config as cfgmod
 from busbar.engine.records import O_OK
-from busbar.server.gateway import Gateway
-from busbar.server.listen import bind
-from tests.conftest import free_port
 from tests.hostile import HostileUpstream, chunk, chunked_head
+from tests.inproc import InprocGateway
 
 CONFIG = """\
 listen: "127.0.0.1:{port}"
@@ -107,29 +101,11 @@ def hostile():
 
 
 def _serve(text, hook=None):
-    """An in-process gateway on `text` (its own thread and loop), with `hook` as its one finish
-    hook; yields {"port", "gw"} and stops it after."""
-    port = free_port()
-    cfg = cfgmod.load(text=text.replace("{port}", str(port)), env={"MOCK_KEY": "sk-test-key"})
-    loop = uvloop.new_event_loop()
-    ready = threading.Event()
-    box = {"port": port}
-
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = box["gw"] = Gateway(cfg, loop)
-        if hook is not None:
-            gw.finish_hooks.append(hook)
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield box
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+    """An in-process gateway on `text`, with `hook` as its one finish hook; yields {"port", "gw"}
+    and stops it after."""
+    setup = (lambda gw: gw.finish_hooks.append(hook)) if hook is not None else None
+    with InprocGateway(text, setup=setup) as g:
+        yield {"port": g.port, "gw": g.gw}
 
 
 @pytest.fixture(scope="module")

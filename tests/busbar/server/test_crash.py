@@ -1,52 +1,28 @@
 """A bug inside request handling costs that request only: the caller gets a 500 in its own shape,
 the connection and the process keep serving. The gateway runs in-process here so that a codec
 function can be replaced by one that raises."""
-import asyncio
 import http.client
 import json
-import threading
 
 import pytest
-import uvloop
 
-from busbar import config as cfgmod
-from busbar.server.gateway import Gateway
-from busbar.server.listen import bind
 from cbusbar.proto import anthropic as anthropic_codec
-from tests.conftest import free_port
 
 
 @pytest.fixture
-def inproc_gateway(mock_port):
-    port = free_port()
-    cfg = cfgmod.load(text=(
-        'listen: "127.0.0.1:%d"\n'
+def gw_port(mock_port, inproc_gateway):
+    return inproc_gateway((
+        'listen: "127.0.0.1:{port}"\n'
         'providers: {m: {protocol: openai, base_url: "http://127.0.0.1:%d", api_key: {env: K}}}\n'
-        'models: {oai-model: {provider: m}}\n') % (port, mock_port), env={"K": "sk-test"})
-    loop = uvloop.new_event_loop()
-    ready = threading.Event()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = Gateway(cfg, loop)
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield port
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+        'models: {oai-model: {provider: m}}\n') % mock_port, env={"K": "sk-test"}).port
 
 
-def test_exception_in_a_codec_is_a_native_500_and_the_connection_survives(inproc_gateway, monkeypatch):
+def test_exception_in_a_codec_is_a_native_500_and_the_connection_survives(gw_port, monkeypatch):
     def boom(body):
         raise KeyError("bug")
 
     monkeypatch.setattr(anthropic_codec, "read_request", boom)
-    c = http.client.HTTPConnection("127.0.0.1", inproc_gateway, timeout=10)
+    c = http.client.HTTPConnection("127.0.0.1", gw_port, timeout=10)
     body = json.dumps({"model": "oai-model", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]})
     c.request("POST", "/v1/messages", body, {"anthropic-version": "2023-06-01", "content-type": "application/json"})
     r = c.getresponse()

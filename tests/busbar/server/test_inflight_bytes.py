@@ -4,7 +4,6 @@ process so that the worker's own count (`gw.bodies`) can be read: many concurren
 get their own answers and the count never passes the budget plus one read plus one body; bodies
 larger than the budget are served, alone or several at once (the progress rule); a connection the
 budget paused is not closed by the idle or header-read timeout; bad values are refused by name."""
-import asyncio
 import http.client
 import json
 import socket
@@ -12,56 +11,25 @@ import threading
 import time
 
 import pytest
-import uvloop
 
 from busbar import config as cfgmod
 from busbar.config import ConfigError
-from busbar.server.gateway import Gateway
-from busbar.server.listen import bind
-from tests.conftest import free_port
 
 KB = 1000
 READ = 256000           # uvloop's socket read size: the most one read adds past the budget
 
 
-def _start(mock_port, limits):
-    port = free_port()
-    cfg = cfgmod.load(text=(
-        'listen: "127.0.0.1:%d"\n'
-        'providers: {m: {protocol: openai, base_url: "http://127.0.0.1:%d", api_key: {env: K}}}\n'
-        'models: {oai-model: {provider: m}}\n'
-        'limits: %s\n') % (port, mock_port, json.dumps(limits)), env={"K": "sk-test"})
-    loop = uvloop.new_event_loop()
-    box = {}
-    ready = threading.Event()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = box["gw"] = Gateway(cfg, loop)
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-        loop.run_until_complete(gw.drain())
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    return port, box["gw"], loop, t
-
-
 @pytest.fixture
-def gateway(mock_port):
-    started = []
-
+def gateway(mock_port, inproc_gateway):
+    """make(**limits) -> (port, Gateway): an in-process gateway with those limits, drained after."""
     def make(**limits):
-        g = _start(mock_port, limits)
-        started.append(g)
-        return g[0], g[1]
-
-    yield make
-    for _, _, loop, t in started:
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(10)
+        g = inproc_gateway((
+            'listen: "127.0.0.1:{port}"\n'
+            'providers: {m: {protocol: openai, base_url: "http://127.0.0.1:%d", api_key: {env: K}}}\n'
+            'models: {oai-model: {provider: m}}\n'
+            'limits: %s\n') % (mock_port, json.dumps(limits)), env={"K": "sk-test"}, drain=True)
+        return g.port, g.gw
+    return make
 
 
 def _body(tag, size, extra=""):

@@ -4,16 +4,12 @@ import asyncio
 import http.client
 import json
 import socket
-import threading
 import time
 
 import pytest
 import uvloop
 
-from busbar import config as cfgmod
-from busbar.server.gateway import Deadlines, Gateway
-from busbar.server.listen import bind
-from tests.conftest import free_port
+from busbar.engine.deadlines import Deadlines
 
 
 class Owner:
@@ -104,7 +100,7 @@ def test_the_wheel_restarts_cleanly_after_idling():
 
 
 CONFIG = """\
-listen: "127.0.0.1:%(port)d"
+listen: "127.0.0.1:{port}"
 providers:
   m: {protocol: openai, base_url: "http://127.0.0.1:%(mock)d", api_key: {env: K}}
 models:
@@ -123,25 +119,8 @@ limits:
 
 
 @pytest.fixture
-def gw_port(mock_port):
-    port = free_port()
-    cfg = cfgmod.load(text=CONFIG % {"port": port, "mock": mock_port}, env={"K": "sk-test"})
-    loop = uvloop.new_event_loop()
-    ready = threading.Event()
-
-    def run():
-        asyncio.set_event_loop(loop)
-        gw = Gateway(cfg, loop)
-        loop.run_until_complete(gw.start(bind("127.0.0.1", port, False)))
-        ready.set()
-        loop.run_forever()
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    assert ready.wait(10)
-    yield port
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(10)
+def gw_port(mock_port, inproc_gateway):
+    return inproc_gateway(CONFIG % {"mock": mock_port}, env={"K": "sk-test"}).port
 
 
 def _post(port, model, text):

@@ -6,7 +6,7 @@ import asyncio
 
 from busbar.config.loader import build
 from busbar.admin.live import assign_slots, swap_in_worker
-from busbar.server.gateway import Gateway
+from tests.inproc import InprocGateway
 from tests.integration.fakes import Fake, service_account
 
 BASE = """
@@ -38,42 +38,39 @@ def test_refreshers_stop_when_their_provider_leaves(tmp_path):
         without = _config(tmp_path)
         changed = _config(tmp_path, fake.url, "europe-west1")
 
-        async def run():
-            loop = asyncio.get_running_loop()
-            gw = Gateway(with_vtx, loop)
-            from busbar.upstream.refresh import start_credentials
-            gw.credentials = await start_credentials(loop, gw.snapshot.egress.values())
+        with InprocGateway(with_vtx, drain=True) as g:
+            gw = g.gw
+            # Gateway.start fetched the boot config's first token and keeps refreshing it.
             boot_task = gw.credentials.tasks[0]
             assert not boot_task.done() and gw.snapshot.egress["vtx"].ready
 
-            async def swap(cfg, version):
-                await swap_in_worker(gw, cfg, version, assign_slots(gw.snapshot.router, cfg, None))
-                await asyncio.sleep(0)          # let a cancelled task finish
+            def swap(cfg, version):
+                async def go():
+                    await swap_in_worker(gw, cfg, version, assign_slots(gw.snapshot.router, cfg,
+                                                                        None))
+                    await asyncio.sleep(0)          # let a cancelled task finish
+                g.run(go())
 
             # 1. The provider leaves: the boot refresher's loop is done.
-            await swap(without, 2)
+            swap(without, 2)
             assert boot_task.done() and boot_task.cancelled()
             assert gw.credentials.tasks == [] and gw.live_refreshers == []
             # 2. It comes back: a new refresher, started (first token fetched) before the swap.
-            await swap(with_vtx, 3)
+            swap(with_vtx, 3)
             [r] = gw.live_refreshers
             back = r.tasks[0]
             assert not back.done() and gw.snapshot.egress["vtx"].ready
             # 3. Its config changes: the old Egress's loop stops, the new one's runs.
-            await swap(changed, 4)
+            swap(changed, 4)
             assert back.cancelled()
             [r] = gw.live_refreshers
             current = r.tasks[0]
             assert not current.done()
             # 4. An unrelated reload keeps it (same Egress, by identity).
-            await swap(changed, 5)
+            swap(changed, 5)
             assert not current.done() and gw.live_refreshers[0].tasks == [current]
-            await swap(without, 6)
+            swap(without, 6)
             assert current.cancelled() and gw.live_refreshers == []
-            gw.pool.close()
-            gw.deadlines.close()
-
-        asyncio.run(run())
         assert len(fake.find("/token")) >= 3      # boot, the return, the changed provider
     finally:
         fake.close()
