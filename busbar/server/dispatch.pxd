@@ -7,5 +7,4 @@ cdef class Dispatcher:
     cpdef dispatch(self, method, path, query, headers)
 
 cpdef header_protocol(headers)
-cpdef dispatch(method, path, query, headers)
 cpdef protocol_route(method, path, query, headers)

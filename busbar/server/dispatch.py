@@ -3,7 +3,7 @@
 
 A data listener's `Dispatcher` looks, in this order, at the four fixed chat paths (the request
 path's shortcut), at its route table (busbar/server/routes.py: what busbar answers itself), then
-at the protocols' paths (`dispatch`); a path no protocol takes is refused with the table's answer
+at the protocols' paths (`protocol_route`); a path no protocol takes is refused with the table's answer
 for that refusal, in the caller's protocol.
 
 The order of the header checks matters and is the reference's: a SigV4 Authorization header means
@@ -132,18 +132,9 @@ class Dispatcher:
         return r
 
 
-def dispatch(method: bytes, path: str, query: str, headers: dict) -> Route:
-    """The protocols' route for a request (no route table: busbar's own answers are the
-    Dispatcher's)."""
-    r = _FIXED_CHAT.get(path)
-    if r is not None and method == b"POST":
-        by_header = header_protocol(headers)
-        if by_header is None or by_header == r.protocol:
-            return r
-    return protocol_route(method, path, query, headers)
-
-
 def protocol_route(method: bytes, path: str, query: str, headers: dict) -> Route:
+    """The protocols' Route for a request off the fixed chat paths that the route table did not
+    answer: a call, or its refusal (NOT_FOUND, METHOD, UNSUPPORTED) in the caller's protocol."""
     if path in ("/v1/models", "/v1beta/models"):
         # the list's paths (a local answer for GET): any other method is refused
         return Route(METHOD, "openai")

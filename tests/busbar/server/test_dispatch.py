@@ -4,8 +4,22 @@ import pytest
 from busbar.server import dispatch as D
 
 
+def _data_listener():
+    """A Dispatcher over the data listener's own table, as the Gateway makes it."""
+    from types import SimpleNamespace
+
+    from busbar.server import local
+    from busbar.server.routes import Routes
+    gw = SimpleNamespace(routes=Routes())
+    local.mount(gw)
+    return D.Dispatcher(gw.routes), local
+
+
+DISPATCHER, LOCAL = _data_listener()
+
+
 def route(method, path, headers=None, query=""):
-    return D.dispatch(method, path, query, headers or {})
+    return DISPATCHER.dispatch(method, path, query, headers or {})
 
 
 @pytest.mark.parametrize("path,headers,proto,name,stream", [
@@ -37,22 +51,9 @@ def test_header_beats_path():
     assert (r.kind, r.protocol) == (D.NOT_FOUND, "bedrock")
 
 
-def _data_listener():
-    """A Dispatcher over the data listener's own table, as the Gateway makes it."""
-    from types import SimpleNamespace
-
-    from busbar.server import local
-    from busbar.server.routes import Routes
-    gw = SimpleNamespace(routes=Routes())
-    local.mount(gw)
-    return D.Dispatcher(gw.routes), local
-
-
 def test_local_answers_come_from_the_route_table():
-    d, local = _data_listener()
-
-    def at(method, path, headers=None):
-        return d.dispatch(method, path, "", headers or {})
+    local = LOCAL
+    at = route
     for method in (b"GET", b"POST", b"HEAD"):
         r = at(method, "/healthz", {b"x-goog-api-key": b"k"})
         assert (r.kind, r.handler) == (D.LOCAL, local.health)

@@ -3,13 +3,14 @@ import itertools
 
 from busbar.engine.route import FIELDS
 from busbar.server import dispatch as D
+from tests.busbar.server.test_dispatch import DISPATCHER
 
 
 def _slow(method, path, query, headers):
     saved = D._FIXED_CHAT
     D._FIXED_CHAT = {}
     try:
-        return D.dispatch(method, path, query, headers)
+        return DISPATCHER.dispatch(method, path, query, headers)
     finally:
         D._FIXED_CHAT = saved
 
@@ -24,7 +25,7 @@ def test_fixed_path_routes_equal_the_general_dispatch():
             [b"POST", b"GET", b"PUT"],
             ["/v1/chat/completions", "/v1/responses", "/v2/chat", "/v1/messages", "/x/v1/messages",
              "/v1/models", "/healthz"], HEADER_SETS):
-        fast = D.dispatch(method, path, "", headers)
+        fast = DISPATCHER.dispatch(method, path, "", headers)
         slow = _slow(method, path, "", headers)
         assert [getattr(fast, a) for a in FIELDS] == [
             getattr(slow, a) for a in FIELDS], (method, path, headers)
