@@ -7,6 +7,7 @@ cimport cython
 
 from busbar.engine.deadlines cimport Deadlines, Timed
 from busbar.engine.egress cimport Egress
+from busbar.engine.modes cimport Mode
 from busbar.engine.route cimport Route
 from busbar.engine.snapshot cimport Snapshot
 from busbar.engine.records cimport Attempt, new_attempt
@@ -15,7 +16,7 @@ from busbar.engine.request cimport Request
 from busbar.upstream.pool cimport UpstreamConnection, UpstreamPool
 from cbusbar.framing cimport scan_top
 from busbar.engine.translate cimport forwarded, with_model
-from busbar.engine.status cimport status_line
+from busbar.engine.status cimport header, status_line
 from cbusbar.clock cimport now_ns
 from cbusbar.h1 cimport response_head, server_timing
 from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
@@ -23,6 +24,9 @@ from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 # The Route kinds the exchange compares (busbar/engine/route.py), as C ints: imported once, then a
 # compare per request is an int compare instead of a Python one.
 cdef int CHAT, COUNT_TOKENS, EMBED, LOCAL
+# The response modes (busbar/engine/modes.py: one instance each), as typed module globals: a C
+# read, no module dict lookup.
+cdef Mode ERROR_BODY, BUFFER, TRANSLATE, RELAY, TRANSLATE_STREAM
 
 cdef class Exchange(Timed):
     cdef public object site, conn
@@ -44,7 +48,7 @@ cdef class Exchange(Timed):
     cdef public UpstreamConnection upconn
     cdef public object data
     cdef public long long t_send, rtt
-    cdef public int mode
+    cdef public Mode mode
     cdef public object chunks
     cdef public Py_ssize_t size
     cdef public object tx, tap
@@ -80,16 +84,26 @@ cdef class Exchange(Timed):
     @cython.locals(a=Attempt, ah=AttemptHook)
     cpdef end_attempt(self, fault, reason=*)
     cpdef fault(self, fault, reason)
-    @cython.locals(att=Attempt)
+    @cython.locals(att=Attempt, m=Mode)
     cpdef on_upstream_headers(self, int status, headers)
+    @cython.locals(m=Mode)
     cpdef on_upstream_body(self, chunk)
     cpdef bint _collect(self, chunk, Py_ssize_t cap) except -1
+    @cython.locals(m=Mode)
     cpdef on_upstream_complete(self)
+    cpdef status_error(self, body)
+    cpdef truncated(self)
+    @cython.locals(m=Mode)
+    cpdef broken(self, fault, kind, message)
     cpdef rid(self)
     cpdef bytes _timing(self)
     cpdef head(self, int status, ctype, Py_ssize_t length, extra=*)
     cpdef head_chunked(self, int status, ctype, extra=*)
+    @cython.locals(m=Mode)
     cpdef _w(self, data)
+    cpdef chunk(self, data)
+    cpdef end_chunks(self, outcome)
+    cpdef answer(self, ctype, body, extra)
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
     cpdef error(self, int status, kind, message, retry_after=*, outcome=*, extra=*)
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,

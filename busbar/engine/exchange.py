@@ -28,26 +28,25 @@ from cbusbar.record import AttemptHook, RecordHook, record_at
 
 from busbar.engine import operations
 from busbar.engine.deadlines import Timed
+from busbar.engine.modes import Buffer, ErrorBody, Relay, Translate, TranslateStream
 from busbar.engine.route import CHAT, COUNT_TOKENS, EMBED, LOCAL
 from busbar.engine.records import (
     F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED, F_REFUSED, F_RESET,
     F_STATUS, F_TIMEOUT, F_TRUNCATED, O_BROKEN, O_CLIENT_ERROR, O_CLIENT_GONE, O_INTERNAL, O_OK,
     O_SHED, O_UPSTREAM_ERROR, new_attempt)
-from busbar.engine.status import status_line
-from busbar.engine.translate import (
-    CODECS, ClientRequest, StreamTranslation, forwarded, translate_response, with_model,
-    write_request)
+from busbar.engine.status import header, status_line
+from busbar.engine.translate import CODECS, ClientRequest, forwarded, with_model, write_request
 from busbar.engine import classify as RC
 
 _loads = orjson.loads
 
-# Response modes once upstream headers arrived
-M_NONE = 0
-M_RELAY_STREAM = 1     # same protocol, streamed: bytes through, chunked to the client
-M_BUFFER = 2           # same protocol, buffered: collected, checked, then answered whole
-M_TRANSLATE_STREAM = 3
-M_TRANSLATE_BODY = 4
-M_ERROR = 5            # upstream non-2xx: collect (bounded), then fail over or answer
+# How an upstream answer reaches the client (busbar/engine/modes.py), one instance of each, chosen
+# when the attempt's upstream head arrives.
+ERROR_BODY = ErrorBody()
+BUFFER = Buffer()
+TRANSLATE = Translate()
+RELAY = Relay(streams=True)
+TRANSLATE_STREAM = TranslateStream(streams=True)
 
 PARSE_ERROR = "We could not parse the JSON body of your request."
 MISSING_MODEL = "Missing required parameter: 'model'."
@@ -61,8 +60,9 @@ _req_id = request_id
 class Exchange(Timed):
     # Every member exchange.pxd declares and construction does not store starts as None, 0 or
     # False (the compiled class's tp_new), which is each one's meaning before the request sets it:
-    # no parsed request (cr), target, name, attempt (att, lane, egress, codec, upconn, data), mode
-    # M_NONE, nothing collected (chunks, size), nothing sent (sent, pending, bytes_out,
+    # no parsed request (cr), target, name, attempt (att, lane, egress, codec, upconn, data), no
+    # response mode before the upstream's head (mode: busbar/engine/modes.py), nothing collected
+    # (chunks, size), nothing sent (sent, pending, bytes_out,
     # client_status), no deadline (_slot), no upstream status, error or usage yet, not closed;
     # op None = chat (an operations.Op for embeddings / token counting); fallbacks = on_exhausted
     # fallback_pool hops taken (a runtime loop guard); governance's principal (the caller's
@@ -298,7 +298,7 @@ class Exchange(Timed):
             self.pool.release(conn)
             return
         self.upconn = conn
-        self.mode = M_NONE
+        self.mode = None
         self.chunks = None
         self.size = 0
         att.t_connected = t = now_ns()
@@ -319,7 +319,7 @@ class Exchange(Timed):
         if self.closed or self.att is None:
             return
         if not self.sent:
-            if self.mode == M_ERROR:
+            if self.mode is ERROR_BODY:
                 # An error body that stalls: the status alone decides (what came of the body is
                 # not JSON one could relay).
                 self.status_error(None)
@@ -386,7 +386,7 @@ class Exchange(Timed):
         self.status = status
         self.up_headers = headers
         if status < 200 or status >= 300:
-            self.mode = M_ERROR
+            self.mode = ERROR_BODY
             self.chunks = []
             # An error body has its own short bound, within what is left of the attempt's: the
             # status already says what happened (mostly: fail over), and a body that does not
@@ -397,83 +397,25 @@ class Exchange(Timed):
             return
         # A 2xx body, or a stream up to its first byte to the client, counts against the attempt:
         # the deadline armed when the attempt started keeps running (not re-armed here).
-        codec = self.codec
+        ct = None
         if self.stream:
-            ct = _header(headers, b"content-type")
-            if ct is not None and not ct.startswith(codec.STREAM_CONTENT_TYPE):
+            ct = header(headers, b"content-type")
+            if ct is not None and not ct.startswith(self.codec.STREAM_CONTENT_TYPE):
                 # An answer that is not a stream, to a stream request: the lane misbehaves.
                 self.fault(F_MALFORMED, "a stream request answered with %s" % ct.decode("latin-1")[:64])
                 return
-            if self.same and not self.route.json_array:
-                self.mode = M_RELAY_STREAM
-                # the usage tap, and how the stream ended (docs/codecs.md `StreamTap`)
-                self.tap = getattr(codec, "StreamTap", codec.StreamDecoder)()
-                self.tap_error = False
-                self.head_chunked(200, ct or codec.STREAM_CONTENT_TYPE,
-                                  self.ingress.response_headers(headers, self.rid()))
-            else:
-                self.mode = M_TRANSLATE_STREAM
-                ing = self.ingress
-                cr = self.cr
-                self.tx = StreamTranslation(
-                    codec, ing, ing.mint_id(), self.last_model, self.forced,
-                    cr.stream_usage if cr is not None else False, self.route.json_array,
-                    mask=self.snap.mask)
-                ct = b"application/json" if self.route.json_array else ing.STREAM_CONTENT_TYPE
-                self.head_chunked(200, ct, ing.response_headers(None, self.rid()))
+            # The answer's mode (busbar/engine/modes.py), chosen for this attempt's lane.
+            m = RELAY if self.same and not self.route.json_array else TRANSLATE_STREAM
         else:
-            self.mode = M_BUFFER if self.same else M_TRANSLATE_BODY
-            self.chunks = []
+            m = BUFFER if self.same else TRANSLATE
+        self.mode = m
+        m.begin(self, ct)
 
     def on_upstream_body(self, chunk):
-        mode = self.mode
         self.size += len(chunk)
-        if mode == M_RELAY_STREAM:
-            tap = self.tap
-            if tap is not None:
-                try:
-                    events = tap.feed(chunk)
-                except Exception:
-                    if not self.sent:
-                        # reliability: a malformed 2xx before the first byte is the lane's fault
-                        # and another lane can still answer (SPEC §4.1).
-                        self.fault(F_MALFORMED, "the upstream stream cannot be read")
-                        return
-                    self.tap = None     # the tap never breaks a relay it cannot read
-                    events = None
-                if events:
-                    self._tap_events(events, chunk)
-                    if self.tap_error:
-                        chunk = self.snap.mask.mask(chunk)
-            rf = self.relay
-            if rf is not None:
-                # After the tap: it reads the usage this filter hides from the client.
-                chunk = rf.feed(chunk)
-                if not chunk:
-                    return
-                if self.tap_error:
-                    chunk = self.snap.mask.mask(chunk)
-            self._w(b"%x\r\n%b\r\n" % (len(chunk), chunk))
-        elif mode == M_TRANSLATE_STREAM:
-            try:
-                out = self.tx.feed(chunk)
-            except ir.CodecError as e:
-                self.fault(F_MALFORMED, str(e))
-                return
-            if out:
-                self._w(b"%x\r\n%b\r\n" % (len(out), out))
-        elif mode == M_ERROR:
-            self._collect(chunk, self.snap.limits.error_body_max_bytes)
-        elif mode != M_NONE:
-            if not self._collect(chunk, self.snap.limits.request_body_max_bytes):
-                self.fault(F_MALFORMED, "upstream response exceeds the maximum size")
-
-    def _tap_events(self, events, chunk):
-        for e in events:
-            if e.kind == ir.EVENT_ERROR:
-                # An error event the upstream sent ends its stream as it meant to: relayed as
-                # sent, with any secret masked.
-                self.tap_error = True
+        m = self.mode
+        if m is not None:
+            m.body(self, chunk)
 
     def _collect(self, chunk, cap):
         if self.chunks is None:
@@ -486,85 +428,9 @@ class Exchange(Timed):
 
     def on_upstream_complete(self):
         self.upconn = None      # the pool took the connection back (or closed it)
-        mode = self.mode
-        if mode == M_ERROR:
-            self.status_error(b"".join(self.chunks) if self.chunks is not None else b"")
-        elif mode == M_RELAY_STREAM:
-            tap = self.tap
-            if tap is not None:
-                try:
-                    events = tap.close()
-                except Exception:
-                    events = None
-                    self.tap = None
-                if events:
-                    self._tap_events(events, b"")
-                if self.tap is not None:
-                    self.usage = tap.usage
-                if self.tap is not None and not (self.tap_error or tap.finished):
-                    # Ended cleanly at the HTTP level but without the protocol's final event.
-                    self.truncated()
-                    return
-            self.end_attempt(None)
-            rf = self.relay
-            if rf is not None:
-                rest = rf.close()
-                if rest:
-                    if self.tap_error:
-                        rest = self.snap.mask.mask(rest)
-                    self._w(b"%x\r\n%b\r\n" % (len(rest), rest))
-            self._w(b"0\r\n\r\n")
-            self.finish(O_OK)
-        elif mode == M_BUFFER:
-            # The body download is upstream time; checking it and reading its usage are busbar's.
-            self.rtt = now_ns() - self.t_send
-            body = b"".join(self.chunks)
-            self.chunks = None
-            try:
-                op = self.op
-                if op is None:
-                    self.usage = self.codec.read_usage(body)
-                else:
-                    self.usage = op.read_usage(self.egress.protocol, body)
-            except ir.CodecError as e:
-                self.fault(F_MALFORMED, str(e))
-                return
-            headers = self.up_headers
-            self.answer(_header(headers, b"content-type") or b"application/json", body,
-                        self.ingress.response_headers(headers, self.rid()))
-        elif mode == M_TRANSLATE_STREAM:
-            tx = self.tx
-            try:
-                out = tx.close()
-            except ir.CodecError as e:
-                self.fault(F_MALFORMED, str(e))
-                return
-            if out:
-                self._w(b"%x\r\n%b\r\n" % (len(out), out))
-            self.usage = tx.usage
-            if not tx.finished:
-                self.truncated()
-                return
-            self.end_attempt(None)
-            self._w(b"0\r\n\r\n")
-            self.finish(O_OK)
-        elif mode == M_TRANSLATE_BODY:
-            # Buffered translation: the body download is upstream time, not busbar's (BENCHMARK.md).
-            self.rtt = now_ns() - self.t_send
-            body = b"".join(self.chunks)
-            self.chunks = None
-            ing = self.ingress
-            try:
-                op = self.op
-                if op is None:
-                    out, self.usage = translate_response(self.codec, ing, body, self.forced,
-                                                         ing.mint_id(), self.last_model)
-                else:
-                    out, self.usage = op.response(self, self.egress.protocol, body)
-            except ir.CodecError as e:
-                self.fault(F_MALFORMED, str(e))
-                return
-            self.answer(b"application/json", out, ing.response_headers(None, self.rid()))
+        m = self.mode
+        if m is not None:
+            m.complete(self)
 
     def status_error(self, body):
         """A non-2xx upstream answer: classified (busbar/engine/classify.py), its attempt
@@ -611,20 +477,15 @@ class Exchange(Timed):
     def broken(self, fault, kind, message):
         """The upstream failed after the client got bytes: end the client's answer natively."""
         self.end_attempt(fault, message)
-        mode = self.mode
-        if mode == M_TRANSLATE_STREAM:
-            err = self.tx.error(kind, message)
-        elif mode == M_RELAY_STREAM:
-            err = self.ingress.stream_encoder(self.ingress.mint_id(), self.name, False,
-                                              False).error(kind, message)
-        else:
+        m = self.mode
+        err = m.end_event(self, kind, message) if m is not None else None
+        if err is None:
             # A length-delimited body cannot be completed: closing tells the client it is short.
             self.finish(O_BROKEN, keep_alive=False)
             return
         if err:
-            self._w(b"%x\r\n%b\r\n" % (len(err), err))
-        self._w(b"0\r\n\r\n")
-        self.finish(O_BROKEN)
+            self.chunk(err)
+        self.end_chunks(O_BROKEN)
 
     def final_error(self, status, body, headers, codec, same, outcome=O_UPSTREAM_ERROR):
         mask = self.snap.mask
@@ -633,7 +494,7 @@ class Exchange(Timed):
         ra = _retry_after_lines(headers)
         if same:
             # Same-protocol upstream errors are relayed verbatim (SPEC §1.3), secrets masked.
-            self.respond(status, _header(headers, b"content-type") or b"application/json",
+            self.respond(status, header(headers, b"content-type") or b"application/json",
                          mask.mask(body), self.ingress.response_headers(headers, self.rid()) + ra,
                          outcome=outcome)
             return
@@ -696,12 +557,22 @@ class Exchange(Timed):
             return
         self.sent = True
         self.conn.write(data)
-        if self.att is not None and (self.mode == M_RELAY_STREAM or self.mode == M_TRANSLATE_STREAM):
+        m = self.mode
+        if self.att is not None and m is not None and m.streams:
             # Past the first byte a stream is bounded by the whole-request timeout only (re-armed
             # after the write: the first byte does not wait for the wheel).
             lim = self.snap.limits.upstream_request_timeout_secs
             left = lim - (now_ns() - self.t_send) / 1e9
             self.wheel.arm(self, left if left > 0.001 else 0.001)
+
+    def chunk(self, data):
+        """One piece of a chunked answer to the client (HTTP/1.1 chunked coding, RFC 9112 §7.1)."""
+        self._w(b"%x\r\n%b\r\n" % (len(data), data))
+
+    def end_chunks(self, outcome):
+        """The last chunk of a chunked answer, then the request's end."""
+        self._w(b"0\r\n\r\n")
+        self.finish(outcome)
 
     def answer(self, ctype, body, extra):
         """An upstream answer read whole and good (buffered, relayed or translated): written
@@ -836,10 +707,3 @@ def _retry_after_lines(headers):
         elif k == b"retry-after-ms":
             out += b"retry-after-ms: " + v + b"\r\n"
     return out
-
-
-def _header(headers, name):
-    for k, v in headers:
-        if k == name:
-            return v
-    return None

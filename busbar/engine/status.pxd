@@ -4,3 +4,4 @@
 cdef dict _STATUS_LINES
 
 cpdef bytes status_line(int status)
+cpdef header(headers, name)

@@ -1,4 +1,5 @@
-"""HTTP status lines, shared by the server (errors it writes itself) and the engine (answers)."""
+"""HTTP/1.1 bits shared by the server (errors it writes itself) and the engine (answers): status
+lines, and a header's value in a parsed response's header list."""
 from __future__ import annotations
 
 REASONS = {
@@ -18,3 +19,12 @@ def status_line(status):
     if line is None:
         line = b"HTTP/1.1 %d %s\r\n" % (status, REASONS.get(status, b"Status"))
     return line
+
+
+def header(headers, name):
+    """The first value of the header `name` (lowercase bytes) in a [(name, value)] list (an
+    upstream response's, as busbar/upstream/pool.py parsed it), or None."""
+    for k, v in headers:
+        if k == name:
+            return v
+    return None
