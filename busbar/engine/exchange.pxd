@@ -24,8 +24,9 @@ from cbusbar.record cimport AttemptHook, RecordHook, RequestRecord, record_at
 # The Route kinds the exchange compares (busbar/engine/route.py), as C ints: imported once, then a
 # compare per request is an int compare instead of a Python one.
 cdef int CHAT, COUNT_TOKENS, EMBED, LOCAL
-# The response modes (busbar/engine/modes.py: one instance each), as typed module globals: a C
-# read, no module dict lookup.
+# The deadline's phases, and the response modes (busbar/engine/modes.py: one instance each), as
+# typed module globals: a C read, no module dict lookup.
+cdef int D_ATTEMPT, D_ERROR_BODY, D_STREAMING
 cdef Mode ERROR_BODY, BUFFER, TRANSLATE, RELAY, TRANSLATE_STREAM
 
 cdef class Exchange(Timed):
@@ -78,7 +79,10 @@ cdef class Exchange(Timed):
     cpdef routed(self)
     @cython.locals(snap=Snapshot, eg=Egress)
     cpdef attempt(self, lane=*)
-    cpdef double _attempt_secs(self, double elapsed) except? -1.0
+    # C only (final: no override, called directly)
+    @cython.final
+    @cython.locals(t=cython.double, elapsed=cython.double, left=cython.double)
+    cdef int deadline(self, int phase) except -1
     @cython.locals(att=Attempt)
     cpdef _on_conn(self, UpstreamConnection conn)
     @cython.locals(a=Attempt, ah=AttemptHook)

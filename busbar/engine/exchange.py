@@ -40,6 +40,11 @@ from busbar.engine import classify as RC
 
 _loads = orjson.loads
 
+# What the attempt's deadline waits for (Exchange.deadline, the one place it is armed).
+D_ATTEMPT = 0       # the request written: the upstream's head, a buffered body, a stream's first byte
+D_ERROR_BODY = 1    # a non-2xx head arrived: its body
+D_STREAMING = 2     # a stream's first byte is the client's: the rest of it
+
 # How an upstream answer reaches the client (busbar/engine/modes.py), one instance of each, chosen
 # when the attempt's upstream head arrives.
 ERROR_BODY = ErrorBody()
@@ -265,30 +270,47 @@ class Exchange(Timed):
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
         self.data = eg.request(path, body, stream, extra)
-        self.wheel.arm(self, self._attempt_secs(0.0))
+        self.deadline(D_ATTEMPT)
         # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
         # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
         self.t_send = now_ns()
         self.pool.acquire(eg.key, self._on_conn, self._on_conn_error)
 
-    def _attempt_secs(self, elapsed) -> float:
-        """What is left of the attempt's own bound `elapsed` seconds into it: connect + time to
-        headers, and a buffered body or a stream's first byte (both before the client saw
-        anything, so failover is still possible)."""
-        t = self.snap.limits.upstream_request_timeout_secs - elapsed
-        ato = self.lane.model.attempt_timeout_ms
-        pol = self.target.policy
-        if pol is not None:
-            # reliability: a member's own attempt timeout, and what is left of the request's budget.
-            cell = pol.cell_of.get(self.lane)
-            if cell is not None and cell.attempt_timeout_ms is not None:
-                ato = cell.attempt_timeout_ms
-            left = pol.failover.timeout_secs - (now_ns() - self.req.t0) / 1e9
-            if left < t:
-                t = left
-        if ato is not None and ato / 1000.0 - elapsed < t:
-            t = ato / 1000.0 - elapsed
-        return t if t > 0.001 else 0.001
+    def deadline(self, phase):
+        """The one place this request's upstream deadline is armed (end_attempt disarms it), for
+        what the attempt waits for (D_*):
+        - D_ATTEMPT, the request written: connect + time to headers, and a buffered body or a
+          stream's first byte (both before the client saw anything, so failover is still
+          possible): the lane's attempt_timeout_ms (a pool member's own, else its model's) or
+          limits.upstream_request_timeout_secs, and within what is left of the pool's
+          failover.timeout_secs;
+        - D_ERROR_BODY, a non-2xx head arrived: what is left of that bound, and at most
+          limits.upstream_error_body_timeout_secs: the status already says what happened (mostly:
+          fail over), and a body that does not come must not hold the next lane back;
+        - D_STREAMING, a stream's first byte written to the client: the whole-request bound
+          (limits.upstream_request_timeout_secs since the request was sent) only."""
+        lim = self.snap.limits
+        if phase == D_STREAMING:
+            t = lim.upstream_request_timeout_secs - (now_ns() - self.t_send) / 1e9
+        else:
+            elapsed = 0.0 if phase == D_ATTEMPT else (now_ns() - self.att.t_start) / 1e9
+            t = lim.upstream_request_timeout_secs - elapsed
+            ato = self.lane.model.attempt_timeout_ms
+            pol = self.target.policy
+            if pol is not None:
+                # reliability: a member's own attempt timeout, and what is left of the request's
+                # budget.
+                cell = pol.cell_of.get(self.lane)
+                if cell is not None and cell.attempt_timeout_ms is not None:
+                    ato = cell.attempt_timeout_ms
+                left = pol.failover.timeout_secs - (now_ns() - self.req.t0) / 1e9
+                if left < t:
+                    t = left
+            if ato is not None and ato / 1000.0 - elapsed < t:
+                t = ato / 1000.0 - elapsed
+            if phase == D_ERROR_BODY and lim.upstream_error_body_timeout_secs < t:
+                t = lim.upstream_error_body_timeout_secs
+        self.wheel.arm(self, t if t > 0.001 else 0.001)
 
     def _on_conn(self, conn):
         att = self.att
@@ -388,12 +410,7 @@ class Exchange(Timed):
         if status < 200 or status >= 300:
             self.mode = ERROR_BODY
             self.chunks = []
-            # An error body has its own short bound, within what is left of the attempt's: the
-            # status already says what happened (mostly: fail over), and a body that does not
-            # come must not hold the next lane back.
-            left = self._attempt_secs((t - att.t_start) / 1e9)
-            lim = self.snap.limits.upstream_error_body_timeout_secs
-            self.wheel.arm(self, lim if lim < left else left)
+            self.deadline(D_ERROR_BODY)
             return
         # A 2xx body, or a stream up to its first byte to the client, counts against the attempt:
         # the deadline armed when the attempt started keeps running (not re-armed here).
@@ -561,9 +578,7 @@ class Exchange(Timed):
         if self.att is not None and m is not None and m.streams:
             # Past the first byte a stream is bounded by the whole-request timeout only (re-armed
             # after the write: the first byte does not wait for the wheel).
-            lim = self.snap.limits.upstream_request_timeout_secs
-            left = lim - (now_ns() - self.t_send) / 1e9
-            self.wheel.arm(self, left if left > 0.001 else 0.001)
+            self.deadline(D_STREAMING)
 
     def chunk(self, data):
         """One piece of a chunked answer to the client (HTTP/1.1 chunked coding, RFC 9112 §7.1)."""
