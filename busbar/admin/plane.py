@@ -136,7 +136,6 @@ class ParentAgent:
         gw.live = live      # governance pushes key changes over the same channels
         self.site = site = AdminSite(gw, ctl)
         mount(site, live, self.plane)
-        gw.admin = site
         self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
                                                                 ctl.admin_tls),
                                                sock=self.plane.admin_sock, backlog=128,

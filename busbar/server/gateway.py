@@ -117,10 +117,10 @@ class Gateway:
         self.gov_boot = None
         self.gov_spend = None
         # control: the live config (busbar/admin/live.py LiveConfig: reload, apply, rollback, and
-        # the channels to the other workers) and the admin listener's site (busbar/admin/site.py,
-        # serving `admin_routes`), both in the parent process (worker 0) only; None in the others.
+        # the channels to the other workers), in the parent process (worker 0) only; None in the
+        # others. (The admin listener's site is the control plane's own, busbar/admin/plane.py; it
+        # serves `admin_routes`.)
         self.live = None
-        self.admin = None
 
     @property
     def config(self):
