@@ -11,14 +11,14 @@ exchange when the attempt's upstream status and headers arrive (busbar/engine/ex
 - `Translate`: another protocol, buffered: read into the IR, written in the caller's protocol.
 - `TranslateStream`: another protocol, streamed: upstream frames → IR events → client frames.
 
-Each mode is stateless, one instance for every exchange (busbar/engine/exchange.py makes them: this
-module imports the Exchange's type, so it cannot make them while the two modules load): what an
-attempt accumulates (the
-collected pieces, the tap, the stream translation) stays on the Exchange, which is what its
-lifecycle ends (`end_attempt`, `finish`) read. `streams`: the client's answer is chunked and open
-while the upstream sends (past its first byte the whole-request timeout bounds it); `end_event`
-is the native error event that ends such an answer when the upstream fails after the first byte,
-None for a length-delimited answer (the connection is closed instead).
+Each mode is stateless, one instance for every exchange (busbar/engine/exchange.py makes them:
+this module imports the Exchange's type, so it cannot make them while the two modules load). What
+an attempt accumulates (the collected pieces, the tap, the stream translation) stays on the
+Exchange, which is what its lifecycle's ends (`end_attempt`, `finish`) read. `streams`: the
+client's answer is chunked and open while the upstream sends (past its first byte the
+whole-request timeout bounds it); `end_event` is the native error event that ends such an answer
+when the upstream fails after the first byte, None for a length-delimited answer (the connection
+is closed instead).
 """
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ from busbar.engine.translate import StreamTranslation, translate_response
 
 
 class Mode:
+    """The shape every mode has (and the default of each step)."""
 
     def __init__(self, streams=False):
         self.streams = streams
