@@ -34,14 +34,13 @@ $(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml packaging/build_ext
 demo: build
 	$(BIN)/busbar serve --demo
 
-test: build chromium redis
+test: lint build chromium redis
 	$(BIN)/python -m pytest
 
 # ruff over the Python tree and cython-lint over the Cython sources (cbusbar's .pyx and .pxd,
 # busbar's augmenting .pxd), each with its settings in pyproject.toml; both run, and either
-# failing fails the target. `test` will depend on `lint` (#35) once the last folders are brought
-# to the settings; until then run it on its own. cython-lint runs pycodestyle, which it finds on
-# PATH: hence the venv's bin first.
+# failing fails the target; `make test` runs it first (#35). cython-lint runs pycodestyle, which it
+# finds on PATH: hence the venv's bin first.
 CYTHON_LINTED := $(sort $(shell find cbusbar -name '*.pyx' -o -name '*.pxd') $(shell find busbar -name '*.pxd'))
 lint: $(STAMP)
 	@rc=0; \

@@ -392,8 +392,10 @@ if _OUT:
         gwmod.new_exchange = new_exchange
 
     class _Hook(MetaPathFinder):
+        # Patched once busbar.supervisor (which imports the gateway module first) has loaded: the
+        # uvloop factory is the supervisor's, the connection and pool classes the gateway's.
         def find_spec(self, name, path=None, target=None):
-            if name != "busbar.server.gateway":
+            if name != "busbar.supervisor":
                 return None
             spec = PathFinder.find_spec(name, path)
             if spec is None:
@@ -403,7 +405,9 @@ if _OUT:
 
             def exec_module(module):
                 orig(module)
-                _patch(module)
+                gwmod = sys.modules["busbar.server.gateway"]
+                _patch(gwmod)
+                module._install_uvloop = gwmod._install_uvloop
             loader.exec_module = exec_module
             sys.meta_path.remove(self)
             return spec

@@ -14,6 +14,7 @@ cdef class Deadlines:
 
     @cython.locals(t=Timed, n=cython.longlong, now=cython.double, slot=dict, old=dict)
     cpdef arm(self, owner, double secs)
+
     @cython.locals(t=Timed, slot=dict)
     cpdef disarm(self, owner)
     cpdef _left(self)

@@ -71,38 +71,49 @@ cdef class Exchange(Timed):
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.
     cdef _setup(self, site, conn, Request req, Route route, Snapshot snap)
+
     @cython.locals(route=Route)
     cpdef start(self)
     cpdef on_deadline(self)
+
     @cython.locals(route=Route, req=Request)
     cpdef chat(self)
     cpdef routed(self)
+
     @cython.locals(snap=Snapshot, eg=Egress)
     cpdef attempt(self, lane=*)
+
     # C only (final: no override, called directly)
     @cython.final
     @cython.locals(t=cython.double, elapsed=cython.double, left=cython.double)
     cdef int deadline(self, int phase) except -1
+
     @cython.locals(att=Attempt)
     cpdef _on_conn(self, UpstreamConnection conn)
+
     @cython.locals(a=Attempt, ah=AttemptHook)
     cpdef end_attempt(self, fault, reason=*)
     cpdef fault(self, fault, reason)
+
     @cython.locals(att=Attempt, m=Mode)
     cpdef on_upstream_headers(self, int status, headers)
+
     @cython.locals(m=Mode)
     cpdef on_upstream_body(self, chunk)
     cpdef bint _collect(self, chunk, Py_ssize_t cap) except -1
+
     @cython.locals(m=Mode)
     cpdef on_upstream_complete(self)
     cpdef status_error(self, body)
     cpdef truncated(self)
+
     @cython.locals(m=Mode)
     cpdef broken(self, fault, kind, message)
     cpdef rid(self)
     cpdef bytes _timing(self)
     cpdef head(self, int status, ctype, Py_ssize_t length, extra=*)
     cpdef head_chunked(self, int status, ctype, extra=*)
+
     @cython.locals(m=Mode)
     cpdef _w(self, data)
     cpdef chunk(self, data)
@@ -110,6 +121,7 @@ cdef class Exchange(Timed):
     cpdef answer(self, ctype, body, extra)
     cpdef respond(self, int status, ctype, body, extra=*, outcome=*)
     cpdef error(self, int status, kind, message, retry_after=*, outcome=*, extra=*)
+
     @cython.locals(a=Attempt, up=cython.longlong, failed=cython.int, rec=RequestRecord,
                    ch=RecordHook, target=Target)
     cpdef finish(self, outcome, bint keep_alive=*)

@@ -130,7 +130,7 @@ class CountOp:
         try:
             scan_top(body, ())
         except FramingError:
-            raise CodecError("The upstream returned a body that is not a JSON object.")
+            raise CodecError("The upstream returned a body that is not a JSON object.") from None
         return None     # counting tokens uses none
 
     def response(self, ex, eproto, body):   # never: counting is same-protocol only

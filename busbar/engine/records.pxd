@@ -11,5 +11,6 @@ cdef class Attempt:
     cdef public long long bytes_in
     cdef public object retry_after, disposition, error_class
 
+
 @cython.locals(a=Attempt)
 cpdef Attempt new_attempt(lane, long long t_start)

@@ -7,5 +7,6 @@ cdef class Request:
     cdef public long long t0
     cdef public bint keep_alive
 
+
 @cython.locals(r=Request)
 cpdef Request new_request(method, path, query, headers, body, long long t0, bint keep_alive)

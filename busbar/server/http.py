@@ -340,7 +340,7 @@ class HttpConnection(Timed):
             try:
                 n = int(cl)
             except ValueError:
-                raise _Abort(400, "Malformed Content-Length.")
+                raise _Abort(400, "Malformed Content-Length.") from None
             if n > self.limits.request_body_max_bytes:
                 raise _Abort(413, "request body exceeds the maximum allowed size")
         if self._headers.get(b"expect", b"").lower() == b"100-continue":
@@ -365,7 +365,7 @@ class HttpConnection(Timed):
             path = raw.decode("ascii")
             q = query.decode("ascii")
         except UnicodeDecodeError:
-            raise _Abort(400, "Malformed request target.")
+            raise _Abort(400, "Malformed request target.") from None
         body = self._body[0] if len(self._body) == 1 else b"".join(self._body)
         self._body = []
         self._deliver(new_request(self.parser.get_method(), path, q, self._headers, body, self._t0,

@@ -15,7 +15,8 @@ def provider(**kw):
 
 def test_plain_path_unchanged():
     assert Egress(provider()).provider_path("/v1/chat/completions") == "/v1/chat/completions"
-    assert Egress(provider(path_prefix="/openai")).provider_path("/v1/chat/completions") == "/openai/v1/chat/completions"
+    assert (Egress(provider(path_prefix="/openai")).provider_path("/v1/chat/completions")
+            == "/openai/v1/chat/completions")
 
 
 def test_a_path_override_replaces_the_codecs_path_after_the_prefix():
@@ -30,7 +31,8 @@ def test_a_path_override_replaces_the_codecs_path_after_the_prefix():
 
 def test_azure_paths():
     dep = Egress(provider(auth="api-key", azure=True, azure_deployment="prod 1", azure_api_version="2024-10-21"))
-    assert dep.provider_path("/v1/chat/completions") == "/openai/deployments/prod%201/chat/completions?api-version=2024-10-21"
+    assert dep.provider_path("/v1/chat/completions") == (
+        "/openai/deployments/prod%201/chat/completions?api-version=2024-10-21")
     assert dep.provider_path("/v1/embeddings") == "/openai/deployments/prod%201/embeddings?api-version=2024-10-21"
     v1 = Egress(provider(auth="api-key", azure=True))
     assert v1.provider_path("/v1/responses") == "/openai/v1/responses"
@@ -50,7 +52,8 @@ def test_vertex_claude_body_and_path():
     eg = Egress(provider(protocol="anthropic", auth="x-api-key", vertex_project="pr", vertex_location="global"))
     raw = eg.request("/v1/messages", b'{"model":"claude-x@2025","max_tokens":5,"messages":[]}', True)
     head, _, body = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"POST /v1/projects/pr/locations/global/publishers/anthropic/models/claude-x@2025:streamRawPredict ")
+    assert head.startswith(b"POST /v1/projects/pr/locations/global/publishers/anthropic/models/"
+                           b"claude-x@2025:streamRawPredict ")
     assert json.loads(body) == {"max_tokens": 5, "messages": [], "anthropic_version": "vertex-2023-10-16"}
     assert b"anthropic-version" not in head
 

@@ -5,7 +5,6 @@ import json
 import socket
 import time
 
-import pytest
 
 from tests.conftest import start_gateway, stop
 

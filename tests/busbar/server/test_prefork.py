@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 from tests.conftest import CONFIG, PY, ROOT, free_port
