@@ -481,3 +481,14 @@ def test_canonical_secret_references_mean_the_sugar():
 def test_admin_insecure_names_its_new_home():
     assert problems("admin_insecure: true\n") == [
         "admin_insecure: retired key; use admin_require_mtls (the opposite value)"]
+
+
+def test_the_configuration_docs_rust_grammar_example_loads():
+    import re
+    text = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
+    section = text[text.index("## The Rust gateway's grammar"):]
+    example = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    example = example.replace("{file: /run/secrets/busbar-signing.key}", "{env: SIGNING}")
+    c = load(text=example, env=dict(ENV, BUSBAR_ADMIN_TOKEN="t" * 32))
+    assert c.governance.keys and {t.name for t in c.control.admin_tokens} == {"admin-tokens", "viewer"}
+    assert c.observability.metrics and c.observability.otlp is not None
