@@ -988,7 +988,8 @@ def _vertex(entry: dict, base: dict, path: str, protocol: str | None, out: Probl
         return None
     where = join(path, "vertex")
     check_keys(own, where, VERTEX_KEYS, out)
-    if protocol not in (None, "gemini", "anthropic"):
+    if protocol is not None and codec(protocol).VERTEX_PUBLISHER is None:
+        # the codecs with a Vertex AI publisher: gemini (google) and anthropic
         out.error(where, "vertex applies only to protocol gemini or anthropic")
         return None
     project = get_str(own, "project", where, out)

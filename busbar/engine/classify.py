@@ -24,6 +24,8 @@ from __future__ import annotations
 import re
 import time
 
+from cbusbar.proto import codec
+
 from busbar.engine.records import (F_CANCELLED, F_CONNECT, F_CREDENTIALS, F_INTERNAL, F_MALFORMED,
                                    F_PROTOCOL, F_REFUSED, F_RESET, F_STATUS, F_TIMEOUT, F_TRUNCATED)
 
@@ -155,42 +157,15 @@ def _http_date(text: str):
 
 
 def map_signals(protocol: str, body: bytes) -> list:
-    """What an `error_map` is matched against, in order: the provider's error code, then its error
-    type, where each protocol's error body carries them (the same fields as the reference
-    gateway's, so a catalog written for it means the same here): OpenAI, Responses and Anthropic
-    bodies `error.code` then `error.type`; Gemini `error.code` (a number or a string, else
-    `error.status`) then `error.status`; Cohere the top-level `message` then `error_type`; Bedrock
-    the `message` then the exception name of `__type`. Read only for a provider that has a map."""
+    """What an `error_map` is matched against, in order, as the protocol's codec reads its error
+    body (`error_signals`: the provider's error code, then its error type). Read only for a
+    provider that has a map."""
     import orjson
     try:
         doc = orjson.loads(body)
     except orjson.JSONDecodeError:
         return []
-    if protocol == "gemini" and isinstance(doc, list) and doc:
-        doc = doc[0]    # a non-SSE stream's error comes inside the JSON array
-    if not isinstance(doc, dict):
-        return []
-    err = doc.get("error")
-    err = err if isinstance(err, dict) else {}
-    if protocol == "gemini":
-        code = err.get("code")
-        if isinstance(code, int) and not isinstance(code, bool):
-            code = str(code)
-        if not isinstance(code, str):
-            code = err.get("status")
-        signals = [code, err.get("status")]
-    elif protocol == "cohere":
-        signals = [doc.get("message"), doc.get("error_type")]
-    elif protocol in ("bedrock", "bedrock-invoke"):
-        kind = doc.get("__type")
-        if isinstance(kind, str):
-            kind = kind.replace("/", "#").rpartition("#")[2]
-        signals = [doc.get("message"), kind]
-        if protocol == "bedrock-invoke":     # a Messages error relayed by InvokeModel
-            signals += [err.get("code"), err.get("type")]
-    else:
-        signals = [err.get("code"), err.get("type")]
-    return [s for s in signals if isinstance(s, str) and s]
+    return codec(protocol).error_signals(doc)
 
 
 def error_class(status: int, code, message, error_map=(), signals=None) -> str:

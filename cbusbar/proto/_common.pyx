@@ -132,3 +132,14 @@ def no_error_headers(str kind, str request_id):
 def model_not_found(str name, str api_version):
     """not_found_message in OpenAI's words, which every protocol but Gemini uses."""
     return "The model '%s' does not exist or you do not have access to it." % name
+
+
+def error_code_type(doc):
+    """What a provider's `error_map` is matched against in an OpenAI, Responses or Anthropic error
+    body (`doc`, parsed), in order: `error.code`, then `error.type` (the reference gateway reads
+    the same fields, so a catalog written for it means the same here)."""
+    if not isinstance(doc, dict):
+        return []
+    err = doc.get("error")
+    err = err if isinstance(err, dict) else {}
+    return [s for s in (err.get("code"), err.get("type")) if isinstance(s, str) and s]

@@ -31,7 +31,7 @@ from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport ObjectStream, object_of
 from cbusbar.reasoning cimport claude_budget, claude_top_p_ok
 from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
-from cbusbar.proto._common import body_as_is, model_not_found, usage_always_sent
+from cbusbar.proto._common import body_as_is, error_code_type, model_not_found, usage_always_sent
 
 NAME = "anthropic"
 CONTENT_TYPE = b"application/json"
@@ -1663,3 +1663,7 @@ cdef class StreamEncoder:
             "delta": {"stop_reason": STOP_OUT.get(stop_reason, "end_turn"),
                       "stop_sequence": stop_sequence if stop_reason == ir.SR_STOP_SEQUENCE else None},
             "usage": _w_usage(self.last_usage)}))
+
+
+# What an error_map is matched against: error.code, then error.type (_common.error_code_type).
+error_signals = error_code_type

@@ -1438,3 +1438,14 @@ cdef class StreamEncoder:
             encode_headers({":exception-type": STREAM_EXCEPTION.get(kind, "internalServerException"),
                             ":content-type": "application/json", ":message-type": "exception"}),
             orjson.dumps({"message": message}))
+
+
+def error_signals(doc):
+    """What an error_map is matched against in a Bedrock error body (`doc`, parsed): `message`,
+    then the exception name of `__type`."""
+    if not isinstance(doc, dict):
+        return []
+    kind = doc.get("__type")
+    if isinstance(kind, str):
+        kind = kind.replace("/", "#").rpartition("#")[2]
+    return [s for s in (doc.get("message"), kind) if isinstance(s, str) and s]

@@ -209,3 +209,8 @@ cdef class StreamEncoder:
             return b""
         self.done = True
         return _b.StreamEncoder("", "").error(kind, message)
+
+
+def error_signals(doc):
+    """Bedrock's, then a Messages error's relayed by InvokeModel (error.code, error.type)."""
+    return _b.error_signals(doc) + _a.error_signals(doc)

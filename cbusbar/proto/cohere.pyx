@@ -1203,3 +1203,11 @@ cdef class StreamEncoder:
             "usage": _usage_obj(self.usage)}})
         out += b"data: [DONE]\n\n"
         self.finished = True
+
+
+def error_signals(doc):
+    """What an error_map is matched against in a Cohere error body (`doc`, parsed): the top-level
+    `message`, then `error_type`."""
+    if not isinstance(doc, dict):
+        return []
+    return [s for s in (doc.get("message"), doc.get("error_type")) if isinstance(s, str) and s]

@@ -1441,3 +1441,21 @@ cdef class StreamEncoder:
         first = not self.wrote
         self.wrote = True
         return json_array_item(data, first) + b"]"
+
+
+def error_signals(doc):
+    """What an error_map is matched against in a Gemini error body (`doc`, parsed; a non-SSE
+    stream's error comes inside the JSON array): `error.code` (a number or a string, else
+    `error.status`), then `error.status`."""
+    if isinstance(doc, list) and doc:
+        doc = doc[0]
+    if not isinstance(doc, dict):
+        return []
+    err = doc.get("error")
+    err = err if isinstance(err, dict) else {}
+    code = err.get("code")
+    if isinstance(code, int) and not isinstance(code, bool):
+        code = str(code)
+    if not isinstance(code, str):
+        code = err.get("status")
+    return [s for s in (code, err.get("status")) if isinstance(s, str) and s]

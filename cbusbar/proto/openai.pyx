@@ -56,7 +56,8 @@ from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
 from cbusbar.proto._common cimport SSEDecoder, error_object, own_error_in
-from cbusbar.proto._common import model_not_found, no_error_headers, no_forced_tool, no_response_headers
+from cbusbar.proto._common import (error_code_type, model_not_found, no_error_headers, no_forced_tool,
+                                   no_response_headers)
 
 NAME = "openai"
 CONTENT_TYPE = b"application/json"
@@ -2161,3 +2162,7 @@ cdef object _remove_member(bytes b, Py_ssize_t vs, Py_ssize_t ve):
         while j < n and _ws(p[j]):
             j += 1
     return b[:ks] + b[j:]
+
+
+# What an error_map is matched against: error.code, then error.type (_common.error_code_type).
+error_signals = error_code_type

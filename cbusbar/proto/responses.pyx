@@ -26,7 +26,7 @@ from cbusbar.usage cimport merge_usage
 from cbusbar.arguments cimport input_of, text_of
 from cbusbar.reasoning cimport effort_of_budget
 from cbusbar.proto._common cimport SSEDecoder, error_object
-from cbusbar.proto._common import (body_as_is, model_not_found, no_error_headers, no_forced_tool,
+from cbusbar.proto._common import (body_as_is, error_code_type, model_not_found, no_error_headers, no_forced_tool,
                                    no_response_headers, usage_always_sent)
 from cbusbar.proto import openai as _openai
 
@@ -1586,3 +1586,7 @@ cdef dict _item_json(_Item item, str status):
     if item.kind == B_TOOL_USE:
         return _call_item(item.item_id, status, item.call_id, item.name, text)
     return _reasoning_item(item.item_id, text, item.signature)
+
+
+# What an error_map is matched against: error.code, then error.type (_common.error_code_type).
+error_signals = error_code_type

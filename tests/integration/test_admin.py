@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import PY, ROOT, env, free_port, start_gateway, stop, wait_http
 
 OPS = "ops-token-0123456789"
 VIEW = "viewer-token-0123456789"
@@ -48,22 +48,14 @@ class Gw:
 
 def start(tmp_path, mock_port, workers=2, up="model-a", extra="", name="c.yaml"):
     port, admin = free_port(), free_port()
-    path = tmp_path / name
-    path.write_text(BASE.format(port=port, admin=admin, mock=mock_port, up=up, extra=extra))
     # stderr to a file, never an undrained pipe: the access log (stderr by default) fills a pipe
     # in a few hundred requests, and a full pipe blocks the gateway's own logging.
-    err = open(tmp_path / (name + ".stderr"), "wb")
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(path), "--workers",
-                             str(workers)], cwd=ROOT, env=admin_env(), stdout=subprocess.DEVNULL,
-                            stderr=err)
-    err.close()
-    try:
-        wait_http(port, proc)
-        wait_http(admin, proc)
-    except Exception:
-        stop(proc)
-        raise
-    return Gw(proc, port, admin, path)
+    with open(tmp_path / (name + ".stderr"), "wb") as err:
+        gw = start_gateway(tmp_path, BASE.format(port=port, admin=admin, mock=mock_port, up=up,
+                                                 extra=extra), workers, port=port,
+                           base_env=admin_env(), stderr=err,
+                           ready=lambda p, proc: (wait_http(p, proc), wait_http(admin, proc)))
+    return Gw(gw.proc, port, admin, gw.config_path)
 
 
 def call(port, method, path, body=None, token=OPS, headers=None):
@@ -287,13 +279,10 @@ def test_locked_refuses_mutations_and_overlay_persists_apply(tmp_path, mock_port
 
 def test_no_tokens_means_401_and_open_is_loopback_only(tmp_path, mock_port):
     port, admin = free_port(), free_port()
-    path = tmp_path / "n.yaml"
-    path.write_text(BASE.format(port=port, admin=admin, mock=mock_port, up="x", extra="")
-                    .split("auth:")[0])
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(path), "--workers", "1"],
-                            cwd=ROOT, env=admin_env(), stdout=subprocess.DEVNULL)
+    proc = start_gateway(tmp_path, BASE.format(port=port, admin=admin, mock=mock_port, up="x",
+                                               extra="").split("auth:")[0], port=port,
+                         base_env=admin_env(), ready=lambda p, pr: wait_http(admin, pr)).proc
     try:
-        wait_http(admin, proc)
         assert call(admin, "GET", A("info"), token=OPS)[0] == 401
         assert call(admin, "GET", "/healthz", token=None)[0] == 200
     finally:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.busbar.governance.conftest import _need_redis
-from tests.conftest import PY, ROOT, env, free_port, stop, wait_http
+from tests.conftest import free_port, start_gateway, stop, wait_http
 from tests.redis_server import RedisServer
 from tests.integration.gov_helpers import ADMIN, Admin, gov_config, gov_env, post, start, wait_usage
 from tests.integration.test_governance import CARD
@@ -160,17 +159,12 @@ def test_admin_calls_with_redis_down_are_503_with_the_reason(mock_port, tmp_path
     redis = RedisServer().start()
     text, admin = gov_config(mock_port, TAIL)
     port = free_port()
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(text.replace("{port}", str(port)))
-    e = env()
-    e.update(gov_env({"BB_REDIS": redis.url}))
     log = tmp_path / "stderr.txt"
     with open(log, "w") as fh:
-        proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
-                                 "1"], cwd=ROOT, env=e, stdout=subprocess.DEVNULL, stderr=fh)
+        proc = start_gateway(tmp_path, text.replace("{port}", str(port)), port=port,
+                             extra_env=gov_env({"BB_REDIS": redis.url}), stderr=fh,
+                             ready=lambda p, pr: (wait_http(p, pr), wait_http(admin, pr))).proc
     try:
-        wait_http(port, proc)
-        wait_http(admin, proc)
         a = Admin(admin)
         a.mint(name="before", group="money")
         assert _get(admin, "/healthz") == (200, b"ok")
