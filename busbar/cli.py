@@ -446,19 +446,12 @@ def list_plugins(path: str) -> int:
 
 
 def migrate_config(path: str | None) -> int:
-    """--migrate-config FILE: busbar/config/migrate.py's main(path), when this build has it."""
+    """--migrate-config FILE: busbar/config/migrate.py's main(path)."""
     if not path:
         print("busbar: --migrate-config requires a path: busbar --migrate-config "
               "<old-config.yaml>", file=sys.stderr)
         return 2
-    import importlib
-    try:
-        migrate = importlib.import_module("busbar.config.migrate")
-    except ModuleNotFoundError as e:
-        if e.name != "busbar.config.migrate":
-            raise
-        print("busbar: --migrate-config is not available in this build yet", file=sys.stderr)
-        return 1
+    from busbar.config import migrate
     return int(migrate.main(path) or 0)
 
 

@@ -1451,14 +1451,14 @@ def _public_url(doc: dict, policy: HostPolicy, out: Problems) -> None:
     from urllib.parse import urlsplit
     try:
         u = urlsplit(raw) if isinstance(raw, str) else None
-        port = u.port if u is not None else None
+        if u is not None:
+            _ = u.port      # reading it raises ValueError for a port outside 0-65535
     except ValueError:
-        u, port = None, None
+        u = None
     if u is None or u.scheme not in ("http", "https") or not u.hostname or u.path not in ("", "/") \
             or u.query or u.fragment or u.username or u.password:
         out.error("public_url", "expected an absolute http(s)://host[:port] with nothing after it")
         return
-    del port
     # The same checks as a provider's base_url (metadata hosts refused; plain http only to a
     # loopback or private address).
     checked = parse_base_url("%s://%s" % (u.scheme, u.netloc), policy)

@@ -216,7 +216,7 @@ def _auth(doc, m):
                              "admin API (chain: [keys])")
     if "client_tokens" in auth:
         auth.pop("client_tokens")
-        if "auth.mode" not in " ".join(m.todos):
+        if mode != "token":     # auth.mode: token said it already
             m.todo("auth.client_tokens", "static client tokens are gone: callers need keys "
                                          "minted over the admin API")
     if "upstream_credentials" in auth:
@@ -402,7 +402,6 @@ def _pools(doc, m):
     pools = doc.get("pools")
     if not isinstance(pools, dict):
         return
-    hook_defs = doc.get("hooks") if isinstance(doc.get("hooks"), dict) else None
     for name, pool in pools.items():
         if name in ("hooks", "upstream_credentials") or not isinstance(pool, dict):
             continue
@@ -429,7 +428,6 @@ def _pools(doc, m):
                              for i, h in enumerate(hooks)]
             if pool["hooks"] == ["weighted"]:
                 del pool["hooks"]
-    del hook_defs
 
 
 def _on_exhausted(pool, where, m):
