@@ -484,7 +484,7 @@ def rust_log_level(value: str) -> str | None:
 
 def log_level(environ) -> tuple[str | None, str | None]:
     """(the level the environment names, or None; a warning, or None): BUSBAR_LOG, else
-    RUST_LOG. With neither, busbar logs at info (the gateway's events at the config's level)."""
+    RUST_LOG. With neither, busbar logs at info."""
     own = (environ.get("BUSBAR_LOG") or "").strip()
     if own:
         level = _LEVEL_WORDS.get(own.lower())
@@ -498,8 +498,8 @@ def log_level(environ) -> tuple[str | None, str | None]:
 def _setup_logging() -> None:
     level, problem = log_level(os.environ)
     if level is not None:
-        # The gateway's own loggers take their level from BUSBAR_LOG, over the config's
-        # (busbar/observability): hand it the level RUST_LOG (or a `warn`) named, spelled its way.
+        # The gateway's own loggers take their level from BUSBAR_LOG (busbar/observability): hand
+        # it the level RUST_LOG (or a `warn`) named, spelled its way.
         os.environ["BUSBAR_LOG"] = level
     logging.basicConfig(level=level or "INFO", stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -28,11 +28,11 @@ advanced:
   response_headers:
     server_timing: true
 # Metrics on: the status page (the admin listener's /) and /metrics have figures to show.
-observability:
-  metrics: true
-# The admin API on 127.0.0.1:8081 with no token: allowed on loopback only, warned about at boot.
+export:
+  metrics: {{module: prometheus, settings: {{buffer_seconds: 60}}}}
+# The admin API on 127.0.0.1:8081 (loopback) with no token: open, warned about at boot.
 auth:
-  admin_open: true
+  admin_auth: []
 """
 
 # The SDK lines are one shell line each (every line runs as printed), written here in parts.

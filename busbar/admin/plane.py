@@ -141,7 +141,7 @@ class ParentAgent:
                                                sock=self.plane.admin_sock, backlog=128,
                                                **tls_options(ctl.admin_tls, gw.snapshot.limits))
         if ctl.admin_open and not ctl.admin_tokens:
-            log.warning("the admin API on %s:%d is open (auth.admin_open: true, loopback only)",
+            log.warning("the admin API on %s:%d is open (auth.admin_auth: [])",
                         ctl.admin_host, ctl.admin_port)
         loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._sighup()))
 

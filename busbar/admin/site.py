@@ -195,13 +195,14 @@ class AdminExchange:
         tok = site.tokens.principal(presented)
         if tok is None:
             if not site.tokens.entries:
-                return error_response(401, "no admin tokens are configured (auth.admin_tokens)")
+                return error_response(401, "no admin tokens are configured (an identity provider "
+                                      "of module admin-tokens with a token, in auth.admin_auth)")
             if not presented:
                 return error_response(401, "an admin token is required (Authorization: Bearer or "
                                       "x-admin-token)")
             # Never echoes the token: a near miss pasted into a ticket is still a secret.
             return error_response(401, "the admin token presented is not valid: it matches none "
-                                  "of auth.admin_tokens")
+                                  "of auth.admin_auth's tokens")
         need = route.scope if route is not None and route.scope else required_scope(method, self.req.path)
         if need == "full" and tok.scope != "full":
             return error_response(403, "this call needs the 'full' scope; token '%s' is %s" % (

@@ -64,7 +64,6 @@ def check_keys(
     known: Iterable[str],
     out: Problems,
     unsupported: Iterable[str] = (),
-    renamed: dict[str, str] | None = None,
 ) -> None:
     """Flags every key that is not `known`: reference keys busbar has not implemented yet are
     refused by name (a silently ignored key is worse than a refusal), the rest get a suggestion."""
@@ -77,9 +76,7 @@ def check_keys(
         if key in known:
             continue
         where = join(path, key)
-        if renamed and key in renamed:
-            out.error(where, renamed[key])
-        elif key in unsupported:
+        if key in unsupported:
             out.error(where, "not supported by this busbar version")
         else:
             out.error(where, f"unknown key{suggest(key, known)}")

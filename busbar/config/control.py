@@ -1,5 +1,6 @@
 """The control-plane sections of a config: `admin_listen`, `admin_tls`, `admin_require_mtls`,
-`tls`, `auth` (admin tokens) and `config` (overlay, locked). SPEC §2.4, §6, §8.
+`tls`, `auth.admin_auth` with the `identity-providers` it names (the operator's admin tokens) and
+`config` (overlay, locked). SPEC §2.4, §6, §8.
 
 Parsed here, not in loader.py, so the data plane's sections and the control plane's stay apart.
 TLS material is a secret reference resolving to PEM: kept as text (the config is sent to every
@@ -25,10 +26,8 @@ SCOPES = ("full", "read-only")
 TLS_KEYS = ("cert", "key", "client_ca")
 # `chain`, `signing_key`, `role_bindings` and `key_ttl` are governance's
 # (busbar/governance/config.py); `admin_auth` and the identity providers it names are parsed here.
-AUTH_KEYS = ("admin_tokens", "admin_open", "admin_auth", "chain", "signing_key", "role_bindings",
-             "key_ttl")
-AUTH_UNSUPPORTED = ("keys", "methods")
-TOKEN_KEYS = ("name", "token", "scope")
+AUTH_KEYS = ("admin_auth", "chain", "signing_key", "role_bindings", "key_ttl")
+AUTH_UNSUPPORTED = ("keys",)
 # `identity-providers.<name>`: a definition the chains name by bare name (the Rust 1.5.3 grammar).
 IDP_KEYS = ("module", "settings", "max_admin_scope", "token", "browser_login")
 # The identity-provider modules built into busbar: signed virtual keys on the data plane, and the
@@ -209,41 +208,6 @@ def _tls(doc: dict, key: str, env, base_dir, out: Problems, offline: bool) -> Tl
     return tls
 
 
-def _tokens(section: dict, env, out: Problems, offline: bool) -> tuple[AdminToken, ...]:
-    raw = section.get("admin_tokens")
-    if raw is None:
-        return ()
-    if not isinstance(raw, list):
-        out.error("auth.admin_tokens", f"expected a list of {{name, token, scope}}, got {describe(raw)}")
-        return ()
-    tokens = []
-    names = set()
-    for i, entry in enumerate(raw):
-        where = f"auth.admin_tokens[{i}]"
-        if not isinstance(entry, dict):
-            out.error(where, f"expected a mapping {{name, token, scope}}, got {describe(entry)}")
-            continue
-        check_keys(entry, where, TOKEN_KEYS, out)
-        name = get_str(entry, "name", where, out)
-        scope = get_str(entry, "scope", where, out, "full")
-        if name is None:
-            out.error(where, "missing required key 'name'")
-        elif name in names:
-            out.error(join(where, "name"), f"duplicate admin token name '{name}'")
-        names.add(name)
-        if scope not in SCOPES:
-            out.error(join(where, "scope"), f"expected one of {', '.join(SCOPES)}")
-        if "token" not in entry:
-            out.error(where, "missing required key 'token'")
-            continue
-        if offline:
-            continue
-        token = _admin_token(entry["token"], join(where, "token"), env, out)
-        if token is not None and name is not None and scope in SCOPES:
-            tokens.append(AdminToken(name, token, scope))
-    return tuple(tokens)
-
-
 def _admin_token(ref, where: str, env, out: Problems) -> str | None:
     """An operator token's value, or None (reported): resolved, and never blank (SPEC §6: a blank
     admin token would let an empty header through)."""
@@ -309,9 +273,7 @@ def _admin_auth(auth: dict, idps: dict, env, out: Problems, offline: bool):
     for i, name in enumerate(raw):
         where = f"auth.admin_auth[{i}]"
         if not isinstance(name, str) or not name:
-            out.error(where, "expected the bare name of an identity provider (a mapping here is the "
-                      "1.5.0 inline form: define it under identity-providers; busbar "
-                      "--migrate-config does)")
+            out.error(where, f"expected the bare name of an identity provider, got {describe(name)}")
             continue
         spec = idps.get(name)
         if spec is None:
@@ -352,22 +314,10 @@ def parse_control(doc: dict, base_dir: str, env: Mapping[str, str], out: Problem
     auth = get_mapping(doc, "auth", "", out) or {}
     check_keys(auth, "auth", AUTH_KEYS, out, AUTH_UNSUPPORTED)
     idps = identity_providers(doc, out)
-    if "admin_auth" in auth or "identity-providers" in doc:
-        if "admin_tokens" in auth or "admin_open" in auth:
-            out.error("auth.admin_tokens" if "admin_tokens" in auth else "auth.admin_open",
-                      "busbar's earlier spelling; with identity-providers and auth.admin_auth, "
-                      "write each operator token as an admin-tokens provider")
-        tokens, admin_open = _admin_auth(auth, idps, env, out, offline)
-        if admin_open:
-            out.warn("auth.admin_auth", "[]: the admin API is open to anyone who reaches "
-                     f"{admin_host}:{admin_port} (no token needed)")
-    else:
-        tokens = _tokens(auth, env, out, offline)
-        admin_open = bool(get_bool(auth, "admin_open", "auth", out, False))
-        if admin_open and not is_loopback(admin_host):
-            out.error("auth.admin_open", "an open admin API is allowed on a loopback admin_listen only")
-        elif admin_open:
-            out.warn("auth.admin_open", "the admin API is open to anyone on this host (no token needed)")
+    tokens, admin_open = _admin_auth(auth, idps, env, out, offline)
+    if admin_open:
+        out.warn("auth.admin_auth", "[]: the admin API is open to anyone who reaches "
+                 f"{admin_host}:{admin_port} (no token needed)")
 
     cfg = get_mapping(doc, "config", "", out) or {}
     check_keys(cfg, "config", CONFIG_KEYS, out)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 # Top-level keys that no longer exist, with their new home.
 RETIRED_TOP = {
-    "observability": "export: instances (otlp, request-log-webhook, request-log-file, prometheus) "
-                     "and advanced.response_headers",
+    "observability": "export: named instances (module prometheus, otlp, request-log-file, "
+                     "request-log-webhook, access-log) and advanced.response_headers",
     "metrics": "export.<name>: {module: prometheus, settings: {buffer_seconds, key_gauge_limit}}",
     "admin_insecure": "admin_require_mtls (the opposite value)",
     "global_hooks": "hooks: definitions and pools.hooks: [names]",
@@ -31,14 +31,24 @@ RETIRED_IN = {
     ("auth", "modules"): "identity-providers.<name>",
     ("auth", "methods"): "identity-providers.<name> (settings, browser_login)",
     ("auth", "upstream_credentials"): "pools.upstream_credentials",
+}
+
+# busbar's own earlier spellings inside a section (before issue #36), in the same form.
+BUSBAR_RETIRED_IN = {
     ("auth", "admin_tokens"): "identity-providers.<name>: {module: admin-tokens, token} and "
                               "auth.admin_auth: [<name>]",
     ("auth", "admin_open"): "auth.admin_auth: [] (an open admin API)",
     ("store", "kind"): "store.module (memory, sqlite, valkey, postgres) with its settings",
+    ("store", "path"): "store: {module: sqlite, settings: {db_path}}",
+    ("store", "url"): "store: {module: valkey, settings: {url}}",
+    ("store", "fail_mode"): "store.settings.fail_mode (module valkey)",
+    ("store", "socket_timeout_ms"): "store.settings.socket_timeout_ms (module valkey)",
+    ("store", "flush_interval_ms"): "advanced.usage_flush_interval_ms",
     ("limits", "upstream_pool_max_idle_per_host"): "limits.pool_max_idle_per_host",
     ("limits", "upstream_pool_idle_timeout_secs"): "limits.pool_idle_timeout_secs",
     ("limits", "error_body_max_bytes"): "limits.upstream_error_body_max_bytes",
 }
+RETIRED_IN.update(BUSBAR_RETIRED_IN)
 
 # Keys retired in every provider / member / breaker / failover / limit.
 RETIRED_PROVIDER = {"api_key_env": "api_key: {env: NAME}"}
@@ -48,10 +58,20 @@ RETIRED_FAILOVER = {"deadline_secs": "timeout_secs", "cap": "max_hops"}
 RETIRED_POOL = {"route": "hooks: [<strategy or hook name>]", "policy": "hooks: [...] and a "
                 "hooks: definition", "hook": "hooks: [...]"}
 RETIRED_LIMIT = {"budget_usd": "budget (integer cents: 100 per USD)"}
-RETIRED_RATE = {"input": "input_utok", "output": "output_utok", "cache_read": "cache_read_utok",
-                "cache_write": "cache_write_utok"}
+# busbar's rates were USD per million tokens: the same number as micro-units per token.
+RETIRED_RATE = {k: "%s_utok (the same number: per million tokens = micro-units per token)" % k
+                for k in ("input", "output", "cache_read", "cache_write")}
 RETIRED_TLS = {"cert_file": "cert: {file: PATH}", "key_file": "key: {file: PATH}",
                "client_ca_file": "client_ca: {file: PATH}"}
+
+# busbar's own store file before issue #36, beside the config: its default store was SQLite there,
+# where the default is now `memory` (the Rust gateway's). The migrator names it explicitly and boot
+# warns when it is found unused (busbar/config/loader.py).
+EARLIER_DEFAULT_DB = "busbar.db"
+# busbar's earlier `observability:` block held these keys (the Rust 1.x block held others:
+# otlp_endpoint, otlp_url, request_log_webhook_url, ...).
+BUSBAR_OBSERVABILITY = ("log_level", "access_log", "metrics", "metrics_public", "request_logs",
+                        "otlp")
 
 # Store modules that were renamed: old -> current.
 RETIRED_STORE_MODULES = {"redis": "valkey", "busbar-store-redis": "valkey",
@@ -68,9 +88,14 @@ def _mapping(value):
     return value if isinstance(value, dict) else {}
 
 
+def _list(value):
+    return value if isinstance(value, list) else []
+
+
 def markers(doc) -> list[tuple[str, str]]:
-    """Every retired shape `doc` still holds: [(config path, where it went)], in document order.
-    Empty for a config in the current grammar."""
+    """Every retired shape `doc` still holds: [(config path, where it went)], section by section.
+    Empty for a config in the current grammar. Any document is safe to pass: a wrong-shaped section
+    holds no marker (the loader says what is wrong with it)."""
     out = []
     if not isinstance(doc, dict):
         return out
@@ -82,7 +107,7 @@ def markers(doc) -> list[tuple[str, str]]:
             out.append(("%s.%s" % (section, key), home))
     auth = _mapping(doc.get("auth"))
     for plane in ("chain", "admin_auth"):
-        for i, entry in enumerate(auth.get(plane) or []):
+        for i, entry in enumerate(_list(auth.get(plane))):
             if isinstance(entry, dict):
                 out.append(("auth.%s[%d]" % (plane, i), "identity-providers.<name> and a bare name"))
             elif entry in ("tokens", "static-tokens"):
@@ -96,7 +121,7 @@ def markers(doc) -> list[tuple[str, str]]:
             if key in _mapping(doc.get(section)):
                 out.append(("%s.%s" % (section, key), home))
     store = _mapping(doc.get("store"))
-    if store.get("module") in RETIRED_STORE_MODULES:
+    if isinstance(store.get("module"), str) and store["module"] in RETIRED_STORE_MODULES:
         out.append(("store.module", RETIRED_STORE_MODULES[store["module"]]))
     for name, pool in _mapping(doc.get("pools")).items():
         if name in ("hooks", "upstream_credentials") or not isinstance(pool, dict):
@@ -105,7 +130,7 @@ def markers(doc) -> list[tuple[str, str]]:
         for key, home in RETIRED_POOL.items():
             if key in pool:
                 out.append(("%s.%s" % (where, key), home))
-        for i, m in enumerate(pool.get("members") or []):
+        for i, m in enumerate(_list(pool.get("members"))):
             for key, home in RETIRED_MEMBER.items():
                 if key in _mapping(m):
                     out.append(("%s.members[%d].%s" % (where, i, key), home))
@@ -119,11 +144,11 @@ def markers(doc) -> list[tuple[str, str]]:
         if "action" in _mapping(pool.get("on_exhausted")):
             out.append(("%s.on_exhausted.action" % where, "on_exhausted: reject | least_bad | "
                         "{fallback_pool: P} | {queue: {max_ms: N}}"))
-        for i, h in enumerate(pool.get("hooks") or []):
+        for i, h in enumerate(_list(pool.get("hooks"))):
             if isinstance(h, dict):
                 out.append(("%s.hooks[%d]" % (where, i), "a hooks: definition and a bare name"))
     for name, g in _mapping(doc.get("groups")).items():
-        for i, lim in enumerate(_mapping(g).get("limits") or []):
+        for i, lim in enumerate(_list(_mapping(g).get("limits"))):
             for key, home in RETIRED_LIMIT.items():
                 if key in _mapping(lim):
                     out.append(("groups.%s.limits[%d].%s" % (name, i, key), home))
@@ -141,3 +166,20 @@ def markers(doc) -> list[tuple[str, str]]:
                                        for h in hooks.values()):
         out.append(("hooks", "named definitions with module: (a 1.x hooks registry)"))
     return out
+
+
+def busbar_own(doc) -> bool:
+    """Whether `doc` holds one of busbar's own earlier spellings (and not only shapes of the Rust
+    gateway's 1.x grammar): such a config was written for busbar before issue #36, when its
+    default store was SQLite beside the config."""
+    if not isinstance(doc, dict):
+        return False
+    if any(k in _mapping(doc.get("observability")) for k in BUSBAR_OBSERVABILITY):
+        return True
+    if any(key in _mapping(doc.get(section)) for section, key in BUSBAR_RETIRED_IN):
+        return True
+    if any(key in _mapping(rate) for rate in _mapping(doc.get("rate_card")).values()
+           for key in RETIRED_RATE):
+        return True
+    return any(key in _mapping(lim) for g in _mapping(doc.get("groups")).values()
+               for lim in _list(_mapping(g).get("limits")) for key in RETIRED_LIMIT)

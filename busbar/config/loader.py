@@ -33,6 +33,7 @@ from .checks import (
     suggest,
 )
 from .interpolate import interpolate, same_shape
+from .legacy import EARLIER_DEFAULT_DB, markers
 from .modules import require
 from .schema import (
     AUTH_MODES,
@@ -48,11 +49,10 @@ from .schema import (
     Pool,
     Provider,
 )
-from .control import apply_overlay, parse_control
+from .control import apply_overlay, overlay_path, parse_control
 from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret, secrets_section
 from .urls import HostPolicy, normalize_host, parse_base_url
 from busbar.governance.config import parse as _governance
-from busbar.observability.settings import parse as _observability
 from busbar.observability.settings import parse_export as _export
 from busbar.reliability import config as reliability_config
 from cbusbar.proto import codec
@@ -66,7 +66,6 @@ DEFAULT_LISTEN = ("0.0.0.0", 8080)
 
 TOP_LEVEL_KEYS = (
     "listen", "providers_file", "providers", "models", "pools", "limits", "advanced", "security",
-    "observability",
     # control plane (busbar/config/control.py)
     "admin_listen", "admin_tls", "admin_require_mtls", "tls", "auth", "config",
     # governance (busbar/governance/config.py)
@@ -86,13 +85,6 @@ TOP_LEVEL_KEYS = (
 TOP_LEVEL_UNSUPPORTED = (
     "hooks",
 )
-# Keys retired by the reference's 1.5 line; each error says where the setting went.
-TOP_LEVEL_RETIRED = {
-    "global_hooks": "retired key; hooks are defined under 'hooks:' and attached per pool",
-    "metrics": "retired key; Prometheus is an 'export:' instance with module: prometheus",
-    "otlp_url": "retired key; OTLP tracing is an 'export:' instance with module: otlp",
-    "admin_insecure": "retired key; use admin_require_mtls (the opposite value)",
-}
 
 # A catalog entry: the reference's fields, then busbar's own (region, azure, vertex). Any other key
 # is ignored with a warning, as the reference ignores it (its catalog has no unknown-key rule).
@@ -143,17 +135,12 @@ STRATEGIES = ("weighted", "cheapest", "fastest", "least_busy", "usage")
 AFFINITY_KEYS = ("mode", "header_name")
 # The Rust default session header.
 DEFAULT_AFFINITY_HEADER = "x-session-id"
-MEMBER_RENAMED = {"target": "'target' is a 1.4 key; use 'model'"}
 
 LIMITS_UNSUPPORTED = ()
 # Caps on what a principal provisions for itself (self-service keys, auto-provisioned groups):
 # busbar's identity providers provision nothing themselves (keys are minted over the admin API),
 # so these are checked (>= 0, 0 = unlimited) and bound nothing.
 LIMITS_SELF_SERVICE = ("max_keys_per_principal", "max_auto_provisioned_groups")
-# The Rust grammar's names for three of busbar's limits (same meaning, same field).
-LIMIT_ALIASES = {"pool_max_idle_per_host": "upstream_pool_max_idle_per_host",
-                 "pool_idle_timeout_secs": "upstream_pool_idle_timeout_secs",
-                 "upstream_error_body_max_bytes": "error_body_max_bytes"}
 # The reasoning budget each effort level maps to (cbusbar/reasoning.pyx), as the Rust grammar's
 # `limits.reasoning_effort_budgets` spells them; busbar's codecs hold these fixed.
 REASONING_EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
@@ -276,16 +263,33 @@ def build(
         base_dir = base_dir or os.getcwd()
 
     doc = _parse(text, source, env, out)
-    if doc is None:
+    if doc is None or _retired(doc, "`busbar --migrate-config %s` converts the file"
+                               % (path if source == path else "FILE"), out):
         _scrub(out, text, env)
         return None, out
     if overlay and not offline:
-        doc = apply_overlay(doc, base_dir, out)
+        merged = apply_overlay(doc, base_dir, out)
+        if merged is not doc and _retired(
+                merged, "in the overlay %s, which an earlier busbar wrote: apply the migrated "
+                "config again, or move the overlay away" % overlay_path(doc, base_dir), out):
+            return None, out
+        doc = merged
     config = _build_config(doc, source, base_dir, env, out, offline, located=located)
     _scrub(out, text, env)
     if out.errors:
         return None, out
     return config, out
+
+
+def _retired(doc: dict, how: str, out: Problems) -> bool:
+    """Refuses each shape of an earlier grammar that `doc` still holds (busbar/config/legacy.py:
+    the Rust gateway's 1.x keys and busbar's own earlier spellings), one line apiece naming its
+    path and where it went, and True when there was one. Nothing else is checked then: every
+    other message would be about keys the migrator is about to move. `how`: what converts it."""
+    found = markers(doc)
+    for where, home in found:
+        out.error(where, f"retired; write {home} instead ({how})")
+    return bool(found)
 
 
 def _where_looked(path: str, env: Mapping[str, str]) -> str:
@@ -422,7 +426,7 @@ def _build_config(
     doc: dict, source: str, base_dir: str, env: Mapping[str, str], out: Problems,
     offline: bool = False, located: bool = True,
 ) -> Config | None:
-    check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED, TOP_LEVEL_RETIRED)
+    check_keys(doc, "", TOP_LEVEL_KEYS, out, TOP_LEVEL_UNSUPPORTED)
     for required in ("providers", "models"):
         if required not in doc:
             out.error(required, "missing required section")
@@ -475,17 +479,13 @@ def _build_config(
     _public_url(doc, policy, out)
     secrets_section(doc.get("secrets"), out)
     # observability: parsed by its own module (busbar/observability/settings.py).
-    if "export" in doc and "observability" in doc:
-        out.error("observability", "busbar's earlier spelling of export:; write one of them "
-                  "(busbar --migrate-config converts it)")
-    if "export" in doc:
-        observability = _export(get_mapping(doc, "export", "", out), env, base_dir, out)
-    else:
-        observability = _observability(get_mapping(doc, "observability", "", out), env, base_dir, out)
+    observability = _export(get_mapping(doc, "export", "", out), env, base_dir, out)
     control = parse_control(doc, base_dir, env, out, lambda v, k: _listen(v, out, k), offline)
     # governance: keys, groups, rate card, store (busbar/governance/config.py).
     auth_doc = doc.get("auth") if isinstance(doc.get("auth"), dict) else {}
     governance = _governance(doc, auth_doc, models, pools, env, base_dir, out, offline)
+    if governance is not None and governance.store.kind == "memory":
+        _memory_store(doc, governance, base_dir if located else None, out)
     if out.errors:
         return None
     return Config(
@@ -504,6 +504,22 @@ def _build_config(
         governance=governance,
         document=doc,
     )
+
+
+def _memory_store(doc: dict, governance, base_dir: str | None, out: Problems) -> None:
+    """What boot says of a store kept in memory (the default when there is no `store:`): a SQLite
+    file busbar's earlier default wrote beside the config is named with the line that keeps
+    using it, once (busbar before issue #36 stored there with no `store:` at all); else, with
+    minted keys, that they go at a restart, as the Rust gateway warns."""
+    earlier = os.path.join(base_dir, EARLIER_DEFAULT_DB) if base_dir is not None else None
+    if "store" not in doc and earlier is not None and os.path.exists(earlier):
+        out.warn("store", f"none is configured, so keys, groups and spend live in memory (the "
+                 f"default) and {earlier}, busbar's earlier default store, is not read; to keep "
+                 f"using it add: store: {{module: sqlite, settings: {{db_path: "
+                 f"{EARLIER_DEFAULT_DB}}}}}")
+    elif governance.keys:
+        out.warn("store", "memory: minted keys, usage and revocations are lost at a restart; "
+                 "choose a durable store.module (sqlite, valkey) to keep them")
 
 
 def _listen(value: object, out: Problems, key: str = "listen") -> tuple[str, int]:
@@ -1312,7 +1328,7 @@ def _pool(
         if not isinstance(raw, dict):
             out.error(where, f"expected a mapping with 'model', got {describe(raw)}")
             continue
-        check_keys(raw, where, MEMBER_KEYS, out, MEMBER_UNSUPPORTED, MEMBER_RENAMED)
+        check_keys(raw, where, MEMBER_KEYS, out, MEMBER_UNSUPPORTED)
         model_name = get_str(raw, "model", where, out)
         weight = get_int(raw, "weight", where, out, 1, 1)
         reasoning = get_bool(raw, "reasoning", where, out, None)
@@ -1323,7 +1339,7 @@ def _pool(
             out.error(join(where, "tier"), f"expected a string or null, got {describe(tier)}")
         tags = _tags(raw, where, out)
         if model_name is None:
-            if "model" not in raw and "target" not in raw:
+            if "model" not in raw:
                 out.error(where, "missing required key 'model'")
             continue
         if model_name in seen:
@@ -1380,18 +1396,11 @@ def _pool(
 def _limits(section: dict | None, out: Problems) -> Limits:
     if section is None:
         return Limits()
-    known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS + tuple(LIMIT_ALIASES) + (
-        "reasoning_effort_budgets",) + LIMITS_SELF_SERVICE
+    known = tuple(LIMIT_INT_FLOORS) + LIMIT_SECONDS + ("reasoning_effort_budgets",) + \
+        LIMITS_SELF_SERVICE
     check_keys(section, "limits", known, out, LIMITS_UNSUPPORTED)
-    section = dict(section)
     for key in LIMITS_SELF_SERVICE:
         get_int(section, key, "limits", out, 0)
-        section.pop(key, None)
-    for alias, key in LIMIT_ALIASES.items():
-        if alias in section:
-            if key in section:
-                out.error(join("limits", alias), f"the same limit as limits.{key}: write one")
-            section[key] = section.pop(alias)
     _reasoning_budgets(section.get("reasoning_effort_budgets"), out)
     defaults = Limits()
     values = {}

@@ -4,12 +4,14 @@ Rust gateway's 1.5.3 grammar, which busbar reads as its own: issue #36).
 What it takes: every config the Rust gateway shipped from 0.9 to 1.5.2 (its 1.x markers and
 retired keys, busbar/config/legacy.py), and busbar's own earlier spellings (`observability:`,
 `auth.admin_tokens`, `store.kind`, `budget_usd`, rate cards in USD per million tokens, the
-`upstream_pool_*` limits). It works on the file's own text, never interpolated (`${VAR}` stays as
-written), and never drops what the operator wrote without saying so: a decision it cannot make
-is a `TODO(migrate)` line with a placeholder that still validates, a meaning that changed is a
-`WARNING(migrate)` line. Those lines head the output (nothing heads it when there are none, so a
-migration that needed no decision reads like a hand-written file). Comments of the input are not
-kept. A config already in the current grammar comes back unchanged in meaning.
+`upstream_pool_*` limits; such a config, when it counts anything and names no store, is given the
+SQLite file busbar kept beside it by default, the default being `memory` now). It works on the
+file's own text, never interpolated (`${VAR}` stays as written), and never drops what the operator
+wrote without saying so: a decision it cannot make is a `TODO(migrate)` line with a placeholder
+that still validates, a meaning that changed is a `WARNING(migrate)` line. Those lines head the
+output (nothing heads it when there are none, so a migration that needed no decision reads like a
+hand-written file). Comments of the input are not kept. A config already in the current grammar
+comes back unchanged in meaning.
 
     from busbar.config import migrate
     text, m = migrate.migrate_text(old_text)    # m.todos, m.warnings, m.changes
@@ -25,8 +27,9 @@ import yaml
 
 from busbar import __version__
 
-from .legacy import (RETIRED_FAILOVER, RETIRED_RATE, RETIRED_SCOPES, RETIRED_STORE_MODULES,
-                     RETIRED_TLS, RETIRED_TRIP, STRATEGIES)
+from .legacy import (BUSBAR_RETIRED_IN, EARLIER_DEFAULT_DB, RETIRED_FAILOVER, RETIRED_RATE,
+                     RETIRED_SCOPES, RETIRED_STORE_MODULES, RETIRED_TLS, RETIRED_TRIP, STRATEGIES,
+                     busbar_own)
 
 # What a 1.x `metrics:` block (which had no buffer) gets for the Prometheus export's required
 # `buffer_seconds`: the Rust docs' example value; a TODO says it was chosen here.
@@ -631,94 +634,141 @@ def _observability(doc, obs, m):
         rh.setdefault("server_timing", bool(obs.pop("emit_server_timing")))
         m.change("observability.emit_server_timing", "moved to advanced.response_headers")
     # busbar's own block
-    if "metrics" in obs:
-        on = obs.pop("metrics")
-        if on:
-            export.setdefault("metrics", {"module": "prometheus",
-                                          "settings": {"buffer_seconds": DEFAULT_BUFFER_SECONDS}})
-            m.todo("export.metrics.settings.buffer_seconds",
-                   "the Prometheus export needs a buffer; %d s chosen here"
-                   % DEFAULT_BUFFER_SECONDS)
+    metrics_on = bool(obs.pop("metrics", False))
+    public = bool(obs.pop("metrics_public", False))
+    if metrics_on:
+        export.setdefault("metrics", {"module": "prometheus",
+                                      "settings": {"buffer_seconds": DEFAULT_BUFFER_SECONDS}})
+        m.todo("export.metrics.settings.buffer_seconds",
+               "the Prometheus export needs a buffer; %d s chosen here" % DEFAULT_BUFFER_SECONDS)
         m.change("observability.metrics", "became export.metrics (module prometheus)")
+        if not public:
+            m.warn("observability.metrics", "/metrics is now also served on the data listener, "
+                   + ("to callers with a key (auth.chain)" if _keyed(doc) else
+                      "to anyone who reaches it (auth.chain is empty)"))
+        elif _keyed(doc):
+            m.warn("observability.metrics_public", "/metrics on the data listener now needs a "
+                                                   "key, as every call behind auth.chain")
     for i, sink in enumerate(obs.pop("request_logs", None) or []):
-        sink = dict(_map(sink))
-        kind = sink.pop("kind", None)
-        path = "observability.request_logs[%d]" % i
-        if kind == "file":
-            settings = {k: sink.pop(k) for k in ("path", "rotate_mb") if k in sink}
-            export.setdefault("request-log-%d" % i, {"module": "request-log-file",
-                                                     "settings": settings})
-        elif kind == "webhook":
-            settings = {"url": sink.pop("url", None)}
-            if "auth_header" in sink:
-                settings["auth_header"] = sink.pop("auth_header")
-                m.todo(path + ".auth_header", "the webhook's auth header is now {name, value}; "
-                                              "check its form")
-            if "max_inflight" in sink:
-                settings["max_inflight_deliveries"] = sink.pop("max_inflight")
-            if "timeout_ms" in sink:
-                settings["delivery_timeout_secs"] = max(1, -(-int(sink.pop("timeout_ms")) // 1000))
-            export.setdefault("request-log-%d" % i, {"module": "request-log-webhook",
-                                                     "settings": settings})
-        else:
-            m.todo(path, "request-log kind %r has no equivalent" % kind)
-            continue
-        if sink:
-            m.todo(path, "%s have no equivalent (dropped)" % ", ".join(sorted(sink)))
-        m.change(path, "became export.request-log-%d" % i)
+        _request_log(export, dict(_map(sink)), "observability.request_logs[%d]" % i, i, m)
     otlp = obs.pop("otlp", None)
     if isinstance(otlp, dict):
-        export.setdefault("traces", {"module": "otlp", "settings": {"url": otlp.get("url")}})
-        for k in ("sample_ratio", "headers"):
-            if k in otlp:
-                m.todo("observability.otlp.%s" % k, "no equivalent in the otlp export (dropped)")
+        settings = {k: otlp[k] for k in ("url", "sample_ratio", "headers") if k in otlp}
+        export.setdefault("traces", {"module": "otlp", "settings": settings})
+        for k in sorted(set(otlp) - set(settings)):
+            m.todo("observability.otlp.%s" % k, "no equivalent in the otlp export (dropped)")
         m.change("observability.otlp", "became export.traces (module otlp)")
     if "access_log" in obs:
         where = obs.pop("access_log")
-        if where not in (None, "off", False):
-            export.setdefault("access-log", {"module": "access-log",
-                                             "settings": {"path": where}})
+        if where in (None, False):
+            where = "off"
+        if where != "stderr":       # stderr is the default without an instance
+            export.setdefault("access-log", {"module": "access-log", "settings": {"path": where}})
         m.change("observability.access_log", "became export.access-log (busbar's module "
                                              "access-log)")
     if "log_level" in obs:
-        m.todo("observability.log_level", "set the RUST_LOG environment variable (%s) instead"
-               % obs.pop("log_level"))
-    if "metrics_public" in obs:
-        if obs.pop("metrics_public"):
-            m.todo("observability.metrics_public", "/metrics on the data listener is gated by "
-                                                    "the data plane's auth chain now")
+        level = obs.pop("log_level")
+        if str(level).lower() == "info":
+            m.change("observability.log_level", "info is the default (the level is RUST_LOG's or "
+                                                "BUSBAR_LOG's now)")
+        else:
+            m.todo("observability.log_level", "the level is the environment's now: set "
+                                              "RUST_LOG=%s (or BUSBAR_LOG)" % level)
     for key in list(obs):
         m.todo("observability.%s" % key, "no equivalent (%r dropped)" % (obs.pop(key),))
     if not export:
         doc.pop("export")
 
 
+def _request_log(export, sink, path, i, m):
+    """busbar's `observability.request_logs[i]` -> an `export.request-log-<i>` instance; its
+    `fields:` projection moves onto the instance."""
+    kind = sink.pop("kind", None)
+    if kind == "file":
+        settings = {k: sink.pop(k) for k in ("path", "rotate_mb") if k in sink}
+        module = "request-log-file"
+    elif kind == "webhook":
+        settings = {"url": sink.pop("url", None)}
+        if "auth_header" in sink:
+            ref = sink.pop("auth_header")
+            env = _map(ref).get("env")
+            if set(_map(ref)) == {"env"} and isinstance(env, str):
+                # The reference held the Authorization header's whole value; ${VAR} is read as
+                # the same variable.
+                settings["auth_header"] = {"name": "authorization", "value": "${%s}" % env}
+            else:
+                m.todo(path + ".auth_header", "the webhook's credential is {name: authorization, "
+                                              "value: \"${VAR}\"} now; %r was dropped" % (ref,))
+        if "max_inflight" in sink:
+            settings["max_inflight_deliveries"] = sink.pop("max_inflight")
+        if "timeout_ms" in sink:
+            settings["delivery_timeout_secs"] = max(1, -(-int(sink.pop("timeout_ms")) // 1000))
+        module = "request-log-webhook"
+    else:
+        m.todo(path, "request-log kind %r has no equivalent" % kind)
+        return
+    instance = {"module": module, "settings": settings}
+    if "fields" in sink:
+        instance["fields"] = sink.pop("fields")
+    export.setdefault("request-log-%d" % i, instance)
+    if sink:
+        m.todo(path, "%s have no equivalent (dropped)" % ", ".join(sorted(sink)))
+    m.change(path, "became export.request-log-%d" % i)
+
+
+def _keyed(doc):
+    """Whether the data plane's chain (already migrated) asks callers for a key."""
+    idps = _map(doc.get("identity-providers"))
+    chain = _map(doc.get("auth")).get("chain")
+    return isinstance(chain, list) and any(
+        c == "keys" or (isinstance(c, str) and _map(idps.get(c)).get("module") == "keys")
+        for c in chain)
+
+
 def _store(doc, m):
     store = doc.get("store")
     if not isinstance(store, dict):
         return
-    if "kind" in store:
-        kind = store.pop("kind")
+    if "module" not in store and any(key in store for section, key in BUSBAR_RETIRED_IN
+                                     if section == "store"):
+        # busbar's own store block: {kind: memory|sqlite|redis, path, url, ...}, sqlite by default
+        kind = store.pop("kind", "sqlite")
         settings = {}
         if kind == "sqlite":
-            if "path" in store:
-                settings["db_path"] = store.pop("path")
+            # busbar's sqlite default was busbar.db; the current one is named otherwise.
+            settings["db_path"] = store.pop("path", EARLIER_DEFAULT_DB)
         elif kind == "redis":
             kind = "valkey"
         for k in list(store):
             if k == "flush_interval_ms":
                 _setdefault_map(doc, "advanced").setdefault("usage_flush_interval_ms",
                                                             store.pop(k))
-            elif k not in ("module", "settings"):
+            elif k != "settings":
                 settings[k] = store.pop(k)
+        store.clear()
         store["module"] = kind
         if settings:
             store["settings"] = settings
-        m.change("store.kind", "became store: {module: %s, settings}" % kind)
+        m.change("store.kind", "became store: {module: %s%s}" % (kind, ", settings" if settings
+                                                                  else ""))
     module = store.get("module")
-    if module in RETIRED_STORE_MODULES:
+    if isinstance(module, str) and module in RETIRED_STORE_MODULES:
         store["module"] = RETIRED_STORE_MODULES[module]
         m.change("store.module", "%s is now %s" % (module, store["module"]))
+
+
+def _governed(doc):
+    """Whether the (migrated) config has anything to count: keys, groups or a rate card."""
+    return _keyed(doc) or bool(doc.get("groups")) or doc.get("rate_card") is not None
+
+
+def _earlier_default_store(doc, m):
+    """busbar's own earlier config kept keys, groups and spend in SQLite beside the config when
+    it named no store; the default is memory now, so that file is named where it was implied."""
+    if "store" not in doc and _governed(doc):
+        doc["store"] = {"module": "sqlite", "settings": {"db_path": EARLIER_DEFAULT_DB}}
+        m.change("store", "busbar's earlier default made explicit: SQLite in %s beside the config "
+                          "(with no store: the store is memory now)" % EARLIER_DEFAULT_DB)
 
 
 def _groups(doc, m):
@@ -738,19 +788,15 @@ def _rate_card(doc, m):
     for model, rate in _map(doc.get("rate_card")).items():
         if not isinstance(rate, dict):
             continue
-        for old, new in RETIRED_RATE.items():
-            _rename(rate, old, new, "rate_card.%s" % model, m)
-
-
-_LIMIT_RENAMES = {"upstream_pool_max_idle_per_host": "pool_max_idle_per_host",
-                  "upstream_pool_idle_timeout_secs": "pool_idle_timeout_secs",
-                  "error_body_max_bytes": "upstream_error_body_max_bytes"}
+        for old in RETIRED_RATE:     # USD per million tokens: the same number per micro-unit
+            _rename(rate, old, old + "_utok", "rate_card.%s" % model, m)
 
 
 def _limits(doc, m):
     limits = doc.get("limits")
-    for old, new in _LIMIT_RENAMES.items():
-        _rename(limits, old, new, "limits", m)
+    for (section, old), home in BUSBAR_RETIRED_IN.items():
+        if section == "limits":
+            _rename(limits, old, home.split(".", 1)[1], "limits", m)
 
 
 STEPS = (_listeners, _providers, _governance, _auth, _pools, _hooks, _export, _store, _groups,
@@ -763,6 +809,8 @@ def migrate(doc: dict) -> tuple[dict, Migration]:
     out = copy.deepcopy(doc)
     for step in STEPS:
         step(out, m)
+    if busbar_own(doc):
+        _earlier_default_store(out, m)
     return out, m
 
 

@@ -20,8 +20,8 @@ from .checks import Problems
 
 # module -> distribution (pip's name), for the ones busbar imports only when a config asks.
 OPTIONAL = {
-    "redis": "redis",                   # store: {kind: redis}
-    "aiohttp": "aiohttp",               # observability: otlp, request_logs webhook sinks
+    "redis": "redis",                   # store: {module: valkey}
+    "aiohttp": "aiohttp",               # export: otlp, request-log-webhook
     "botocore": "botocore",             # Bedrock credentials from the AWS chain (no api_key)
     "cryptography": "cryptography",     # Vertex service-account credentials (RS256)
 }

@@ -69,16 +69,16 @@ class Limits:
     upstream_request_timeout_secs: float = 300.0
     # Idle keep-alive connections kept per upstream host; aiohttp's connector default limit_per_host
     # is unbounded, hyper's pool_max_idle_per_host is unbounded; 64 covers bursts without hoarding.
-    upstream_pool_max_idle_per_host: int = 64
+    pool_max_idle_per_host: int = 64
     # hyper's default pool_idle_timeout is 90 s; provider edges (Cloudflare, Google) keep idle
     # connections about that long, so a longer wait mostly yields connections they already closed.
-    upstream_pool_idle_timeout_secs: float = 90.0
+    pool_idle_timeout_secs: float = 90.0
     # Global inbound cap outside everything else (SPEC §4.3: default 8192; 0 turns it off).
     max_inbound_concurrent: int = 8192
     # max_tokens injected on a cross-protocol hop to Anthropic when the caller gave none (SPEC §1.6).
     default_max_tokens: int = 4096
     # Upstream error bodies are buffered to be classified and re-enveloped (SPEC §8: 256 KiB).
-    error_body_max_bytes: int = 256 * _KiB
+    upstream_error_body_max_bytes: int = 256 * _KiB
     # Reading an upstream error body once its status arrived, within what is left of the
     # attempt's own bound: the status already says what happened (mostly "fail over"), so a body
     # that stalls must not hold the next lane back. Error bodies are small (< 1 KiB) and written
@@ -120,10 +120,10 @@ LIMIT_INT_FLOORS: dict[str, int] = {
     "request_body_max_bytes": 1,
     "header_max_bytes": 1,
     "header_count_max": 1,
-    "upstream_pool_max_idle_per_host": 0,
+    "pool_max_idle_per_host": 0,
     "max_inbound_concurrent": 0,
     "default_max_tokens": 1,
-    "error_body_max_bytes": 1,
+    "upstream_error_body_max_bytes": 1,
     "queue_poll_max_ms": 1,
     "inflight_body_bytes": 0,
 }
@@ -134,7 +134,7 @@ LIMIT_SECONDS: tuple[str, ...] = (
     "upstream_connect_timeout_secs",
     "upstream_request_timeout_secs",
     "upstream_error_body_timeout_secs",
-    "upstream_pool_idle_timeout_secs",
+    "pool_idle_timeout_secs",
     "drain_timeout_secs",
     "tls_handshake_timeout_secs",
     "hard_down_cooldown_secs",

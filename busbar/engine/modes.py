@@ -3,7 +3,7 @@
 exchange when the attempt's upstream status and headers arrive (busbar/engine/exchange.py
 `on_upstream_headers`), and then handed every body piece (`body`) and the end (`complete`).
 
-- `ErrorBody`: a non-2xx answer: its body collected (at most limits.error_body_max_bytes), then
+- `ErrorBody`: a non-2xx answer: its body collected (at most limits.upstream_error_body_max_bytes), then
   classified by the exchange (`status_error`): another lane, or the caller's answer.
 - `Buffer`: same protocol, buffered: collected, checked (its usage read), then answered whole.
 - `Relay`: same protocol, streamed: bytes through, chunked to the client; the lane's stream tap
@@ -54,7 +54,7 @@ class ErrorBody(Mode):
     """A non-2xx answer's body: collected within its cap, what came of it classified."""
 
     def body(self, ex, chunk):
-        ex._collect(chunk, ex.snap.limits.error_body_max_bytes)
+        ex._collect(chunk, ex.snap.limits.upstream_error_body_max_bytes)
 
     def complete(self, ex):
         ex.status_error(b"".join(ex.chunks) if ex.chunks is not None else b"")

@@ -1,9 +1,9 @@
 """The governance sections of a config (SPEC §5; issues 10 and 36): `auth.chain`,
 `auth.signing_key`, `auth.role_bindings`, `auth.key_ttl`, `groups`, `rate_card` and `store`, in the
-Rust gateway's 1.5.3 grammar (busbar's earlier spellings are still read: `budget_usd`, rates
-`input`/`output` in USD per million tokens, `store: {kind, path, url}`). Called from
-busbar/config/loader.py; the result is `Config.governance` (a Governance, or None when the data
-plane is an open relay with nothing to count).
+Rust gateway's 1.5.3 grammar (busbar's earlier spellings are refused by the loader, naming their
+new home: busbar/config/legacy.py). Called from busbar/config/loader.py; the result is
+`Config.governance` (a Governance, or None when the data plane is an open relay with nothing to
+count).
 
     auth:
       chain: [keys]                       # [] (or absent) = open relay, with a WARNING at boot
@@ -14,7 +14,7 @@ plane is an open relay with nothing to count).
       team-a: {parent: org, limits: [{requests: 60, per: minute}, {concurrent: 4}], enabled: true}
     rate_card:                            # micro-units per token (= units per million tokens)
       gpt-4o-mini: {input_utok: 0.15, output_utok: 0.60, cache_read_utok: 0.075}
-    store: {module: sqlite, settings: {db_path: busbar.db}}   # memory | sqlite | valkey
+    store: {module: sqlite, settings: {db_path: busbar.db}}   # memory (the default) | sqlite | valkey
 """
 from __future__ import annotations
 
@@ -25,29 +25,23 @@ from busbar.config.secrets import resolve_secret
 from .model import MAX_GROUP_DEPTH, GroupRecord, Rate, parse_limit
 
 CHAINS = ("keys",)
-STORE_KINDS = ("memory", "sqlite", "redis")
-STORE_KEYS = ("kind", "path", "url", "fail_mode", "flush_interval_ms", "socket_timeout_ms")
-# `store: {module, settings}` (the Rust grammar): the module names and aliases busbar has built in,
-# each to busbar's store kind; the settings each reads.
+# `store: {module, settings}`: the module names and aliases busbar has built in, each to busbar's
+# store kind; the settings each reads (`fail_mode` and `socket_timeout_ms` are busbar's own).
 STORE_MODULES = {"memory": "memory", "sqlite": "sqlite", "busbar-store-sqlite": "sqlite",
                  "valkey": "redis", "busbar-store-valkey-plugin": "redis"}
 STORE_SETTINGS = {"memory": (), "sqlite": ("db_path", "busy_timeout_ms"),
                   "redis": ("url", "fail_mode", "socket_timeout_ms")}
-RETIRED_STORE_MODULES = ("redis", "busbar-store-redis", "busbar-store-redis-plugin")
 FAIL_MODES = ("closed", "open")
 GROUP_KEYS = ("parent", "limits", "enabled", "child_default")
-RATE_KEYS = ("input", "output", "cache_read", "cache_write")
-# The Rust grammar's rates: micro-units per token, i.e. units per million tokens, so `input_utok:
-# 3.0` and busbar's earlier `input: 3.0` (USD per million tokens) are the same number. Each
-# defaults to 0.
+# Rates: micro-units per token (= units per million tokens), each optional (0).
 RATE_UTOK_KEYS = ("input_utok", "output_utok", "cache_read_utok", "cache_write_utok")
 # A minted key's default lifetime (the Rust default) and the longest `auth.key_ttl` (ten years).
 DEFAULT_KEY_TTL_SECS = 90 * 86400
 MAX_KEY_TTL_SECS = 10 * 365 * 86400
 _TTL_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-# The SQLite file's default name, next to config.yaml (issue 10: `store: {kind: sqlite, path:
-# busbar.db}` is the default).
-DEFAULT_DB = "busbar.db"
+# The SQLite store's file when its settings name none: the Rust SQLite store's default name,
+# beside config.yaml as every relative path of a config.
+DEFAULT_DB = "busbar-governance.db"
 # Usage is written to the store in batches this often: the most a crash (kill -9) can lose.
 # 200 ms keeps the write rate to 5 small transactions a second at any load.
 DEFAULT_FLUSH_MS = 200
@@ -64,7 +58,7 @@ DEFAULT_BUCKETS = 16384
 class StoreConfig:
     __slots__ = ("kind", "path", "url", "fail_mode", "flush_secs", "socket_timeout_secs")
 
-    def __init__(self, kind="sqlite", path=DEFAULT_DB, url=None, fail_mode="closed",
+    def __init__(self, kind="memory", path=None, url=None, fail_mode="closed",
                  flush_secs=DEFAULT_FLUSH_MS / 1000, socket_timeout_secs=DEFAULT_REDIS_TIMEOUT_MS / 1000):
         self.kind = kind
         self.path = path
@@ -121,9 +115,6 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
             module = (idps.get(c) or {}).get("module") if isinstance(idps.get(c), dict) else None
             if c in CHAINS or module == "keys":
                 keys = True
-            elif c in ("tokens", "static-tokens"):
-                out.error("auth.chain[%d]" % i, "static client tokens were removed in 1.5.0: callers "
-                          "use keys minted over the admin API (busbar --migrate-config)")
             elif c in idps:
                 if module == "admin-tokens":
                     out.error("auth.chain[%d]" % i, "'%s' (module admin-tokens) guards the admin "
@@ -287,8 +278,8 @@ def _rate_card(raw, models: dict, out: Problems):
     if raw is None:
         return None
     if not isinstance(raw, dict):
-        out.error("rate_card", "expected a mapping of model -> {input, output, cache_read, "
-                  "cache_write} (USD per million tokens), got %s" % describe(raw))
+        out.error("rate_card", "expected a mapping of model -> {input_utok, output_utok, "
+                  "cache_read_utok, cache_write_utok} (micro-units per token), got %s" % describe(raw))
         return None
     card = {}
     for model, entry in raw.items():
@@ -297,36 +288,20 @@ def _rate_card(raw, models: dict, out: Problems):
             out.error(where, "unknown model '%s'" % model)
             continue
         if not isinstance(entry, dict):
-            out.error(where, "expected {input, output, cache_read?, cache_write?} in USD per "
-                      "million tokens, got %s" % describe(entry))
+            out.error(where, "expected {input_utok, output_utok, cache_read_utok?, "
+                      "cache_write_utok?} (micro-units per token), got %s" % describe(entry))
             continue
-        if any(k in entry for k in RATE_UTOK_KEYS) or not entry:
-            # The Rust grammar: *_utok, each optional (0), the same number as busbar's earlier keys.
-            check_keys(entry, where, RATE_UTOK_KEYS, out)
-            vals = {}
-            for k in RATE_UTOK_KEYS:
-                v = entry.get(k, 0.0)
-                if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v \
-                        or v == float("inf"):
-                    out.error(join(where, k), "expected a finite non-negative number (micro-units "
-                              "per token)")
-                    continue
-                vals[k[:-len("_utok")]] = float(v)
-            if len(vals) == len(RATE_UTOK_KEYS):
-                card[model] = Rate(**vals)
-            continue
-        check_keys(entry, where, RATE_KEYS, out)
+        check_keys(entry, where, RATE_UTOK_KEYS, out)
         vals = {}
-        for k in RATE_KEYS:
-            v = entry.get(k, 0.0 if k.startswith("cache") else None)
-            if v is None:
-                out.error(where, "missing required key '%s'" % k)
+        for k in RATE_UTOK_KEYS:
+            v = entry.get(k, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0 or v != v \
+                    or v == float("inf"):
+                out.error(join(where, k), "expected a finite non-negative number (micro-units "
+                          "per token)")
                 continue
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                out.error(join(where, k), "expected a non-negative number (USD per million tokens)")
-                continue
-            vals[k] = float(v)
-        if len(vals) == len(RATE_KEYS):
+            vals[k[:-len("_utok")]] = float(v)
+        if len(vals) == len(RATE_UTOK_KEYS):
             card[model] = Rate(**vals)
     missing = sorted(m for m in models if m not in raw)
     if missing:
@@ -337,98 +312,74 @@ def _rate_card(raw, models: dict, out: Problems):
     return card
 
 
+def _ms(settings: dict, key: str, default: int, out: Problems) -> float:
+    """A store setting in milliseconds (10 ms to a minute), as seconds."""
+    ms = settings.get(key, default)
+    if isinstance(ms, bool) or not isinstance(ms, int) or not 10 <= ms <= 60000:
+        out.error("store.settings.%s" % key, "expected an integer between 10 and 60000")
+        ms = default
+    return ms / 1000
+
+
 def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
+    """`store: {module, settings}`; absent, the ephemeral `memory` store (the Rust default)."""
     import os
     if raw is None:
-        return StoreConfig(path=os.path.join(base_dir, DEFAULT_DB))
+        return StoreConfig()
     if not isinstance(raw, dict):
         out.error("store", "expected {module: memory|sqlite|valkey, settings}, got %s" % describe(raw))
-        return StoreConfig(kind="memory")
-    if "module" in raw:
-        raw = _store_module(raw, out)
-        if raw is None:
-            return StoreConfig(kind="memory")
-    check_keys(raw, "store", STORE_KEYS, out)
-    kind = raw.get("kind", "sqlite")
-    if kind not in STORE_KINDS:
-        out.error("store.kind", "expected one of %s" % ", ".join(STORE_KINDS))
-        return StoreConfig(kind="memory")
-    sc = StoreConfig(kind=kind)
-    fm = raw.get("fail_mode", "closed")
-    if fm not in FAIL_MODES:
-        out.error("store.fail_mode", "expected closed or open")
-    sc.fail_mode = fm
-    ms = raw.get("flush_interval_ms", DEFAULT_FLUSH_MS)
-    if isinstance(ms, bool) or not isinstance(ms, int) or not 10 <= ms <= 60000:
-        out.error("store.flush_interval_ms", "expected an integer between 10 and 60000")
-    else:
-        sc.flush_secs = ms / 1000
-    ms = raw.get("socket_timeout_ms", DEFAULT_REDIS_TIMEOUT_MS)
-    if isinstance(ms, bool) or not isinstance(ms, int) or not 10 <= ms <= 60000:
-        out.error("store.socket_timeout_ms", "expected an integer between 10 and 60000")
-    else:
-        sc.socket_timeout_secs = ms / 1000
-    if kind == "sqlite":
-        path = raw.get("path", DEFAULT_DB)
-        if not isinstance(path, str) or not path:
-            out.error("store.path", "expected a file path")
-        else:
-            sc.path = os.path.join(base_dir, os.path.expanduser(path))
-    elif kind == "redis":
-        require(out, "store.kind", "store redis", "redis", getattr(env, "offline", False))
-        if "url" not in raw:
-            out.error("store", "kind redis needs url: {env: BUSBAR_REDIS_URL}")
-        else:
-            if isinstance(raw["url"], str):
-                url = _inline_redis_url(raw["url"], out)
-            else:
-                url = resolve_secret(raw["url"], "store.url", env, base_dir, out)
-            offline = getattr(env, "offline", False)
-            if url is not None and not offline and not (url.startswith("redis://") or url.startswith("rediss://")
-                                        or url.startswith("unix://")):
-                out.error("store.url", "expected a redis://, rediss:// or unix:// URL")
-            sc.url = url
-    for k in ("path", "url"):
-        if k in raw and (k == "path") != (kind == "sqlite") and not (k == "url" and kind == "redis"):
-            out.error(join("store", k), "not used by a %s store" % kind)
-    return sc
-
-
-def _store_module(raw: dict, out: Problems) -> dict | None:
-    """`store: {module, settings}` (the Rust grammar) as busbar's store keys, or None (reported)."""
+        return StoreConfig()
     check_keys(raw, "store", ("module", "settings"), out)
     module = raw.get("module")
-    if module in RETIRED_STORE_MODULES:
-        out.error("store.module", "'%s' was renamed valkey (busbar --migrate-config)" % module)
-        return None
+    if module is None:
+        out.error("store", "missing required key 'module' (memory, sqlite or valkey)")
+        return StoreConfig()
     if module in ("postgres", "busbar-store-postgres"):
         out.error("store.module", "the postgres store is not built into this busbar version "
                   "(built in: memory, sqlite, valkey)")
-        return None
+        return StoreConfig()
     kind = STORE_MODULES.get(module) if isinstance(module, str) else None
     if kind is None:
         out.error("store.module", "store module %s is not built into busbar (built in: memory, "
                   "sqlite, valkey); busbar loads no plugins" % (
                       "'%s'" % module if isinstance(module, str) else describe(module)))
-        return None
+        return StoreConfig()
     settings = raw.get("settings") or {}
     if not isinstance(settings, dict):
         out.error("store.settings", "expected a mapping, got %s" % describe(settings))
-        return None
+        return StoreConfig()
     check_keys(settings, "store.settings", STORE_SETTINGS[kind], out)
-    out_raw = {"kind": kind}
+    sc = StoreConfig(kind=kind)
     if kind == "sqlite":
-        if "db_path" in settings:
-            out_raw["path"] = settings["db_path"]
+        path = settings.get("db_path", DEFAULT_DB)
+        if not isinstance(path, str) or not path:
+            out.error("store.settings.db_path", "expected a file path")
+        else:
+            sc.path = os.path.join(base_dir, os.path.expanduser(path))
         ms = settings.get("busy_timeout_ms")
         if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int) or ms < 0):
             out.error("store.settings.busy_timeout_ms", "expected an integer >= 0")
     elif kind == "redis":
+        require(out, "store.module", "store valkey", "redis", getattr(env, "offline", False))
+        fm = settings.get("fail_mode", "closed")
+        if fm not in FAIL_MODES:
+            out.error("store.settings.fail_mode", "expected closed or open")
+        else:
+            sc.fail_mode = fm
+        sc.socket_timeout_secs = _ms(settings, "socket_timeout_ms", DEFAULT_REDIS_TIMEOUT_MS, out)
         if "url" not in settings:
             out.error("store.settings", "module valkey needs url (redis:// or rediss://)")
-            return None
-        out_raw.update({k: settings[k] for k in STORE_SETTINGS[kind] if k in settings})
-    return out_raw
+        else:
+            if isinstance(settings["url"], str):
+                url = _inline_redis_url(settings["url"], out)
+            else:
+                url = resolve_secret(settings["url"], "store.settings.url", env, base_dir, out)
+            offline = getattr(env, "offline", False)
+            if url is not None and not offline and not url.startswith(("redis://", "rediss://",
+                                                                        "unix://")):
+                out.error("store.settings.url", "expected a redis://, rediss:// or unix:// URL")
+            sc.url = url
+    return sc
 
 
 def _inline_redis_url(url: str, out: Problems) -> str | None:
@@ -441,11 +392,11 @@ def _inline_redis_url(url: str, out: Problems) -> str | None:
         parts = urlsplit(url)
         query = parse_qsl(parts.query)
     except ValueError:
-        out.error("store.url", "expected a redis://, rediss:// or unix:// URL")
+        out.error("store.settings.url", "expected a redis://, rediss:// or unix:// URL")
         return None
     if "@" in parts.netloc or any(k.lower() in ("password", "username") for k, _ in query):
         # The message never quotes the URL: it holds the password.
-        out.error("store.url", "this URL carries credentials, and inline secrets are not allowed; "
+        out.error("store.settings.url", "this URL carries credentials, and inline secrets are not allowed; "
                   "put the whole URL in a reference, e.g. url: {env: BUSBAR_REDIS_URL}")
         return None
     return url

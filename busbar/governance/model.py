@@ -29,9 +29,8 @@ AWS_KEY_PREFIX = "BBAK"        # issued AWS access key ids: BBAK + 16 upper hex 
 
 STATES = ("active", "disabled", "revoked", "tombstoned")
 LIMIT_KINDS = ("requests", "tokens", "budget_usd", "concurrent")
-# How a limit's metric may be written: the Rust grammar's `budget` (integer cents) and busbar's
-# earlier `budget_usd` are one kind inside.
-LIMIT_SPELLINGS = ("requests", "tokens", "budget", "budget_usd", "concurrent")
+# How a limit's metric is written: `budget` (integer cents) is the `budget_usd` kind inside.
+LIMIT_SPELLINGS = ("requests", "tokens", "budget", "concurrent")
 LIMIT_EXTRA_KEYS = ("per", "pool", "on_exhaust", "downgrade_to")
 PERIODS = ("minute", "hour", "day", "month", "total")
 # Nano-dollars per USD: spend is integer arithmetic (SPEC §5: "integer nano-units").
@@ -139,27 +138,21 @@ class KeyRecord:
 class Limit:
     """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-units of cost
     (a budget, converted at parse) or concurrent requests; `per` is None for concurrent. A budget
-    is written `budget: N` (integer cents of the rate card's unit, the Rust grammar) or, in busbar's
-    earlier spelling, `budget_usd: X`; `spelling` keeps which, so it reads back as written."""
+    is written and read back as `budget: N`, integer cents of the rate card's unit."""
 
-    __slots__ = ("kind", "amount", "per", "pool", "spelling")
+    __slots__ = ("kind", "amount", "per", "pool")
 
-    def __init__(self, kind, amount, per=None, pool=None, spelling=None):
+    def __init__(self, kind, amount, per=None, pool=None):
         self.kind = kind
         self.amount = amount
         self.per = per
         self.pool = pool
-        self.spelling = spelling or kind
 
     def public(self) -> dict:
-        key = self.spelling
-        if key == "budget":
-            amount = self.amount // NANO_PER_CENT
-        elif self.kind == "budget_usd":
-            amount = self.amount / NANO
+        if self.kind == "budget_usd":
+            d = {"budget": self.amount // NANO_PER_CENT}
         else:
-            amount = self.amount
-        d = {key: amount}
+            d = {self.kind: self.amount}
         if self.per is not None:
             d["per"] = self.per
         if self.pool is not None:
@@ -195,11 +188,14 @@ class GroupRecord:
 
 def parse_limit(raw, where: str, problems: list) -> Limit | None:
     """A limit from config or an admin body: `{requests: 60, per: minute, pool?: p}`,
-    `{tokens: N, per}`, `{budget: 500, per}` (integer cents), `{concurrent: 4}`; busbar's earlier
-    `{budget_usd: 5.0, per}` is read too. `on_exhaust: block` is a budget's default. Problems are
-    appended as 'path: message' lines."""
+    `{tokens: N, per}`, `{budget: 500, per}` (integer cents), `{concurrent: 4}`. `on_exhaust: block`
+    is a budget's default. Problems are appended as 'path: message' lines."""
     if not isinstance(raw, dict):
         problems.append("%s: expected a mapping like {requests: 60, per: minute}" % where)
+        return None
+    if "budget_usd" in raw:
+        problems.append("%s.budget_usd: retired; write budget: N, integer cents (100 per USD)"
+                        % where)
         return None
     kinds = [k for k in LIMIT_SPELLINGS if k in raw]
     unknown = [k for k in raw if k not in LIMIT_SPELLINGS and k not in LIMIT_EXTRA_KEYS]
@@ -216,7 +212,7 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
     if on_exhaust not in ("block", "downgrade"):
         problems.append("%s.on_exhaust: expected block or downgrade" % where)
         return None
-    if kind not in ("budget", "budget_usd") and "on_exhaust" in raw:
+    if kind != "budget" and "on_exhaust" in raw:
         problems.append("%s.on_exhaust: only a budget has one" % where)
         return None
     if on_exhaust == "downgrade":
@@ -233,12 +229,11 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
             return None
         amount = value * NANO_PER_CENT
     elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (
-            kind != "budget_usd" and not float(value).is_integer()):
-        problems.append("%s.%s: expected a non-negative %s" % (
-            where, kind, "number" if kind == "budget_usd" else "integer"))
+            not float(value).is_integer()):
+        problems.append("%s.%s: expected a non-negative integer" % (where, kind))
         return None
     else:
-        amount = round(value * NANO) if kind == "budget_usd" else int(value)
+        amount = int(value)
     per = raw.get("per")
     if kind == "concurrent":
         if per is not None:
@@ -252,7 +247,7 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
         problems.append("%s.pool: expected a pool name" % where)
         return None
     if kind == "budget":
-        return Limit("budget_usd", amount, per, pool, spelling="budget")
+        return Limit("budget_usd", amount, per, pool)
     return Limit(kind, amount, per, pool)
 
 
@@ -345,8 +340,8 @@ USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_read_tokens"
 
 
 class Rate:
-    """USD per million tokens, as configured; `nano(usage)` is the cost in nano-dollars
-    (1 USD/Mtok = 1000 nano-dollars per token)."""
+    """The rate card's micro-units per token (= units per million tokens), as configured;
+    `nano(usage)` is the cost in nano-units (1 micro-unit per token = 1000 nano-units a token)."""
 
     __slots__ = ("input", "output", "cache_read", "cache_write")
 

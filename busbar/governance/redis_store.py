@@ -1,6 +1,6 @@
 """Governance in Redis: one budget and one rate limit, exact across a fleet of gateways.
 
-Three objects, all talking to the same Redis (`store: {kind: redis, url: ...}`):
+Three objects, all talking to the same Redis (`store: {module: valkey, settings: {url: ...}}`):
 
 - `RedisStore` (the parent, admin API): keys, groups and usage rows; every change is published on
   the invalidation channel in the same atomic step as the write.

@@ -10,7 +10,7 @@ costs nothing. The gateway calls three functions:
 - `install(gw)` in each worker once its Gateway exists: the hooks, the sinks' writers, the OTLP
   exporter, the periodic gauge publisher, and the routes (busbar/observability/routes.py: the
   status page, /metrics, /status.json and /stats in the admin listener's table, and `/metrics` in
-  the data listener's if `metrics_public`), all through the Gateway's hook lists and route tables;
+  the data listener's behind its key chain), all through the Gateway's hook lists and route tables;
 - `shutdown(gw)` after the drain: flushes the access log, sinks and spans.
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ def _sink_names(obs):
 def install(gw):
     """Wires this worker's hooks into its Gateway (see the module docstring)."""
     obs = settings(gw.config)
-    logging.getLogger("busbar").setLevel(_level(obs))
+    logging.getLogger("busbar").setLevel(_level())
     state = gw.observability = State()
     if obs.metrics:
         from busbar.observability.metrics import Metrics
@@ -153,12 +153,14 @@ class State:
             self.metrics.dropped(sink, n)
 
 
-def _level(obs) -> int:
+def _level() -> int:
+    """busbar's log level: BUSBAR_LOG's, else info (boot, reload and degraded states show; every
+    attempt's failure shows at debug only, SPEC §7: the hot path logs at DEBUG)."""
     import os
     env = os.environ.get("BUSBAR_LOG")
     if env and env.upper() in ("DEBUG", "INFO", "WARNING", "ERROR"):
         return getattr(logging, env.upper())
-    return obs.level
+    return logging.INFO
 
 
 def _publish_period():
@@ -180,7 +182,7 @@ def boot(config, workers: int, admin=None):
     config version."""
     from busbar.observability.events import config_version, event
     obs = settings(config)
-    logging.getLogger("busbar").setLevel(_level(obs))
+    logging.getLogger("busbar").setLevel(_level())
     ctl = config.control
     admin = admin or ((ctl.admin_host, ctl.admin_port) if ctl is not None else None)
     event(logging.INFO, "boot", listen="%s:%d" % (config.listen_host, config.listen_port),

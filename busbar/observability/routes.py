@@ -1,9 +1,10 @@
 """The observability routes, registered by `mount(gw, obs)` when observability is installed in a
 worker: into the admin listener's table (`gw.admin_routes`; read-only scope: every GET) and, with
-`metrics_public: true`, `/metrics` into the data listener's (`gw.routes`). Both are the one route
+a `prometheus` export, `/metrics` into the data listener's (`gw.routes`), where the data plane's
+key chain guards it as the Rust gateway's does (open under `chain: []`). Both are the one route
 table type (busbar/server/routes.py).
 
-- `GET /metrics`: Prometheus text 0.0.4 over all workers (404 when `metrics` is off).
+- `GET /metrics`: Prometheus text 0.0.4 over all workers (404 when no prometheus export is set).
 - `GET /`: the status page (busbar/observability/status.html, self-contained).
 - `GET /status.json`: the page's figures over the last minute: req/s, busbar-time percentiles,
   failovers, totals (from the shared counters' differences over time); and `spend_by_group`, USD
@@ -38,34 +39,37 @@ _PAGE = None
 
 
 def mount(gw, obs):
-    """The status page (public: static HTML, it asks for a token itself), /metrics (read-only, or
-    public with observability.metrics_public, which also puts it on the data listener), /stats
-    and /status.json (read-only)."""
+    """The status page (public: static HTML, it asks for a token itself), /metrics, /stats and
+    /status.json (read-only); with metrics on, /metrics on the data listener too."""
     r = gw.admin_routes
     for path, handler, scope in (("/", page, PUBLIC),
-                                 ("/metrics", metrics, PUBLIC if obs.metrics_public else None),
+                                 ("/metrics", metrics, None),
                                  ("/status.json", status_json, None),
                                  ("/stats", local.stats, None)):
         r.add("GET", path, functools.partial(handler, gw), scope=scope,
               summary="observability: " + (handler.__doc__ or path).strip().split("\n")[0])
-    if obs.metrics and obs.metrics_public:
-        gw.routes.add("GET", "/metrics", functools.partial(public_metrics, gw))
+    if obs.metrics:
+        gw.routes.add("GET", "/metrics", functools.partial(data_metrics, gw))
 
 
 def metrics(gw, req):
     """Prometheus text 0.0.4 over all workers."""
     st = gw.observability
     if st is None or st.metrics is None:
-        return Response(404, b'{"error":{"code":"not_found","message":"metrics are off '
-                        b'(observability.metrics)"}}', JSON)
+        return Response(404, b'{"error":{"code":"not_found","message":"metrics are off (no '
+                        b'export instance of module prometheus)"}}', JSON)
     return Response(200, render(st.metrics), TEXT_004)
 
 
-def public_metrics(gw, req):
-    """/metrics on the data listener: as on the admin listener, not to be cached."""
-    r = metrics(gw, req)
-    r.headers = b"Cache-Control: no-store\r\n"
-    return r
+def data_metrics(gw, ex):
+    """/metrics on the data listener: once the data plane's key chain accepts the caller (anyone
+    under `chain: []`), as on the admin listener, not to be cached."""
+    local.gated(ex, functools.partial(_send_metrics, gw, ex))
+
+
+def _send_metrics(gw, ex):
+    r = metrics(gw, ex.req)
+    ex.respond(r.status, r.ctype, r.body, b"Cache-Control: no-store\r\n")
 
 
 def page(gw, req):

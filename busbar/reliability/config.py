@@ -14,10 +14,7 @@ from busbar.reliability.policy import (
 
 BREAKER_KEYS = ("trip", "base_cooldown_secs", "max_cooldown_secs")
 TRIP_KEYS = ("mode", "threshold", "window_secs", "min_requests", "consecutive_n")
-# The reference's old spellings fail boot instead of being silently ignored (SPEC §4.2, §4.3).
-TRIP_RENAMED = {"window_s": "renamed to 'window_secs'", "n": "renamed to 'consecutive_n'"}
 FAILOVER_KEYS = ("timeout_secs", "max_hops", "exclusions")
-FAILOVER_RENAMED = {"deadline_secs": "renamed to 'timeout_secs'", "cap": "renamed to 'max_hops'"}
 HEALTH_KEYS = ("mode", "interval_secs", "timeout_secs")
 HEALTH_DEFAULT_KEYS = ("default_probe_interval_secs", "default_probe_timeout_secs")
 QUEUE_KEYS = ("max_ms",)
@@ -35,7 +32,7 @@ def breaker(section: dict | None, path: str, out: Problems) -> BreakerPolicy:
     d = DEFAULT_BREAKER
     trip = get_mapping(section, "trip", path, out) or {}
     tpath = join(path, "trip")
-    check_keys(trip, tpath, TRIP_KEYS, out, (), TRIP_RENAMED)
+    check_keys(trip, tpath, TRIP_KEYS, out)
     mode = get_str(trip, "mode", tpath, out, d.mode)
     if mode not in ("error_rate", "consecutive"):
         out.error(join(tpath, "mode"), "expected error_rate or consecutive")
@@ -59,7 +56,7 @@ def failover(section: dict | None, path: str, members: list[str], out: Problems)
     if section is None:
         return DEFAULT_FAILOVER
     path = join(path, "failover")
-    check_keys(section, path, FAILOVER_KEYS, out, (), FAILOVER_RENAMED)
+    check_keys(section, path, FAILOVER_KEYS, out)
     timeout = get_seconds(section, "timeout_secs", path, out, DEFAULT_FAILOVER.timeout_secs)
     if timeout > MAX_TIMEOUT_SECS:
         out.error(join(path, "timeout_secs"), "must be <= 86400")

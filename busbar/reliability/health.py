@@ -267,7 +267,7 @@ class Probe:
         if ch is None:
             return
         self.size += len(chunk)
-        if self.size > self.prober.site.snapshot.limits.error_body_max_bytes:
+        if self.size > self.prober.site.snapshot.limits.upstream_error_body_max_bytes:
             self._end(D_TRANSIENT, None, "health probe: answer too large")
             return
         ch.append(chunk)

@@ -54,8 +54,8 @@ class Gateway:
         self.snapshot = Snapshot(config, shared)    # replaced whole by a reload (admin/live.py)
         lim = config.limits
         self.pool = UpstreamPool(loop, connect_timeout=lim.upstream_connect_timeout_secs,
-                                 max_idle_per_host=lim.upstream_pool_max_idle_per_host,
-                                 idle_timeout=lim.upstream_pool_idle_timeout_secs)
+                                 max_idle_per_host=lim.pool_max_idle_per_host,
+                                 idle_timeout=lim.pool_idle_timeout_secs)
         self.deadlines = Deadlines(loop, _resolution(config))
         self.connections = set()
         # Request-body bytes held by this worker's connections, bounded by

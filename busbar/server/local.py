@@ -55,7 +55,7 @@ def stats(gw, req):
     return Response(200, orjson.dumps(stats_snapshot(gw)), JSON)
 
 
-def _gated(ex, answer):
+def gated(ex, answer):
     """`answer()` once the caller's key is accepted, when governance has keys; the gate's
     refusal is in the caller's protocol (`ex.proto`)."""
     gov = ex.snap.governance
@@ -71,7 +71,7 @@ def models(ex):
     h = req.headers
     ex.proto = "gemini" if req.path == "/v1beta/models" or b"x-goog-api-key" in h else (
         "anthropic" if b"anthropic-version" in h else "openai")
-    _gated(ex, functools.partial(_model_list, ex))
+    gated(ex, functools.partial(_model_list, ex))
 
 
 def _model_list(ex):
@@ -93,7 +93,7 @@ def model(ex):
         ex.route.kind = NOT_FOUND
         not_found(ex)
         return
-    _gated(ex, functools.partial(_model_entry, ex, name))
+    gated(ex, functools.partial(_model_entry, ex, name))
 
 
 def _model_entry(ex, name):

@@ -4,7 +4,7 @@ listener busbar has.
 
 - The data listener's table (`Gateway.routes`): busbar's own answers about itself (`/healthz`,
   `/stats`, the model list and one model's entry: busbar/server/local.py registers them), what
-  other parts add (`/metrics` with `observability.metrics_public`), and the answers to what the
+  other parts add (`/metrics` with a prometheus export), and the answers to what the
   protocol dispatch refuses (an unknown path, a wrong method, an operation busbar does not serve),
   in the caller's protocol.
 - The admin listener's table (`Gateway.admin_routes`, served by busbar/admin/site.py): the admin

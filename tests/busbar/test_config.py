@@ -236,11 +236,11 @@ advanced:
 def test_limits_defaults():
     d = Limits()
     assert d.request_body_max_bytes == 32 * 1024 * 1024
-    assert d.error_body_max_bytes == 256 * 1024
+    assert d.upstream_error_body_max_bytes == 256 * 1024
     assert (d.header_max_bytes, d.header_count_max) == (65536, 100)
     assert (d.header_read_timeout_secs, d.idle_timeout_secs, d.drain_timeout_secs) == (30, 75, 30)
     assert (d.upstream_connect_timeout_secs, d.upstream_request_timeout_secs) == (10, 300)
-    assert (d.upstream_pool_max_idle_per_host, d.upstream_pool_idle_timeout_secs) == (64, 90)
+    assert (d.pool_max_idle_per_host, d.pool_idle_timeout_secs) == (64, 90)
     assert (d.max_inbound_concurrent, d.default_max_tokens) == (8192, 4096)
 
 
@@ -327,23 +327,20 @@ def test_reference_keys_not_yet_implemented_are_refused_by_name():
 hooks: {}
 tls: {cert: {file: c.pem}}
 admin_listen: "127.0.0.1:9901"
-metrics: {}
 """)
     for key in ("hooks",):
         assert f"{key}: not supported by this busbar version" in errs
     assert "tls: missing required key 'key'" in errs
-    assert "metrics: retired key; Prometheus is an 'export:' instance with module: prometheus" in errs
     errs = problems("""
         providers:
           anthropic: {api_key: {env: ANTHROPIC_KEY}}
         models:
           c: {provider: anthropic, prompt_caching: true}
         pools:
-          p: {members: [{target: c}]}
+          p: {members: [{model: c}]}
     """)
     assert errs == [
         "models.c.prompt_caching: not supported by this busbar version",
-        "pools.p.members[0].target: 'target' is a 1.4 key; use 'model'",
     ]
 
 
@@ -782,16 +779,16 @@ def test_governance_config_parses():
     c = cfg(MINIMAL + """
 auth: {chain: [keys], signing_key: {env: SIGN}}
 groups:
-  org: {limits: [{budget_usd: 12.5, per: month}]}
+  org: {limits: [{budget: 1250, per: month}]}
   team: {parent: org, limits: [{requests: 60, per: minute}, {concurrent: 4}, {tokens: 1000, per: hour, pool: claude}]}
 rate_card:
-  claude: {input: 3.0, output: 15.0, cache_read: 0.3}
-store: {kind: redis, url: {env: REDIS}, fail_mode: open}
+  claude: {input_utok: 3.0, output_utok: 15.0, cache_read_utok: 0.3}
+store: {module: valkey, settings: {url: {env: REDIS}, fail_mode: open}}
 """, GOV_ENV)
     g = c.governance
     assert g.keys and g.signing_key == b"x" * 40
     assert g.groups["team"].parent == "org"
-    assert g.groups["org"].limits[0].amount == 12_500_000_000      # nano-dollars
+    assert g.groups["org"].limits[0].amount == 12_500_000_000      # 1250 cents in nano-units
     assert g.rate_card["claude"].nano(1_000_000, 0) == 3_000_000_000
     assert g.store.kind == "redis" and g.store.fail_mode == "open"
     assert "REDIS" not in repr(g) and "x" * 40 not in repr(g)
@@ -805,25 +802,26 @@ auth: {chain: [keys, ldap]}
 groups:
   a: {parent: b, limits: [{requests: 1}]}
   b: {parent: a, limits: [{requests: 1, tokens: 2, per: day}, {concurrent: 2, per: day}]}
-  c: {parent: nowhere, limits: [{budget_usd: -1, per: day}, {requests: 5, per: week},
+  c: {parent: nowhere, limits: [{budget: -1, per: day}, {requests: 5, per: week},
                                 {requests: 1, per: minute, pool: nope}]}
 rate_card:
-  ghost: {input: 1, output: 1}
-store: {kind: postgres}
+  ghost: {input_utok: 1, output_utok: 1}
+store: {module: postgres}
 """, GOV_ENV)
     for want in (
         "auth.chain[1]: unknown identity provider 'ldap' (built in: keys; or a name under identity-providers)",
         "auth.signing_key: required when auth.chain has 'keys' (a secret reference, the same on every instance; "
         "e.g. {env: BUSBAR_SIGNING_KEY})",
         "groups.a.limits[0].per: expected one of minute, hour, day, month, total",
-        "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget, budget_usd, concurrent",
+        "groups.b.limits[0]: a limit has exactly one of requests, tokens, budget, concurrent",
         "groups.b.limits[1].per: a concurrent limit has no period",
-        "groups.c.limits[0].budget_usd: expected a non-negative number",
+        "groups.c.limits[0].budget: expected a positive integer (cents)",
         "groups.c.limits[1].per: expected one of minute, hour, day, month, total",
         "groups.c.limits[2].pool: unknown pool or model 'nope'",
         "rate_card.ghost: unknown model 'ghost'",
         "rate_card: covers no rate for model(s) claude; add them (stub: claude: {input_utok: 0.0, output_utok: 0.0})",
-        "store.kind: expected one of memory, sqlite, redis",
+        "store.module: the postgres store is not built into this busbar version (built in: memory, "
+        "sqlite, valkey)",
     ):
         assert want in errs, (want, errs)
     errs = problems(MINIMAL + """
@@ -834,52 +832,53 @@ groups:
 """, dict(GOV_ENV, SHORT="short"))
     assert "auth.signing_key: must be at least 32 bytes (e.g. `openssl rand -hex 32`)" in errs
     assert any(e.startswith("groups.a.parent: groups form a cycle: a -> b -> a") for e in errs), errs
-    errs = problems(MINIMAL + "store: {kind: redis}\n", GOV_ENV)
-    assert "store: kind redis needs url: {env: BUSBAR_REDIS_URL}" in errs
+    errs = problems(MINIMAL + "store: {module: valkey}\n", GOV_ENV)
+    assert "store.settings: module valkey needs url (redis:// or rediss://)" in errs
 
 
 def test_redis_url_inline_without_a_password_but_a_reference_with_one():
     # An address is not a secret: written inline it is taken as it is.
     for url in ("redis://127.0.0.1:6379", "rediss://redis.internal:6380/2", "unix:///run/redis.sock"):
-        c = cfg(MINIMAL + "store: {kind: redis, url: \"%s\"}\n" % url, GOV_ENV)
+        c = cfg(MINIMAL + "store: {module: valkey, settings: {url: \"%s\"}}\n" % url, GOV_ENV)
         assert c.governance.store.url == url and url not in repr(c.governance)
     # A password (in the user info or as a parameter) is: refused inline, never echoed.
     for url in ("redis://:hunter2pw@127.0.0.1:6379/0", "redis://app:hunter2pw@127.0.0.1:6379",
                 "rediss://hunter2pw@redis.internal:6380", "redis://127.0.0.1:6379/0?password=hunter2pw",
                 "unix:///run/redis.sock?username=app&password=hunter2pw"):
-        errs = problems(MINIMAL + "store: {kind: redis, url: \"%s\"}\n" % url, GOV_ENV)
-        assert errs == ["store.url: this URL carries credentials, and inline secrets are not "
+        errs = problems(MINIMAL + "store: {module: valkey, settings: {url: \"%s\"}}\n" % url,
+                        GOV_ENV)
+        assert errs == ["store.settings.url: this URL carries credentials, and inline secrets are not "
                         "allowed; put the whole URL in a reference, e.g. url: {env: BUSBAR_REDIS_URL}"]
         assert not any("hunter2pw" in e for e in errs)
     # The same URL behind a reference is fine.
-    c = cfg(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n",
+    c = cfg(MINIMAL + "store: {module: valkey, settings: {url: {env: REDIS}}}\n",
             dict(GOV_ENV, REDIS="redis://:hunter2pw@127.0.0.1:6379/0"))
     assert c.governance.store.url == "redis://:hunter2pw@127.0.0.1:6379/0"
     # Inline, the scheme is still checked.
-    assert problems(MINIMAL + "store: {kind: redis, url: \"http://127.0.0.1:6379\"}\n", GOV_ENV) == [
-        "store.url: expected a redis://, rediss:// or unix:// URL"]
+    assert problems(MINIMAL + "store: {module: valkey, settings: {url: \"http://127.0.0.1:6379\"}}\n",
+                    GOV_ENV) == ["store.settings.url: expected a redis://, rediss:// or unix:// URL"]
 
 
 def test_a_config_needing_a_package_this_install_lacks_is_one_line(monkeypatch):
     from busbar.config import modules
     monkeypatch.setattr(modules, "lacks", lambda m: m in ("redis", "aiohttp"))
-    errs = problems(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n"
-                    "observability: {otlp: {url: \"https://collector.example.com:4318/v1/traces\"}}\n",
-                    GOV_ENV)
+    valkey = "store: {module: valkey, settings: {url: {env: REDIS}}}\n"
+    errs = problems(MINIMAL + valkey + "export: {traces: {module: otlp, settings: "
+                    "{url: \"https://collector.example.com:4318/v1/traces\"}}}\n", GOV_ENV)
     assert errs == [
-        "observability.otlp: otlp (trace export) needs the Python package `aiohttp`; this install "
-        "lacks it (pip install 'aiohttp==%s')" % _pinned("aiohttp"),
-        "store.kind: store redis needs the Python package `redis`; this install lacks it "
+        "export.traces.settings: otlp (trace export) needs the Python package `aiohttp`; this "
+        "install lacks it (pip install 'aiohttp==%s')" % _pinned("aiohttp"),
+        "store.module: store valkey needs the Python package `redis`; this install lacks it "
         "(pip install 'redis==%s')" % _pinned("redis")]
     # validate --offline lints for another install (CI): a warning, not an error
     from busbar.config.secrets import OfflineEnv
-    _, out = config.build(text=MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n",
+    _, out = config.build(text=MINIMAL + valkey,
                           env=OfflineEnv(GOV_ENV), offline=True)
     assert not out.errors and any("`redis`" in w for w in out.warnings)
     # the single-file executable: pip cannot add to it, so the line says what to run instead
     monkeypatch.setattr("sys.frozen", True, raising=False)
-    errs = problems(MINIMAL + "store: {kind: redis, url: {env: REDIS}}\n", GOV_ENV)
-    assert errs == ["store.kind: store redis needs the Python package `redis`; this single-file "
+    errs = problems(MINIMAL + valkey, GOV_ENV)
+    assert errs == ["store.module: store valkey needs the Python package `redis`; this single-file "
                     "executable does not include it; run busbar from a pip install of its source "
                     "tree (pip install .) for this feature"]
 

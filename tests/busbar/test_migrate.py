@@ -138,15 +138,17 @@ def test_busbars_own_earlier_grammar():
     assert doc["identity-providers"]["viewer"]["max_admin_scope"] == "read-only"
     export = doc["export"]
     assert export["metrics"]["module"] == "prometheus"
-    assert export["traces"] == {"module": "otlp", "settings": {
-        "url": "https://collector.example.com:4318/v1/traces"}}
+    assert export["traces"] == {"module": "otlp", "settings": {      # sample_ratio: busbar's own
+        "url": "https://collector.example.com:4318/v1/traces", "sample_ratio": 1.0}}
+    assert export["request-log-1"]["settings"]["auth_header"] == {"name": "authorization",
+                                                                   "value": "${HOOK_AUTH}"}
+    # access_log: stderr and log_level: info are the defaults; nothing stands for them
     assert {e["module"] for e in export.values()} == {
-        "prometheus", "request-log-file", "request-log-webhook", "otlp", "access-log"}
-    # what has no home is said, with its path, not dropped silently
-    said = " ".join(m.todos)
-    for path in ("observability.otlp.sample_ratio", "observability.log_level",
-                 "export.metrics.settings.buffer_seconds"):
-        assert path in said
+        "prometheus", "request-log-file", "request-log-webhook", "otlp"}
+    # what needs a decision is said, with its path
+    assert [t.split(":")[0] for t in m.todos] == ["export.metrics.settings.buffer_seconds"]
+    assert any(w.startswith("observability.metrics: /metrics is now also served on the data "
+                            "listener") for w in m.warnings)
 
 
 def test_interpolation_is_left_as_written():
@@ -281,3 +283,97 @@ def test_the_migrated_config_validates_with_only_the_two_decisions_supplied(path
         errors = [line for line in v.stderr.splitlines() if line.startswith("[error] ")]
         for gap in gaps:
             assert any(gap in line for line in errors), (gap, v.stderr)
+
+
+# --- busbar's own earlier grammar: what it converts to validates, and keeps the store -----------
+
+OWN_ENV = {"ANTHROPIC_API_KEY": "sk-ant-x", "OPENAI_API_KEY": "sk-oai-x", "HOOK_AUTH": "Bearer h",
+           "BUSBAR_SIGNING_KEY": "s" * 64, "BUSBAR_ADMIN_TOKEN": "a" * 32,
+           "BUSBAR_VIEWER_TOKEN": "v" * 32, "BUSBAR_REDIS_URL": "redis://127.0.0.1:6379/0"}
+
+
+def _migrate_and_validate(tmp_path, text):
+    """`busbar --migrate-config` on `text` as tmp_path/config.yaml, its output written over it (the
+    same folder: relative paths mean the same files), then `busbar --validate` on that; the old
+    file is refused first, naming each of its old shapes."""
+    import subprocess
+
+    from tests.conftest import PY, ROOT, env
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text)
+    e = dict(env(), **OWN_ENV)
+    old = subprocess.run([PY, "-m", "busbar.cli", "--validate", "--config", str(cfg)], cwd=ROOT,
+                         env=e, capture_output=True, text=True, timeout=60)
+    assert old.returncode == 1 and "busbar --migrate-config %s" % cfg in old.stderr, old.stderr
+    m = subprocess.run([PY, "-m", "busbar.cli", "--migrate-config", str(cfg)], cwd=ROOT, env=e,
+                       capture_output=True, text=True, timeout=60)
+    assert m.returncode == 0, m.stderr
+    cfg.write_text(m.stdout)
+    v = subprocess.run([PY, "-m", "busbar.cli", "--validate", "--config", str(cfg)], cwd=ROOT,
+                       env=e, capture_output=True, text=True, timeout=60)
+    assert v.returncode == 0 and v.stdout.startswith("ok: config valid"), v.stderr
+    return yaml.safe_load(m.stdout), m.stderr
+
+
+def test_busbars_own_config_migrates_to_one_that_validates(tmp_path):
+    doc, _ = _migrate_and_validate(tmp_path, OWN.read_text())
+    assert doc["store"]["module"] == "valkey"
+
+
+@pytest.mark.parametrize("store, db", [
+    (None, "busbar.db"),                              # no store: busbar's default file
+    ("store: {kind: sqlite}", "busbar.db"),          # sqlite without a path: the same file
+    ("store: {path: gov/keys.db}", "gov/keys.db"),   # a path alone: sqlite was the default kind
+])
+def test_the_store_file_busbar_used_is_kept(tmp_path, store, db):
+    text = "\n".join(line for line in OWN.read_text().splitlines() if not line.startswith("store:"))
+    if store is not None:
+        text += "\n" + store + "\n"
+    doc, report = _migrate_and_validate(tmp_path, text)
+    assert doc["store"] == {"module": "sqlite", "settings": {"db_path": db}}
+    if store is None:
+        assert "store: busbar's earlier default made explicit: SQLite in busbar.db" in report
+    from busbar.config import load
+    c = load(str(tmp_path / "config.yaml"), env=OWN_ENV)
+    assert c.governance.store.path == str(tmp_path / db)
+
+
+def test_a_config_with_nothing_to_count_gets_no_store():
+    out, m = migrate.migrate_text("providers:\n  openai: {api_key: {env: K}}\nmodels:\n"
+                                  "  gpt: {provider: openai}\nauth: {admin_open: true}\n")
+    assert "store" not in yaml.safe_load(out)
+    # a Rust 1.x config counting keys had the memory store there: it keeps it
+    out, _ = migrate.migrate_text((CORPUS / "v0.9.0_single-token-auth.yaml").read_text())
+    doc = yaml.safe_load(out)
+    assert doc["auth"]["chain"] == ["keys"] and "store" not in doc
+
+
+def test_busbars_observability_leaves_nothing_behind():
+    out, m = migrate.migrate_text("""
+providers: {openai: {api_key: {env: K}}}
+models: {gpt: {provider: openai}}
+observability:
+  access_log: "off"
+  log_level: debug
+  metrics: true
+  metrics_public: true
+  request_logs:
+    - {kind: file, path: /tmp/r.jsonl, fields: [time, pool, outcome]}
+    - {kind: webhook, url: "https://logs.example.org/in", auth_header: {file: /run/secrets/hook}}
+  otlp: {url: "https://collector.example.org/v1/traces", sample_ratio: 0.25,
+         headers: {x-token: {env: OTLP_TOKEN}}}
+""")
+    export = yaml.safe_load(out)["export"]
+    assert export["access-log"] == {"module": "access-log", "settings": {"path": "off"}}
+    assert export["request-log-0"] == {"module": "request-log-file",
+                                       "settings": {"path": "/tmp/r.jsonl"},
+                                       "fields": ["time", "pool", "outcome"]}
+    assert export["traces"]["settings"] == {"url": "https://collector.example.org/v1/traces",
+                                            "sample_ratio": 0.25,
+                                            "headers": {"x-token": {"env": "OTLP_TOKEN"}}}
+    todos = dict(t.split(": ", 1) for t in m.todos)
+    assert todos["observability.log_level"] == ("the level is the environment's now: set "
+                                                "RUST_LOG=debug (or BUSBAR_LOG)")
+    assert "observability.request_logs[1].auth_header" in todos      # a file reference: a decision
+    # chain [] before and after: /metrics on the data listener stays open, no meaning changed
+    assert not any(w.startswith("observability.metrics") for w in m.warnings)

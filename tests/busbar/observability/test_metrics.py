@@ -12,10 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import CONFIG, free_port, start_gateway, stop
 
 OBSERVE = """
-observability:
-  access_log: {log}
-  metrics: true
-  metrics_public: true
+export:
+  access: {{module: access-log, settings: {{path: "{log}"}}}}
+  metrics: {{module: prometheus, settings: {{buffer_seconds: 60}}}}
 """
 
 
@@ -123,11 +122,48 @@ def test_counters_sum_over_two_workers_and_access_log(mock_port, tmp_path):
         stop(gw.proc)
 
 
-def test_metrics_off_is_404_and_public_needs_metrics(mock_port, tmp_path):
+def test_metrics_off_is_404(mock_port, tmp_path):
     text = CONFIG.format(port="{port}", mock=mock_port, dead=free_port()) + \
-        "observability: {access_log: off}\n"
+        "export: {access: {module: access-log, settings: {path: \"off\"}}}\n"
     gw = start_gateway(tmp_path, text)
     try:
         assert _get(gw.port, "/metrics")[0] == 404
+    finally:
+        stop(gw.proc)
+
+
+def test_metrics_on_the_data_listener_need_a_key_when_the_chain_asks_for_one(mock_port, tmp_path):
+    """A prometheus export serves /metrics on the data listener as the Rust gateway does: behind
+    the data plane's key chain (open under `chain: []`, as the other tests here read it), and
+    on the admin listener behind its token."""
+    from tests.integration.gov_helpers import ADMIN, start
+    gw = start(tmp_path, mock_port, "export: {metrics: {module: prometheus, settings: "
+                                    "{buffer_seconds: 60}}}\n")
+    try:
+        status, ctype, body = _get(gw.port, "/metrics")
+        assert status == 401 and ctype.startswith("application/json"), body
+        assert json.loads(body)["error"]["code"] == "invalid_api_key"      # in OpenAI's shape
+        key = gw.admin.mint(name="scraper")["token"]
+        c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=20)
+        try:
+            c.request("GET", "/metrics", headers={"authorization": "Bearer " + key})
+            r = c.getresponse()
+            text = r.read().decode()
+            assert r.status == 200 and r.getheader("cache-control") == "no-store"
+            assert r.getheader("content-type").startswith("text/plain; version=0.0.4")
+        finally:
+            c.close()
+        assert any(f.name == "busbar_requests" for f in text_string_to_metric_families(text))
+        c = http.client.HTTPConnection("127.0.0.1", gw.admin.port, timeout=20)
+        try:
+            c.request("GET", "/metrics")
+            assert c.getresponse().status == 401
+            c.close()
+            c = http.client.HTTPConnection("127.0.0.1", gw.admin.port, timeout=20)
+            c.request("GET", "/metrics", headers={"authorization": "Bearer " + ADMIN})
+            r = c.getresponse()
+            assert r.status == 200 and "busbar_requests" in r.read().decode()
+        finally:
+            c.close()
     finally:
         stop(gw.proc)
