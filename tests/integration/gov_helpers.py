@@ -12,11 +12,12 @@ ADMIN = "adm-" + "t" * 32
 
 GOV = """
 admin_listen: "127.0.0.1:{admin}"
+identity-providers:
+  ops: {{module: admin-tokens, token: {{env: BB_ADMIN}}}}
 auth:
   chain: [keys]
   signing_key: {{env: BB_SIGNING}}
-  admin_tokens:
-    - {{name: ops, token: {{env: BB_ADMIN}}, scope: full}}
+  admin_auth: [ops]
 """
 
 

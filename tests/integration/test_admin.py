@@ -27,10 +27,11 @@ pools:
   p:
     members:
       - {{model: a, weight: 1}}
+identity-providers:
+  ops: {{module: admin-tokens, token: {{env: ADMIN_TOKEN}}}}
+  viewer: {{module: admin-tokens, token: {{env: VIEWER_TOKEN}}, max_admin_scope: read-only}}
 auth:
-  admin_tokens:
-    - {{name: ops, token: {{env: ADMIN_TOKEN}}, scope: full}}
-    - {{name: viewer, token: {{env: VIEWER_TOKEN}}, scope: read-only}}
+  admin_auth: [ops, viewer]
 {extra}"""
 
 
@@ -231,7 +232,7 @@ def test_surviving_lanes_keep_their_identity():
     from busbar import config
     from busbar.admin.live import assign_slots, next_snapshot
     from busbar.engine.snapshot import Snapshot
-    base = BASE.format(port=1, admin=2, mock=3, up="model-a", extra="").split("auth:")[0]
+    base = BASE.format(port=1, admin=2, mock=3, up="model-a", extra="").split("identity-providers:")[0]
     c1 = config.load(text=base, env={"MOCK_KEY": "k" * 20})
     c2 = config.load(text=base.replace("upstream_model: model-a", "upstream_model: z"),
                      env={"MOCK_KEY": "k" * 20})
@@ -277,10 +278,10 @@ def test_locked_refuses_mutations_and_overlay_persists_apply(tmp_path, mock_port
         stop(proc)
 
 
-def test_no_tokens_means_401_and_open_is_loopback_only(tmp_path, mock_port):
+def test_no_admin_token_means_401(tmp_path, mock_port):
     port, admin = free_port(), free_port()
     proc = start_gateway(tmp_path, BASE.format(port=port, admin=admin, mock=mock_port, up="x",
-                                               extra="").split("auth:")[0], port=port,
+                                               extra="").split("identity-providers:")[0], port=port,
                          base_env=admin_env(), ready=lambda p, pr: wait_http(admin, pr)).proc
     try:
         assert call(admin, "GET", A("info"), token=OPS)[0] == 401
@@ -301,13 +302,13 @@ def test_boot_errors_for_admin_auth(tmp_path):
     p = tmp_path / "e.yaml"
     p.write_text(base)
     r = _serve(p, {"ADMIN_TOKEN": ""})
-    assert r.returncode == 1 and "auth.admin_tokens[0].token: resolves to an empty token" in r.stderr
-    p.write_text(base.split("auth:")[0].replace('admin_listen: "127.0.0.1', 'admin_listen: "0.0.0.0')
-                 + "auth: {admin_open: true}\n")
+    assert r.returncode == 1 and "identity-providers.ops.token: resolves to an empty token" in r.stderr
+    p.write_text(base.split("identity-providers:")[0].replace('admin_listen: "127.0.0.1',
+                                                              'admin_listen: "0.0.0.0')
+                 + "auth: {admin_auth: []}\n")
     r = _serve(p)
     assert r.returncode == 1
     assert "admin_listen: '0.0.0.0' is not loopback: set admin_tls with a client_ca" in r.stderr
-    assert "auth.admin_open: an open admin API is allowed on a loopback admin_listen only" in r.stderr
 
 
 def test_one_instance_per_address(gw, tmp_path):

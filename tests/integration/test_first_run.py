@@ -196,9 +196,9 @@ def test_a_config_needing_a_package_this_install_lacks_is_refused_in_one_line(tm
     p = tmp_path / "c.yaml"
     p.write_text('listen: "127.0.0.1:%d"\nproviders:\n  m: {protocol: openai, base_url: '
                  '"http://127.0.0.1:9"}\nmodels:\n  x: {provider: m}\n'
-                 'store: {kind: redis, url: {env: BB_REDIS}}\n' % free_port())
+                 'store: {module: valkey, settings: {url: {env: BB_REDIS}}}\n' % free_port())
     from busbar.config.modules import requirement
-    want = ["error: store.kind: store redis needs the Python package `redis`; this install lacks "
+    want = ["error: store.module: store valkey needs the Python package `redis`; this install lacks "
             "it (pip install '%s')" % requirement("redis")]
     assert requirement("redis").startswith("redis==")
     e = dict(env(), BB_REDIS="redis://127.0.0.1:9/0")

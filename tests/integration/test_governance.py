@@ -17,26 +17,29 @@ import pytest
 from google import genai
 from google.genai import types as gt
 
-from tests.conftest import stop
-from tests.integration.gov_helpers import post, start, wait_usage
+from tests.conftest import start_gateway, stop
+from tests.integration.gov_helpers import Admin, gov_config, gov_env, post, start, wait_usage
 
 MODELS = ["oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model",
           "dead-model", "one-slot"]
-# output costs 1000 USD/Mtok = 0.01 USD per 10-token answer; input is free, so a request sent with
-# max_tokens = 10 reserves exactly what it costs, and a budget of 0.10 is exactly ten answers.
-CARD = "rate_card:\n" + "".join("  %s: {input: 0.0, output: 1000.0}\n" % m for m in MODELS)
+# output costs 1000 units/Mtok (1000 micro-units a token) = 1 cent per 10-token answer; input is
+# free, so a request sent with max_tokens = 10 reserves exactly what it costs, and a budget of 10
+# cents is exactly ten answers.
+CARD = "rate_card:\n" + "".join("  %s: {input_utok: 0.0, output_utok: 1000.0}\n" % m for m in MODELS)
 TAIL = """
 groups:
-  org:     {limits: [{budget_usd: 1000, per: month}]}
+  org:     {limits: [{budget: 100000, per: month}]}
   team:    {parent: org, limits: [{requests: 1000, per: minute}]}
   rl:      {limits: [{requests: 20, per: minute}]}
-  money:   {limits: [{budget_usd: 0.10, per: day}]}
+  money:   {limits: [{budget: 10, per: day}]}
   one:     {limits: [{concurrent: 1}]}
   tok:     {limits: [{tokens: 25, per: hour}]}
   frozen:  {enabled: false}
   scoped:  {limits: [{requests: 1, per: minute, pool: oai-model}]}
-store: {kind: memory}
-observability: {metrics: true, access_log: off}
+store: {module: memory}
+export:
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  access: {module: access-log, settings: {path: "off"}}
 """ + CARD
 
 
@@ -320,9 +323,17 @@ def _children(pid):
 
 
 def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
-    tail = TAIL.replace("store: {kind: memory}", "store: {kind: sqlite, path: gov.db, "
-                                                 "flush_interval_ms: 100}")
-    g = start(tmp_path, mock_port, tail, workers=2)
+    tail = TAIL.replace("store: {module: memory}", "store: {module: sqlite, settings: {db_path: "
+                                                   "gov.db}}")
+    text, admin = gov_config(mock_port, tail)
+    # usage flushed every 100 ms (the base config has the advanced: block)
+    text = text.replace("advanced:\n", "advanced:\n  usage_flush_interval_ms: 100\n", 1)
+
+    def start_sqlite():
+        gw = start_gateway(tmp_path, text, 2, gov_env())
+        gw.admin = Admin(admin)
+        return gw
+    g = start_sqlite()
     try:
         k = g.admin.mint(name="durable", group="team")
         for _ in range(12):
@@ -340,8 +351,8 @@ def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
             if not os.path.exists("/proc/%d" % pid):
                 break
             time.sleep(0.05)
-    # the same config file, the same database
-    g2 = start(tmp_path, mock_port, tail, workers=2)
+    # the same config, the same database
+    g2 = start_sqlite()
     try:
         assert chat(g2, k["token"])[0] == 200
         u = wait_usage(g2.admin, "/keys/%s/usage" % k["id"], lambda d: d["total"]["requests"] >= 13)
@@ -600,8 +611,8 @@ def test_a_key_alone_still_bills_a_relayed_stream(mock_port, tmp_path):
     access log, metrics, request logs or traces), a same-protocol OpenAI stream whose client did
     not ask for usage is still billed what the upstream reported (busbar asks it for the usage
     chunk for the key's settlement), and the client still sees none."""
-    g = start(tmp_path, mock_port, "groups:\n  team: {}\nstore: {kind: memory}\n"
-              "observability: {metrics: false, access_log: off}\n")
+    g = start(tmp_path, mock_port, "groups:\n  team: {}\nstore: {module: memory}\n"
+              "export: {access: {module: access-log, settings: {path: \"off\"}}}\n")
     try:
         k = g.admin.mint(name="alone", group="team")
         o = openai.OpenAI(base_url=g.url + "/v1", api_key=k["token"], max_retries=0, timeout=20)

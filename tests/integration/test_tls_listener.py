@@ -69,7 +69,7 @@ providers:
 models:
   a: {{provider: m, upstream_model: gpt-4o-mini}}
 auth:
-  admin_open: true
+  admin_auth: []
 """
 
 

@@ -409,17 +409,17 @@ def test_keys_and_stores_in_the_executable(exe, tmp_path, store):
     redis = RedisServer().start() if store == "redis" else None
     mock_port, port, admin = free_port(), free_port(), free_port()
     env = {"SIGN": "k" * 40, "ADMIN": "a" * 32, "REDIS": redis.url if redis else ""}
-    store_cfg = ("store: {kind: redis, url: {env: REDIS}}\n" if redis else
-                 "store: {kind: sqlite, path: gov.db}\n")
+    store_cfg = ("store: {module: valkey, settings: {url: {env: REDIS}}}\n" if redis else
+                 "store: {module: sqlite, settings: {db_path: gov.db}}\n")
     (tmp_path / "config.yaml").write_text(
         'listen: "127.0.0.1:%d"\nadmin_listen: "127.0.0.1:%d"\n'
         "providers:\n"
         '  mock-openai: {protocol: openai, base_url: "http://127.0.0.1:%d"}\n'
         "models:\n  gpt-4o-mini: {provider: mock-openai}\n"
+        "identity-providers:\n  admin-tokens: {module: admin-tokens, token: {env: ADMIN}}\n"
         "auth:\n  chain: [keys]\n  signing_key: {env: SIGN}\n"
-        "  admin_tokens: [{name: ops, token: {env: ADMIN}, scope: full}]\n"
         "groups:\n  g: {limits: [{requests: 2, per: minute}]}\n"
-        "rate_card:\n  gpt-4o-mini: {input: 1.0, output: 2.0}\n"
+        "rate_card:\n  gpt-4o-mini: {input_utok: 1.0, output_utok: 2.0}\n"
         "advanced: {worker_threads: 2}\n" % (port, admin, mock_port) + store_cfg)
     mock = subprocess.Popen([exe, "mock", "--port", str(mock_port)], env={}, cwd=tmp_path,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

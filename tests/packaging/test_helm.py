@@ -343,10 +343,12 @@ def test_redis_url_and_secrets_come_from_a_secret(rendered):
     secret_name = from_secret["secretRef"]["name"]
     assert ref["name"] in (secret_name, "redis-connection")
     cfg = config_of(rendered)
-    assert cfg["store"] == {"kind": "redis", "url": {"env": "BUSBAR_REDIS_URL"}, "fail_mode": "closed"}
+    assert cfg["store"] == {"module": "valkey", "settings": {"url": {"env": "BUSBAR_REDIS_URL"},
+                                                             "fail_mode": "closed"}}
     assert cfg["auth"]["signing_key"] == {"env": "BUSBAR_SIGNING_KEY"}
-    assert cfg["auth"]["admin_tokens"] == [{"name": "ops", "token": {"env": "BUSBAR_ADMIN_TOKEN"},
-                                            "scope": "full"}]
+    assert cfg["auth"]["admin_auth"] == ["admin-tokens"]
+    assert cfg["identity-providers"] == {"admin-tokens": {
+        "module": "admin-tokens", "token": {"env": "BUSBAR_ADMIN_TOKEN"}}}
     # No secret value in the ConfigMap or in the pod spec, whatever the values hold.
     text = rendered.manifest
     for obj in rendered.of_kind("ConfigMap") + rendered.of_kind("Deployment"):

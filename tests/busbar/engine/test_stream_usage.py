@@ -123,7 +123,7 @@ def bare(mock_port, hostile):
     traces) and no keys."""
     text = CONFIG.format(port="{port}", mock=mock_port, hostile=hostile.port).replace(
         "models:\n", "models:\n  plain: {provider: hostile, upstream_model: plain}\n")
-    for box in _serve(text + "observability: {access_log: off, metrics: false}\n"):
+    for box in _serve(text + "export: {access: {module: access-log, settings: {path: \"off\"}}}\n"):
         assert box["gw"].finish_hooks == []
         yield box
 

@@ -21,8 +21,8 @@ from tests.integration.test_governance import CARD
 TAIL = """
 groups:
   rl:    {limits: [{requests: 20, per: minute}]}
-  money: {limits: [{budget_usd: 0.10, per: day}]}
-store: {kind: redis, url: {env: BB_REDIS}, fail_mode: closed}
+  money: {limits: [{budget: 10, per: day}]}
+store: {module: valkey, settings: {url: {env: BB_REDIS}, fail_mode: closed}}
 """ + CARD
 
 

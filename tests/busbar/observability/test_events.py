@@ -17,7 +17,7 @@ from tests.hostile import HostileUpstream, http_response, openai_body
 CONFIG = """\
 listen: "127.0.0.1:{port}"
 admin_listen: "127.0.0.1:{admin}"
-auth: {{admin_open: true}}
+auth: {{admin_auth: []}}
 providers:
   h: {{protocol: openai, base_url: "http://127.0.0.1:%d", api_key: {{env: MOCK_KEY}}}}
 models:
@@ -26,7 +26,7 @@ models:
   fine: {{provider: h, upstream_model: fine}}
 limits:
   max_inbound_concurrent: 1
-observability: {{access_log: "off"}}
+export: {{access: {{module: access-log, settings: {{path: "off"}}}}}}
 """
 
 

@@ -42,7 +42,7 @@ def _down(c, req):
 CONFIG = """\
 listen: "127.0.0.1:{port}"
 admin_listen: "127.0.0.1:{admin}"
-auth: {{admin_open: true}}
+auth: {{admin_auth: []}}
 providers:
   h: {{protocol: openai, base_url: "http://127.0.0.1:{h}", api_key: {{env: MOCK_KEY}}}}
 models:
@@ -55,7 +55,9 @@ pools:
     breaker: {{trip: {{mode: consecutive, consecutive_n: 1}}, base_cooldown_secs: 0.5, max_cooldown_secs: 0.5}}
   benchy:
     members: [{{model: refused, weight: 100}}, {{model: fine}}]
-observability: {{access_log: "off", metrics: true}}
+export:
+  access: {{module: access-log, settings: {{path: "off"}}}}
+  metrics: {{module: prometheus, settings: {{buffer_seconds: 60}}}}
 """
 
 

@@ -19,14 +19,12 @@ providers:
 models:
   oai: {provider: m, upstream_model: gpt-4o-mini}
 auth:
-  admin_open: true
-observability:
-  access_log: "%(log)s"
-  metrics: true
-  metrics_public: true
-  request_logs:
-    - {kind: file, path: "%(file)s"}
-    - {kind: webhook, url: "http://127.0.0.1:%(hook)d/hook"}
+  admin_auth: []
+export:
+  access: {module: access-log, settings: {path: "%(log)s"}}
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  file: {module: request-log-file, settings: {path: "%(file)s"}}
+  hook: {module: request-log-webhook, settings: {url: "http://127.0.0.1:%(hook)d/hook"}}
 """
 
 

@@ -85,15 +85,17 @@ pools:
     members:
       - {model: gone, weight: 100}
       - {model: good, weight: 1}
-observability:
-  access_log: off
-  metrics: true
-  metrics_public: true
-  otlp: {url: "http://127.0.0.1:%(otlp)d/v1/traces", headers: {x-otlp-token: {env: MOCK_KEY}}}
-  request_logs:
-    - {kind: file, path: "%(file)s", rotate_mb: 1}
-    - {kind: webhook, url: "http://127.0.0.1:%(hook)d/hook", auth_header: {env: MOCK_KEY}}
-    - {kind: file, path: "%(proj)s", fields: [request_id, pool, outcome]}
+export:
+  access: {module: access-log, settings: {path: "off"}}
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  traces:
+    module: otlp
+    settings: {url: "http://127.0.0.1:%(otlp)d/v1/traces", headers: {x-otlp-token: {env: MOCK_KEY}}}
+  file: {module: request-log-file, settings: {path: "%(file)s", rotate_mb: 1}}
+  hook:
+    module: request-log-webhook
+    settings: {url: "http://127.0.0.1:%(hook)d/hook", auth_header: {name: authorization, value: "${MOCK_KEY}"}}
+  projected: {module: request-log-file, settings: {path: "%(proj)s"}, fields: [request_id, pool, outcome]}
 """
 
 

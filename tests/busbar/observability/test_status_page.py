@@ -64,18 +64,18 @@ def _mint(admin, **body):
 # The `failover` pool trips its first lane (dead-model, a closed port) on its first failure, so the
 # lane is open (not merely cooling) for the ~30 s (15 s * 2^1) the page is looked at.
 TRIP_FIRST = "  failover:\n    breaker: {trip: {mode: consecutive, consecutive_n: 1}}\n    members:"
-# Every model of CONFIG priced (a rate card covers all or none): output 1000 USD per Mtok.
-CARD = "rate_card:\n" + "".join("  %s: {input: 0.0, output: 1000.0}\n" % m for m in (
+# Every model of CONFIG priced (a rate card covers all or none): output 1000 units per Mtok.
+CARD = "rate_card:\n" + "".join("  %s: {input_utok: 0.0, output_utok: 1000.0}\n" % m for m in (
     "oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model", "dead-model",
     "one-slot"))
 GOVERNANCE = """\
 auth:
-  admin_open: true
+  admin_auth: []
   chain: [keys]
   signing_key: {env: BB_SIGNING}
 groups:
   team-a: {limits: [{requests: 1000, per: minute}]}
-store: {kind: memory}
+store: {module: memory}
 """ + CARD
 # Fields of /stats that are times counted down between two reads.
 TICKING = ("cooldown_remaining_s", "recovery_hint_ms")
@@ -102,7 +102,8 @@ def test_status_page_in_chromium(mock_port, tmp_path):
     base = CONFIG.format(port=port, mock=mock_port, dead=free_port())
     assert base.count("  failover:\n    members:") == 1
     cfg.write_text(base.replace("  failover:\n    members:", TRIP_FIRST) + GOVERNANCE +
-                   "observability: {access_log: off, metrics: true}\n"
+                   "export: {access: {module: access-log, settings: {path: \"off\"}}, metrics: "
+                   "{module: prometheus, settings: {buffer_seconds: 60}}}\n"
                    'admin_listen: "127.0.0.1:%d"\n' % admin)
     e = env()
     e["BB_SIGNING"] = "s" * 40

@@ -46,7 +46,9 @@ def _fine(c, req):
 
 CONFIG = """\
 listen: "127.0.0.1:{port}"
-observability: {metrics: true, metrics_public: true, access_log: "%(log)s"}
+export:
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  access: {module: access-log, settings: {path: "%(log)s"}}
 providers:
   h:    {protocol: openai, base_url: "http://127.0.0.1:%(h)d", api_key: {env: MOCK_KEY},
          health: {mode: dead, interval_secs: 1, timeout_secs: 1}}

@@ -50,7 +50,9 @@ SHORT = Holder(0.15)
 
 CONFIG = """\
 listen: "127.0.0.1:{port}"
-observability: {metrics: true, metrics_public: true, access_log: "off"}
+export:
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  access: {module: access-log, settings: {path: "off"}}
 providers:
   h: {protocol: openai, base_url: "http://127.0.0.1:%(h)d", api_key: {env: MOCK_KEY}}
 models:

@@ -35,7 +35,7 @@ CLIENT_TIMEOUT = BUDGET_SECS + 5
 THINK_SECS = (0.05, 0.25)   # a client's pause between requests (keeps the shared box usable)
 # Baseline tolerances for the whole process tree (2 workers). Open fds: the listener, the admin
 # listener, the control channels and the upstream pools' idle connections are in the baseline and
-# idle connections are reaped within ~2 s (upstream_pool_idle_timeout_secs: 1); a few may be in
+# idle connections are reaped within ~2 s (pool_idle_timeout_secs: 1); a few may be in
 # the middle of being reaped. RSS: pymalloc arenas and the allocator's free lists keep some of the
 # peak; growth beyond this would be a leak (18k requests at ~1 KiB each would be 18 MiB).
 FD_SLACK = 8
@@ -97,7 +97,7 @@ def _ok(c, req):
 
 CONFIG = """\
 listen: "127.0.0.1:{port}"
-observability: {access_log: "off"}
+export: {access: {module: access-log, settings: {path: "off"}}}
 providers:
   flap:   {protocol: openai, base_url: "%(u)s", api_key: {env: MOCK_KEY},
            health: {mode: dead, interval_secs: 1, timeout_secs: 1}}
@@ -114,7 +114,7 @@ pools:
     failover: {timeout_secs: %(budget)g, max_hops: 4}
     on_exhausted: {queue: {max_ms: 5000}}
 limits:
-  upstream_pool_idle_timeout_secs: 1
+  pool_idle_timeout_secs: 1
   idle_timeout_secs: 30
 """
 

@@ -16,13 +16,11 @@ admin_listen: "127.0.0.1:{admin}"
 auth:
   chain: [keys]
   signing_key: {{env: BB_SIGNING}}
-observability:
-  access_log: "{log}"
-  metrics: true
-  metrics_public: true
-  otlp: {{url: "http://127.0.0.1:{otlp}/v1/traces"}}
-  request_logs:
-    - {{kind: file, path: "{req}"}}
+export:
+  access: {{module: access-log, settings: {{path: "{log}"}}}}
+  metrics: {{module: prometheus, settings: {{buffer_seconds: 60}}}}
+  traces: {{module: otlp, settings: {{url: "http://127.0.0.1:{otlp}/v1/traces"}}}}
+  requests: {{module: request-log-file, settings: {{path: "{req}"}}}}
 """
 
 SCRIPT = r"""
