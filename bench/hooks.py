@@ -31,7 +31,9 @@ models:
   oai-model: {provider: o, upstream_model: gpt-4o-mini}
 pools:
   mixed: {members: [{model: oai-model}, {model: ant-model}]}
-observability: {access_log: /dev/null, metrics: true}
+export:
+  access: {module: access-log, settings: {path: /dev/null}}
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
 """
 
 

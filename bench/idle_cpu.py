@@ -32,10 +32,10 @@ from run import BUSBAR_CONFIG  # noqa: E402
 
 OBSERVE = {
     "off": payloads.QUIET,
-    "on": 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: "%(dir)s/access.jsonl", '
-          'metrics: true}\n',
+    "on": 'admin_listen: "127.0.0.1:0"\nexport: {access: {module: access-log, settings: {path: '
+          '"%(dir)s/access.jsonl"}}, metrics: {module: prometheus, settings: {buffer_seconds: 60}}}\n',
     "default": 'admin_listen: "127.0.0.1:0"\n',
-    "absent": "",       # a --tree from before admin_listen and observability existed
+    "absent": "",       # a --tree from before admin_listen and export existed
 }
 
 

@@ -165,9 +165,10 @@ def run_busbar(args, mock_port):
            "BENCH_MOCK_AWS": "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"}
     tmp = tempfile.mkdtemp(prefix="inproc-")
     o = args.observe
-    observe = "observability: {access_log: %s, metrics: %s}\n" % (
-        '"%s"' % os.path.join(tmp, "access.jsonl") if o in ("on", "access") else "off",
-        "true" if o in ("on", "metrics") else "false")
+    observe = "export:\n  access: {module: access-log, settings: {path: %s}}\n" % (
+        '"%s"' % os.path.join(tmp, "access.jsonl") if o in ("on", "access") else '"off"')
+    if o in ("on", "metrics"):
+        observe += "  metrics: {module: prometheus, settings: {buffer_seconds: 60}}\n"
     # The slice of bench/run.py's Bench that keys_config reads (sqlite only: no redis here).
     fake = types.SimpleNamespace(base_env=env, log_dir=_Dir(tmp), redis_url=None, redis_db=0,
                                  admin_port=procs.free_port())

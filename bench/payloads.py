@@ -64,7 +64,7 @@ advanced:
 # metrics off (run.py's plain busbar row).
 MOCK_ENV = {"BENCH_MOCK_KEY": "sk-bench-upstream",
             "BENCH_MOCK_AWS": "AKIDBENCHEXAMPLE:benchSecretKeyExample0123456789abcdefXYZ"}
-QUIET = 'admin_listen: "127.0.0.1:0"\nobservability: {access_log: off, metrics: false}\n'
+QUIET = 'admin_listen: "127.0.0.1:0"\nexport: {access: {module: access-log, settings: {path: "off"}}}\n'
 
 _SIGV4 = ("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/20250101/us-east-1/bedrock/aws4_request, "
           "SignedHeaders=content-type;host;x-amz-date, Signature=" + "0f" * 32)

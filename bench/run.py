@@ -68,6 +68,7 @@ ONE_K = SIZES[1]
 _KNOWN = {}
 # A config that uses each optional section the bench writes, in its "off" form.
 _PROBE = {"admin_listen": 'admin_listen: "127.0.0.1:0"\n',
+          "export": 'export: {access: {module: access-log, settings: {path: "off"}}}\n',
           "observability": "observability: {access_log: off, metrics: false}\n"}
 
 
@@ -306,10 +307,17 @@ class Bench:
         text = BUSBAR_CONFIG.format(port=port, mock=self.mock_port)
         if _knows(tree, "admin_listen", self.env()):
             text += "admin_listen: \"127.0.0.1:%d\"\n" % admin_port
-        if o != "off" or _knows(tree, "observability", self.env()):
+        access = '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") \
+            else '"off"'
+        if _knows(tree, "export", self.env()):
+            text += "export:\n  access: {module: access-log, settings: {path: %s}}\n" % access
+            if o in ("on", "metrics"):
+                text += "  metrics: {module: prometheus, settings: {buffer_seconds: 60}}\n"
+        elif o != "off" or _knows(tree, "observability", self.env()):
+            # a --baseline tree from before the export: grammar (issue #36) reads busbar's
+            # earlier spelling of the same settings
             text += "observability: {access_log: %s, metrics: %s}\n" % (
-                '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") else "off",
-                "true" if o in ("on", "metrics") else "false")
+                access, "true" if o in ("on", "metrics") else "false")
         text += self.keys_config(keys, tag)
         if self.tls_files:
             text += "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % self.tls_files
@@ -373,7 +381,7 @@ class Bench:
                 raise SystemExit(
                     "bench: the baseline %s (--baseline %s, tree %s) did not start with the bench "
                     "config; if its config schema rejects a key this commit's bench writes (e.g. "
-                    "admin_listen, observability, auth, store), it cannot be compared with this "
+                    "admin_listen, export, auth, store), it cannot be compared with this "
                     "bench. %s" % (b.name, b.ref, b.tree.relative_to(ROOT), e)) from None
             t.started.refresh()
             if not baseline.loaded_from(t.started.pids, b.tree):
@@ -464,15 +472,17 @@ class Bench:
             self.redis_db += 1
             var = "BENCH_REDIS_URL_%d" % self.redis_db
             env[var] = "%s/%d" % (self.redis_url, self.redis_db - 1)
-            store = "store: {kind: redis, url: {env: %s}}\n" % var
+            store = "store: {module: valkey, settings: {url: {env: %s}}}\n" % var
         else:
-            store = "store: {kind: sqlite, path: \"%s\"}\n" % (self.log_dir / ("%s.db" % tag))
-        card = "".join("  %s: {input: 3.0, output: 15.0}\n" % m for m in
+            store = "store: {module: sqlite, settings: {db_path: \"%s\"}}\n" % (
+                self.log_dir / ("%s.db" % tag))
+        card = "".join("  %s: {input_utok: 3.0, output_utok: 15.0}\n" % m for m in
                        ("oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model"))
-        return ("auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
-                "  admin_tokens: [{name: bench, token: {env: BENCH_ADMIN_TOKEN}, scope: full}]\n"
+        return ("identity-providers:\n  bench: {module: admin-tokens, token: {env: BENCH_ADMIN_TOKEN}}\n"
+                "auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
+                "  admin_auth: [bench]\n"
                 "groups:\n  bench: {limits: [{requests: 100000000, per: minute}, "
-                "{budget_usd: 100000000, per: month}, {concurrent: 100000}]}\n"
+                "{budget: 10000000000, per: month}, {concurrent: 100000}]}\n"
                 "rate_card:\n" + card + store)
 
     def mint_key(self, port):

@@ -70,7 +70,7 @@ providers:
   m-openai: {{protocol: openai, base_url: "http://127.0.0.1:{mock}", api_key: {{env: BENCH_MOCK_KEY}}}}
 models:
   oai-model: {{provider: m-openai, upstream_model: gpt-4o-mini}}
-observability: {{access_log: off, metrics: false}}
+export: {{access: {{module: access-log, settings: {{path: "off"}}}}}}
 """
 
 DIAG = r'''

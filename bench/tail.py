@@ -837,7 +837,7 @@ def main(argv=None):
         cfg = out_dir / "busbar.yaml"
         cfg.write_text(benchrun.BUSBAR_CONFIG.format(port=port, mock=mock_port)
                        + 'admin_listen: "127.0.0.1:%d"\n' % admin
-                       + "observability: {access_log: off, metrics: false}\n")
+                       + 'export: {access: {module: access-log, settings: {path: "off"}}}\n')
         benv = dict(env)
         if not args.no_trace:
             (trace_dir / "sitecustomize.py").write_text(TRACE)

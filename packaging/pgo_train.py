@@ -45,15 +45,19 @@ import payloads  # noqa: E402
 LANES = payloads.LANES
 CONFIG = payloads.GATEWAY_CONFIG + 'admin_listen: "127.0.0.1:{admin}"\n'
 OBSERVED = """\
-observability: {{access_log: "{log}", metrics: true}}
+export:
+  access: {{module: access-log, settings: {{path: "{log}"}}}}
+  metrics: {{module: prometheus, settings: {{buffer_seconds: 60}}}}
+identity-providers:
+  pgo: {{module: admin-tokens, token: {{env: PGO_ADMIN_TOKEN}}}}
 auth:
   chain: [keys]
   signing_key: {{env: PGO_SIGNING_KEY}}
-  admin_tokens: [{{name: pgo, token: {{env: PGO_ADMIN_TOKEN}}, scope: full}}]
+  admin_auth: [pgo]
 groups:
-  pgo: {{limits: [{{requests: 100000000, per: minute}}, {{budget_usd: 100000000, per: month}}, {{concurrent: 100000}}]}}
+  pgo: {{limits: [{{requests: 100000000, per: minute}}, {{budget: 10000000000, per: month}}, {{concurrent: 100000}}]}}
 rate_card:
-{card}store: {{kind: sqlite, path: "{db}"}}
+{card}store: {{module: sqlite, settings: {{db_path: "{db}"}}}}
 """
 
 
@@ -85,9 +89,9 @@ def serve(env, upstream: int, folder: str, observed: bool):
     port, admin = free_port(), free_port()
     text = CONFIG.format(port=port, admin=admin, mock=upstream)
     if not observed:
-        text += "observability: {access_log: off, metrics: false}\n"
+        text += 'export: {access: {module: access-log, settings: {path: "off"}}}\n'
     else:
-        card = "".join("  %s: {input: 3.0, output: 15.0}\n" % m for m in LANES.values())
+        card = "".join("  %s: {input_utok: 3.0, output_utok: 15.0}\n" % m for m in LANES.values())
         text += OBSERVED.format(log=os.path.join(folder, "access.jsonl"), card=card,
                                 db=os.path.join(folder, "keys.db"))
     cfg = os.path.join(folder, "observed.yaml" if observed else "plain.yaml")
