@@ -234,12 +234,20 @@ pools:
   a: {members: [{model: m}], on_exhausted: {fallback_pool: b}}
   b: {members: [{model: m}], on_exhausted: {fallback_pool: a}}
   c: {members: [{model: m}], on_exhausted: {fallback_pool: nope}}
-  d: {members: [{model: m}], breaker: {trip: {window_s: 3}}, failover: {cap: 2}}
 """, env={})
     errs = "\n".join(out.errors)
     assert "pools.a.on_exhausted.fallback_pool: fallback cycle: a -> b -> a" in errs
     assert "pools.c.on_exhausted.fallback_pool: unknown pool 'nope'" in errs
-    assert "window_s" in errs and "cap" in errs
+    # the 1.4 names are refused naming the new ones (busbar --migrate-config converts them)
+    _, out = build(text="""
+providers: {p: {protocol: openai, base_url: "http://127.0.0.1:1", api_key: x}}
+models: {m: {provider: p}}
+pools:
+  d: {members: [{model: m}], breaker: {trip: {window_s: 3}}, failover: {cap: 2}}
+""", env={})
+    assert [e.split(" (")[0] for e in out.errors] == [
+        "pools.d.breaker.trip.window_s: retired; write window_secs instead",
+        "pools.d.failover.cap: retired; write max_hops instead"]
 
 
 def test_the_request_time_budget_holds_across_hops(gw):
