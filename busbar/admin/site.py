@@ -6,7 +6,7 @@ routes exist only there, so the data listener cannot answer them whatever the pa
 Every part adds its routes the same way, when it is wired into the worker (observability's pages
 and /metrics, the admin API, governance's endpoints):
 
-    gw.admin_routes.add("GET", "/metrics", handler, scope=PUBLIC)       # no admin token asked
+    gw.admin_routes.add("GET", "/", handler, scope=PUBLIC)              # no admin token asked
     gw.admin_routes.add("GET", "/api/v1/admin/pools/{name}", handler)   # scope from method + path
 
 A handler takes an `AdminRequest` and returns a `Response` (or a coroutine giving one). `scope`:
