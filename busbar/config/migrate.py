@@ -729,28 +729,27 @@ def _store(doc, m):
     store = doc.get("store")
     if not isinstance(store, dict):
         return
-    if "module" not in store and any(key in store for section, key in BUSBAR_RETIRED_IN
-                                     if section == "store"):
-        # busbar's own store block: {kind: memory|sqlite|redis, path, url, ...}, sqlite by default
-        kind = store.pop("kind", "sqlite")
-        settings = {}
-        if kind == "sqlite":
+    old = [key for section, key in BUSBAR_RETIRED_IN if section == "store" and key in store]
+    if old:
+        # busbar's own store block, {kind: memory|sqlite|redis, path, url, ...} (sqlite by
+        # default), or its keys beside a module: each goes into the module's settings.
+        kind = store.pop("kind", None)
+        module = store.pop("module", None) or {"redis": "valkey"}.get(kind, kind) or "sqlite"
+        settings = dict(_map(store.pop("settings", None)))
+        if module in ("sqlite", "busbar-store-sqlite"):
             # busbar's sqlite default was busbar.db; the current one is named otherwise.
-            settings["db_path"] = store.pop("path", EARLIER_DEFAULT_DB)
-        elif kind == "redis":
-            kind = "valkey"
+            settings.setdefault("db_path", store.pop("path", EARLIER_DEFAULT_DB))
         for k in list(store):
             if k == "flush_interval_ms":
                 _setdefault_map(doc, "advanced").setdefault("usage_flush_interval_ms",
                                                             store.pop(k))
-            elif k != "settings":
-                settings[k] = store.pop(k)
-        store.clear()
-        store["module"] = kind
+            else:
+                settings.setdefault("db_path" if k == "path" else k, store.pop(k))
+        store["module"] = module
         if settings:
             store["settings"] = settings
-        m.change("store.kind", "became store: {module: %s%s}" % (kind, ", settings" if settings
-                                                                  else ""))
+        m.change("store.%s" % old[0], "became store: {module: %s%s}" % (
+            module, ", settings" if settings else ""))
     module = store.get("module")
     if isinstance(module, str) and module in RETIRED_STORE_MODULES:
         store["module"] = RETIRED_STORE_MODULES[module]

@@ -66,6 +66,16 @@ def test_each_earlier_spelling_is_refused_naming_its_new_home(snippet, path, hom
     assert _problems(snippet + "\n") == [_line(path, home)]
 
 
+@pytest.mark.parametrize("snippet, path, home", OWN, ids=[o[1] for o in OWN])
+def test_what_is_refused_the_migrator_converts_to_a_config_that_loads(snippet, path, home):
+    from busbar.config import migrate
+    out, _ = migrate.migrate_text(BASE + snippet + "\n")
+    doc = yaml.safe_load(out)
+    assert legacy.markers(doc) == []
+    config, problems = build(text=out, env=ENV)
+    assert config is not None, problems.errors
+
+
 def test_the_rates_new_home_says_the_number_is_the_same():
     assert legacy.RETIRED_RATE["cache_write"] == ("cache_write_utok (the same number: per million "
                                                   "tokens = micro-units per token)")
