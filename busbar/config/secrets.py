@@ -42,10 +42,12 @@ class OfflineEnv(dict):
 
 
 def resolve_secret(
-    value: object, path: str, env: Mapping[str, str], base_dir: str, out: Problems
-) -> str | None:
+    value: object, path: str, env: Mapping[str, str], base_dir: str, out: Problems, raw: bool = False
+) -> str | bytes | None:
     """The secret's value, or None after recording a problem. `path` is the config path of the
-    reference (for messages); relative `file:` paths are taken from the config file's folder."""
+    reference (for messages); relative `file:` paths are taken from the config file's folder.
+    `raw`: the bytes exactly as found (a file's whole content, a variable's value), for a secret
+    that is not text (auth.signing_key may be 32 raw bytes); the caller checks them."""
     if isinstance(value, str):
         out.error(path, "inline secrets are not allowed; use {env: NAME} or {file: PATH}")
         return None
@@ -81,20 +83,24 @@ def resolve_secret(
         if secret is None:
             out.error(path, f"environment variable {ref} is not set")
             return None
+        if raw:
+            return secret.encode("utf-8", "surrogateescape")
         where = f"environment variable {ref}"
     else:
         file_path = os.path.join(base_dir, os.path.expanduser(ref))
         try:
             with open(file_path, "rb") as fh:
-                raw = fh.read(65536 + 1)
+                data = fh.read(65536 + 1)
         except OSError as exc:
             out.error(path, f"cannot read secret file {ref}: {exc.strerror or exc}")
             return None
-        if len(raw) > 65536:
+        if len(data) > 65536:
             out.error(path, f"secret file {ref} is larger than 64 KiB")
             return None
+        if raw:
+            return data
         try:
-            secret = raw.decode("utf-8")
+            secret = data.decode("utf-8")
         except UnicodeDecodeError:
             out.error(path, f"secret file {ref} is not UTF-8 text")
             return None

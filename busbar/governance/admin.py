@@ -1,7 +1,8 @@
 """Governance endpoints on the admin API (issue 10; SPEC §5, §6): keys, groups and usage under
 /api/v1/admin. Mutations need the `full` scope (the admin site derives it from the method).
 
-A token is shown once, in the 201 of a mint or a rotate; the store keeps its SHA-256 only. The AWS
+A token is shown once, in the 201 of a mint or the 200 of a rotate, and never stored: it is the
+Rust gateway's signed token (busbar/governance/model.py), so either gateway verifies it. The AWS
 secret issued with a key is shown once too and never returned by a read.
 """
 from __future__ import annotations
@@ -16,11 +17,12 @@ from busbar.config.checks import Problems, problem_list
 from busbar.server.channel import broadcast
 
 from .config import group_from_body
-from .model import (AWS_KEY_PREFIX, USAGE_FIELDS, KeyRecord, mint_token, new_key_id, spend_nano,
-                    token_hash, usd)
+from .model import (USAGE_FIELDS, KeyRecord, iso_utc, mint_token, new_aws_access_key_id,
+                    new_credential_id, new_generation, new_key_id, spend_nano, usd)
 
 # Keys are minted for auth.key_ttl (90 days by default, SPEC §5) unless the body says otherwise.
-# A key may live at most ten years; a longer expiry is almost surely a unit mistake.
+# A key may live at most ten years; a longer expiry is almost surely a unit mistake. A token always
+# carries an expiry (the Rust format's `exp` is required), so `expires_in_days: null` is that most.
 MAX_KEY_DAYS = 3650
 NAME_MAX = 200
 ACK_TIMEOUT_SECS = 5.0
@@ -77,13 +79,14 @@ def mount(r, gw, boot):
             raise AdminError(400, "allowed_pools: unknown pool(s) %s" % ", ".join(unknown))
         return list(pools)
 
-    async def shown_once(rec, token, secret, status):
+    async def shown_once(rec, token, exp, secret, status):
         """Store and push a key, and answer with its token (and AWS secret): the only time
-        either is shown."""
+        either is shown. `expires_at` is the token's expiry."""
         await store().put_key(rec)
         await push({"keys": [rec]})
         out = rec.public()
         out["token"] = token
+        out["expires_at"] = iso_utc(exp)
         if secret is not None:
             out["aws_secret_access_key"] = secret
         return json_response(out, status)
@@ -113,17 +116,18 @@ def mount(r, gw, boot):
         if not isinstance(labels, dict):
             raise AdminError(400, "labels: expected an object")
         now = int(time.time())
-        exp = None if days is None else now + int(days * 86400)
+        exp = now + int((MAX_KEY_DAYS if days is None else days) * 86400)
         kid = new_key_id()
-        token = mint_token(g.signing_key, kid, exp, 1)
-        rec = KeyRecord(kid, name, group, pools, "active", now, exp, 1, token_hash(token),
-                        labels=labels)
+        gen = new_generation()
+        token = mint_token(g.signing_key, kid, exp, gen)
+        rec = KeyRecord(kid, name, group, pools, "active", now, None, gen, labels=labels)
         secret = None
         if body.get("issue_aws_credential"):
-            rec.aws_access_key_id = AWS_KEY_PREFIX + os.urandom(8).hex().upper()
+            rec.aws_access_key_id = new_aws_access_key_id()
+            rec.aws_cred_id = new_credential_id()
             secret = _aws_secret()
             rec.aws_secret = secret
-        return await shown_once(rec, token, secret, 201)
+        return await shown_once(rec, token, exp, secret, 201)
 
     async def list_keys(req):
         keys = [k.public() for k in await store().list_keys() if k.state != "tombstoned"]
@@ -176,13 +180,13 @@ def mount(r, gw, boot):
             raise AdminError(409, "key '%s' is revoked; it cannot be rotated" % rec.id)
         if g.signing_key is None:
             raise AdminError(409, "no auth.signing_key configured")
-        rec.gen += 1
-        token = mint_token(g.signing_key, rec.id, rec.expires, rec.gen)
-        rec.token_hash = token_hash(token)
-        secret = None
-        if rec.aws_access_key_id:
-            secret = rec.aws_secret = _aws_secret()
-        return await shown_once(rec, token, secret, 200)
+        # A new generation: every token minted before carries the old one and stops verifying,
+        # in every instance reading this store. The AWS pair is a credential of its own and stays
+        # (as the Rust gateway's rotate leaves it).
+        rec.gen = new_generation()
+        exp = int(time.time()) + g.key_ttl_secs
+        token = mint_token(g.signing_key, rec.id, exp, rec.gen)
+        return await shown_once(rec, token, exp, None, 200)
 
     async def delete_key(req):
         rec = await get_key(req.params["id"])
@@ -411,7 +415,8 @@ def _public_usage(d: dict, nano: int) -> dict:
 
 
 def _aws_secret() -> str:
+    """40 characters of base64 over 30 random bytes (240 bits): the shape of an AWS secret key."""
     import base64
-    return base64.b64encode(os.urandom(30)).decode("ascii").replace("/", "x").replace("+", "z")
+    return base64.b64encode(os.urandom(30)).decode("ascii")
 
 

@@ -22,7 +22,8 @@ from busbar.config.checks import Problems, check_keys, describe, get_mapping, jo
 from busbar.config.modules import require
 from busbar.config.secrets import resolve_secret
 
-from .model import MAX_GROUP_DEPTH, GroupRecord, Rate, parse_limit
+from .model import (MAX_GROUP_DEPTH, SEED_BYTES, GroupRecord, Rate, Signer, parse_limit,
+                    parse_signing_secret)
 
 CHAINS = ("keys",)
 # `store: {module, settings}`: the module names and aliases busbar has built in, each to busbar's
@@ -48,8 +49,6 @@ DEFAULT_FLUSH_MS = 200
 # A Redis round trip on loopback or in a cluster takes < 1 ms; 500 ms marks it unreachable
 # without holding requests for long.
 DEFAULT_REDIS_TIMEOUT_MS = 500
-# A signing key shorter than this is refused: HMAC-SHA256 wants >= 32 bytes of key.
-MIN_SIGNING_KEY = 32
 # Shared-memory buckets for group limits on one node (24 bytes each): one per (group, limit);
 # 16384 is 384 KiB and more limits than any config we have seen.
 DEFAULT_BUCKETS = 16384
@@ -83,7 +82,7 @@ class Governance:
 
     def __init__(self, keys, signing_key, groups, rate_card, store, key_ttl_secs=DEFAULT_KEY_TTL_SECS):
         self.keys = keys
-        self.signing_key = signing_key      # bytes, or None
+        self.signing_key = signing_key      # a model.Signer, or None
         self.groups = groups                # {name: GroupRecord} owned by the config file
         self.rate_card = rate_card          # {model: Rate} or None (tokens cost 0)
         self.store = store
@@ -128,15 +127,24 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
     signing_key = None
     if "signing_key" in auth:
         n = len(out.errors)
-        secret = resolve_secret(auth["signing_key"], "auth.signing_key", env, base_dir, out)
+        secret = resolve_secret(auth["signing_key"], "auth.signing_key", env, base_dir, out,
+                                raw=True)
         if len(out.errors) == n and secret is not None:
-            if offline:
-                signing_key = b"offline"
-            elif len(secret.encode()) < MIN_SIGNING_KEY:
-                out.error("auth.signing_key", "must be at least %d bytes (e.g. `openssl rand -hex 32`)"
-                          % MIN_SIGNING_KEY)
+            if offline or isinstance(secret, str):
+                # `validate --offline`: the reference's shape was checked, not the key; a stand-in
+                # (all zero, never used to sign) keeps the rest of the check going.
+                signing_key = Signer(bytes(SEED_BYTES))
             else:
-                signing_key = secret.encode()
+                seed = parse_signing_secret(secret)
+                if seed is None:
+                    # Never quotes the value: it may be a real secret of another shape.
+                    out.error("auth.signing_key", "must be an ed25519 signing key: 64 hex "
+                              "characters (or the 32 raw bytes), the Rust gateway's format; this "
+                              "one is %d bytes of another shape (an HMAC secret of an earlier "
+                              "busbar?). Make one with `busbar --generate-signing-key`; keys "
+                              "minted under the old secret must then be rotated" % len(secret))
+                else:
+                    signing_key = Signer(seed)
     elif keys:
         out.error("auth.signing_key", "required when auth.chain has 'keys' (a secret reference, "
                   "the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})")

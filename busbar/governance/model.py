@@ -4,20 +4,27 @@ Shared by every store (memory, SQLite, Redis) and by both sides of the gateway: 
 the parent (mint, PATCH, usage) and the data plane in every worker (verify, admit, settle). Records
 are plain slotted classes: they are pickled to workers and cached per worker.
 
-Tokens (SPEC §5): `bbk_<b64url(payload)>.<b64url(sig)>`, payload `{"sub": "vk_<16hex>", "exp",
-"kid": "k1", "g": <generation>}`. The reference signs with ed25519; busbar signs with HMAC-SHA256
-under `auth.signing_key`. Why: the same secret mints (admin API) and verifies (every worker) in
-every instance of a fleet, so an asymmetric pair buys nothing, and HMAC verifies in ~1 µs where
-ed25519 takes ~50 µs and needs `cryptography` in the executable. A forged or mistyped token fails
-the MAC and never touches the store; rotate bumps the generation, so the old token fails
-everywhere; the store keeps only the token's SHA-256.
+Tokens are the Rust gateway's (GetBusbar/busbar `governance/signing.rs`), so a key minted by either
+gateway verifies in the other under the same `auth.signing_key`:
+
+    bbk_<b64url-no-pad(claims JSON)>.<b64url-no-pad(ed25519 signature over those JSON bytes)>
+    claims: {"sub": "vk_<32 hex>", "exp": <unix seconds>, "kid": "k1", "g": "<generation>"}
+
+`g` (the key's rotation generation, 32 hex) is left out by a token minted before generations
+existed; such a token matches only a key whose stored generation is absent too. The signing key is
+the ed25519 secret (its 32-byte seed) that `busbar --generate-signing-key` prints as 64 hex
+characters; a file may also hold the 32 raw bytes. Verification checks the signature, then the
+expiry; the store is consulted for the key (by `sub`), its generation, state and revocation. An
+uncached ed25519 verify costs ~60-170 us (bench/verify.py), so each worker keeps the verified
+tokens (busbar/governance/gate.py); the store never holds a token.
 """
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
+import binascii
 import os
+import re
+import string
 import time
 
 import orjson
@@ -25,7 +32,12 @@ import orjson
 TOKEN_PREFIX = "bbk_"
 KID = "k1"
 KEY_ID_PREFIX = "vk_"
-AWS_KEY_PREFIX = "BBAK"        # issued AWS access key ids: BBAK + 16 upper hex (AKIA-like, 20 chars)
+# Issued AWS access key ids have the shape AWS SDKs validate: AKIA + 16 of A-Z0-9 (20 chars).
+AWS_KEY_PREFIX = "AKIA"
+_AWS_ID_ALPHABET = string.ascii_uppercase + string.digits
+SEED_BYTES = 32
+# A token longer than this is not one of ours (a real one is ~190 bytes); refused before any work.
+MAX_TOKEN_BYTES = 1024
 
 STATES = ("active", "disabled", "revoked", "tombstoned")
 LIMIT_KINDS = ("requests", "tokens", "budget_usd", "concurrent")
@@ -41,65 +53,198 @@ NANO_PER_CENT = NANO // 100
 MAX_GROUP_DEPTH = 8
 
 
+# ---------------------------------------------------------------------------- tokens
+_B64URL = re.compile(r"[A-Za-z0-9_-]*\Z")
+
+
 def _b64(b: bytes) -> str:
     return base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii")
 
 
-def _unb64(s: str) -> bytes:
-    return base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+def _unb64(s: str) -> bytes | None:
+    """Base64url without padding, decoded as strictly as the Rust side does: the url-safe alphabet
+    only, no `=`, and the unused bits of the last character zero (one encoding per byte string)."""
+    if not _B64URL.match(s) or len(s) % 4 == 1:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(s + "=" * (-len(s) % 4))
+    except (ValueError, binascii.Error):
+        return None
+    return raw if _b64(raw) == s else None
+
+
+def parse_signing_secret(raw: bytes) -> bytes | None:
+    """The 32-byte ed25519 seed that `auth.signing_key` resolved to, read as the Rust gateway reads
+    it: exactly 32 bytes are the seed itself; anything else is text whose trimmed form must be 64
+    hex characters. None when it is neither."""
+    if len(raw) == SEED_BYTES:
+        return bytes(raw)
+    try:
+        text = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        return None
+    if len(text) != 2 * SEED_BYTES or any(c not in string.hexdigits for c in text):
+        return None
+    return bytes.fromhex(text)
+
+
+def ed25519_key(seed: bytes):
+    """An object with `sign(message)` and `verify(signature, message)` for this seed: OpenSSL's
+    ed25519 through cbusbar/ed25519.pyx (the libcrypto the interpreter loaded, so the single-file
+    executable has it too), or the `cryptography` package where that found no libcrypto."""
+    from cbusbar import ed25519
+    if ed25519.AVAILABLE:
+        return ed25519.Ed25519Key(seed)
+    return _CryptographyKey(seed)
+
+
+class _CryptographyKey:
+    __slots__ = ("_private", "_public")
+
+    def __init__(self, seed: bytes):
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+        self._private = Ed25519PrivateKey.from_private_bytes(seed)
+        self._public = self._private.public_key()
+
+    def sign(self, message: bytes) -> bytes:
+        return self._private.sign(message)
+
+    def verify(self, signature: bytes, message: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+        try:
+            self._public.verify(signature, message)
+        except InvalidSignature:
+            return False
+        return True
+
+
+class Signer:
+    """`auth.signing_key`: an ed25519 key that mints tokens (the admin API) and verifies them (every
+    worker). Pickles as its seed (the config travels to workers that way); never prints it."""
+
+    __slots__ = ("seed", "kid", "_key")
+
+    def __init__(self, seed: bytes, kid: str = KID):
+        if len(seed) != SEED_BYTES:
+            raise ValueError("an ed25519 seed is 32 bytes")
+        self.seed = bytes(seed)
+        self.kid = kid
+        self._key = ed25519_key(self.seed)
+
+    def mint(self, sub: str, exp: int, gen: str | None) -> str:
+        """A token for key `sub`, expiring at `exp` (unix seconds), of rotation generation `gen`.
+        The claims are serialized as the Rust side does (compact JSON, fields in this order, `g`
+        left out when there is none), so both gateways produce the same bytes."""
+        claims = {"sub": sub, "exp": int(exp), "kid": self.kid}
+        if gen is not None:
+            claims["g"] = gen
+        payload = orjson.dumps(claims)
+        return TOKEN_PREFIX + _b64(payload) + "." + _b64(self._key.sign(payload))
+
+    def verify(self, token: str, now: float):
+        """(sub, exp, gen) of a token this key signed that has not expired, else None. The order
+        is the Rust side's: shape, claims, key id, signature, and only then expiry (the claims are
+        trusted only once authenticated). Nothing here touches a store."""
+        if len(token) > MAX_TOKEN_BYTES or not token.startswith(TOKEN_PREFIX):
+            return None
+        payload_b64, dot, sig_b64 = token[len(TOKEN_PREFIX):].partition(".")
+        if not dot:
+            return None
+        payload = _unb64(payload_b64)
+        sig = _unb64(sig_b64)
+        if payload is None or sig is None or len(sig) != 64:
+            return None
+        try:
+            claims = orjson.loads(payload)
+            sub, exp, kid = claims["sub"], claims["exp"], claims["kid"]
+            gen = claims.get("g")
+        except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+            return None
+        if not isinstance(sub, str) or not isinstance(kid, str) or (
+                gen is not None and not isinstance(gen, str)) or isinstance(exp, bool) or (
+                not isinstance(exp, int)) or not 0 <= exp < 1 << 64:
+            return None
+        if kid != self.kid:
+            return None
+        if not self._key.verify(sig, payload):
+            return None
+        if exp <= now:
+            return None
+        return sub, exp, gen
+
+    def __reduce__(self):
+        return (Signer, (self.seed, self.kid))
+
+    def __eq__(self, other):
+        return isinstance(other, Signer) and other.seed == self.seed and other.kid == self.kid
+
+    def __hash__(self):
+        return hash((self.seed, self.kid))
+
+    def __repr__(self):
+        return "Signer(kid=%r, key=<redacted>)" % self.kid
 
 
 def new_key_id() -> str:
-    return KEY_ID_PREFIX + os.urandom(8).hex()
+    """A fresh key id: `vk_` + 32 hex characters of the OS random source (the Rust shape)."""
+    return KEY_ID_PREFIX + os.urandom(16).hex()
 
 
-def mint_token(signing_key: bytes, key_id: str, exp: int | None, gen: int) -> str:
-    payload = _b64(orjson.dumps({"sub": key_id, "exp": exp, "kid": KID, "g": gen}))
-    sig = hmac.new(signing_key, payload.encode("ascii"), hashlib.sha256).digest()
-    return TOKEN_PREFIX + payload + "." + _b64(sig)
+def new_generation() -> str:
+    """A fresh rotation generation: 128 random bits as 32 hex characters (the Rust shape)."""
+    return os.urandom(16).hex()
 
 
-def verify_token(signing_key: bytes, token: str):
-    """(key_id, exp, gen) when the token's MAC is right and it has not expired; else None.
-    Constant time over the MAC; nothing here touches a store."""
-    if not token.startswith(TOKEN_PREFIX) or len(token) > 512:
-        return None
-    payload, dot, sig = token[4:].partition(".")
-    if not dot:
-        return None
-    try:
-        want = hmac.new(signing_key, payload.encode("ascii"), hashlib.sha256).digest()
-        got = _unb64(sig)
-    except (ValueError, UnicodeEncodeError):
-        return None
-    if not hmac.compare_digest(want, got):
-        return None
-    try:
-        claims = orjson.loads(_unb64(payload))
-        sub, exp, gen = claims["sub"], claims["exp"], claims["g"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    if not isinstance(sub, str) or not isinstance(gen, int):
-        return None
-    if exp is not None and (not isinstance(exp, int) or exp <= time.time()):
-        return None
-    return sub, exp, gen
+def new_aws_access_key_id() -> str:
+    return AWS_KEY_PREFIX + "".join(_AWS_ID_ALPHABET[b % 36] for b in os.urandom(16))
 
 
-def token_hash(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
+def new_credential_id() -> str:
+    return "cred_" + os.urandom(16).hex()
+
+
+def mint_token(signer: Signer, key_id: str, exp: int, gen: str | None) -> str:
+    return signer.mint(key_id, exp, gen)
+
+
+def verify_token(signer: Signer, token: str, now: float | None = None):
+    """(key_id, exp, gen) when `signer` signed the token and it has not expired; else None."""
+    return signer.verify(token, time.time() if now is None else now)
+
+
+# The stored form of a key's rotation generation (`keys.generation_hash` of the Rust store): not a
+# hash, a marker read after the key is found by id and compared with the token's `g`.
+BINDING_PREFIX = "binding:"
+
+
+def generation_marker(key_id: str, gen: str | None) -> str:
+    return BINDING_PREFIX + key_id if gen is None else "%s%s:%s" % (BINDING_PREFIX, key_id, gen)
+
+
+def marker_generation(marker: str) -> str | None:
+    """The generation a stored marker carries; None for a marker without one (only a token without
+    `g` matches it) and for any other shape."""
+    if not marker.startswith(BINDING_PREFIX):
+        return None
+    _, sep, gen = marker[len(BINDING_PREFIX):].partition(":")
+    return gen if sep else None
 
 
 class KeyRecord:
-    """A virtual key as stored. Never holds the token, only its hash. `aws_secret` is kept only to
-    verify SigV4 signatures (HMAC needs the secret itself) and is never returned by a read."""
+    """A virtual key as busbar handles it; the stores map it to the Rust store's rows (a `keys` row,
+    a `credentials` row of kind sigv4, a `denylist` entry). `state` is derived there, as the Rust
+    admin API derives it: tombstoned (deleted_at set), revoked (the id is on the denylist),
+    disabled (enabled = 0), else active. `gen` is the rotation generation (tokens carry it as `g`);
+    `expires` is the key's own expiry (None for a key minted today: its token carries the expiry).
+    `aws_secret` is kept only to verify SigV4 signatures (HMAC needs the secret itself) and is never
+    returned by a read. The token is never stored."""
 
     __slots__ = ("id", "name", "group", "allowed_pools", "state", "created", "expires", "gen",
-                 "token_hash", "aws_access_key_id", "aws_secret", "labels")
+                 "aws_access_key_id", "aws_secret", "aws_cred_id", "labels", "deleted", "revision")
 
     def __init__(self, id, name, group=None, allowed_pools=None, state="active", created=0,
-                 expires=None, gen=1, token_hash="", aws_access_key_id=None, aws_secret=None,
-                 labels=None):
+                 expires=None, gen=None, aws_access_key_id=None, aws_secret=None, aws_cred_id=None,
+                 labels=None, deleted=None, revision=0):
         self.id = id
         self.name = name
         self.group = group
@@ -108,20 +253,22 @@ class KeyRecord:
         self.created = created
         self.expires = expires                  # epoch seconds or None
         self.gen = gen
-        self.token_hash = token_hash
         self.aws_access_key_id = aws_access_key_id
         self.aws_secret = aws_secret
+        self.aws_cred_id = aws_cred_id
         self.labels = labels or {}
+        self.deleted = deleted                  # when it was tombstoned, epoch seconds
+        self.revision = revision                # the store's change counter when it was written
 
     def usable(self, now: float) -> bool:
         return self.state == "active" and (self.expires is None or self.expires > now)
 
     def public(self) -> dict:
-        """What the admin API shows: never the token, its hash or the AWS secret."""
+        """What the admin API shows: never a token, a generation or the AWS secret."""
         return {"id": self.id, "name": self.name, "group": self.group,
                 "allowed_pools": self.allowed_pools, "state": self.state,
-                "enabled": self.state == "active", "created_at": _iso(self.created),
-                "expires_at": _iso(self.expires) if self.expires else None,
+                "enabled": self.state == "active", "created_at": iso_utc(self.created),
+                "expires_at": iso_utc(self.expires) if self.expires else None,
                 "aws_access_key_id": self.aws_access_key_id, "labels": self.labels}
 
     def to_dict(self) -> dict:
@@ -281,7 +428,7 @@ def day_of(now: float) -> str:
     return time.strftime("%Y-%m-%d", time.gmtime(now))
 
 
-def _iso(t) -> str | None:
+def iso_utc(t) -> str | None:
     if not t:
         return None
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t))

@@ -772,7 +772,7 @@ def test_os_environ_is_the_default_env(monkeypatch):
 
 
 # --- governance (issue 10) ----------------------------------------------------------------------
-GOV_ENV = {"ANTHROPIC_KEY": "k", "SIGN": "x" * 40, "REDIS": "redis://127.0.0.1:6379/0"}
+GOV_ENV = {"ANTHROPIC_KEY": "k", "SIGN": "ab" * 32, "REDIS": "redis://127.0.0.1:6379/0"}
 
 
 def test_governance_config_parses():
@@ -786,12 +786,13 @@ rate_card:
 store: {module: valkey, settings: {url: {env: REDIS}, fail_mode: open}}
 """, GOV_ENV)
     g = c.governance
-    assert g.keys and g.signing_key == b"x" * 40
+    from busbar.governance.model import Signer
+    assert g.keys and g.signing_key == Signer(b"\xab" * 32)
     assert g.groups["team"].parent == "org"
     assert g.groups["org"].limits[0].amount == 12_500_000_000      # 1250 cents in nano-units
     assert g.rate_card["claude"].nano(1_000_000, 0) == 3_000_000_000
     assert g.store.kind == "redis" and g.store.fail_mode == "open"
-    assert "REDIS" not in repr(g) and "x" * 40 not in repr(g)
+    assert "REDIS" not in repr(g) and "ab" * 32 not in repr(g) and "ab" * 32 not in repr(g.signing_key)
     # no governance at all: an open relay, nothing counted
     assert cfg(MINIMAL, GOV_ENV).governance is None
 
@@ -830,7 +831,8 @@ groups:
   a: {parent: b}
   b: {parent: a}
 """, dict(GOV_ENV, SHORT="short"))
-    assert "auth.signing_key: must be at least 32 bytes (e.g. `openssl rand -hex 32`)" in errs
+    assert any(e.startswith("auth.signing_key: must be an ed25519 signing key: 64 hex characters")
+               and "busbar --generate-signing-key" in e for e in errs), errs
     assert any(e.startswith("groups.a.parent: groups form a cycle: a -> b -> a") for e in errs), errs
     errs = problems(MINIMAL + "store: {module: valkey}\n", GOV_ENV)
     assert "store.settings: module valkey needs url (redis:// or rediss://)" in errs

@@ -21,7 +21,7 @@ from busbar.governance.model import NANO_PER_CENT
 from tests.conftest import PY, ROOT, env, free_port, start_gateway, stop
 
 ENV = {"ANTHROPIC_KEY": "sk-ant-SECRET", "ADMIN_TOKEN": "admin-SECRET-token",
-       "VIEW_TOKEN": "view-SECRET-token", "SIGNING": "s" * 64}
+       "VIEW_TOKEN": "view-SECRET-token", "SIGNING": "ab" * 32}
 BASE = """
 providers:
   anthropic: {api_key: {env: ANTHROPIC_KEY}}

@@ -7,7 +7,8 @@ import time
 
 from tests.conftest import CONFIG, free_port, start_gateway
 
-SIGNING = "s" * 40
+# an ed25519 signing key in the form `busbar --generate-signing-key` prints (64 hex characters)
+SIGNING = "ab" * 32
 ADMIN = "adm-" + "t" * 32
 
 GOV = """

@@ -402,7 +402,8 @@ def test_boto3_with_the_issued_aws_credential(gw):
     from botocore.config import Config as BotoConfig
 
     k = gw.admin.mint(name="aws", group="team", issue_aws_credential=True)
-    assert k["aws_access_key_id"].startswith("BBAK") and len(k["aws_secret_access_key"]) >= 40
+    assert k["aws_access_key_id"].startswith("AKIA") and len(k["aws_access_key_id"]) == 20
+    assert len(k["aws_secret_access_key"]) == 40
 
     def client(akid, secret):
         return boto3.client("bedrock-runtime", endpoint_url=gw.url, region_name="us-east-1",
@@ -418,7 +419,7 @@ def test_boto3_with_the_issued_aws_credential(gw):
     text = "".join(e["contentBlockDelta"]["delta"]["text"] for e in stream if "contentBlockDelta" in e)
     assert text.startswith("mock: hi")
     # a wrong secret and an unknown access key id look the same: 403 AccessDeniedException
-    for akid, secret in ((k["aws_access_key_id"], "x" * 40), ("BBAK0000000000000000", "y" * 40)):
+    for akid, secret in ((k["aws_access_key_id"], "x" * 40), ("AKIA0000000000000000", "y" * 40)):
         with pytest.raises(botocore.exceptions.ClientError) as e:
             client(akid, secret).converse(modelId="bed-model", messages=msgs)
         assert e.value.response["Error"]["Code"] == "AccessDeniedException"

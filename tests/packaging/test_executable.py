@@ -408,7 +408,7 @@ def test_keys_and_stores_in_the_executable(exe, tmp_path, store):
         pytest.skip("redis-server not found: `make redis` installs Debian's redis-server")
     redis = RedisServer().start() if store == "redis" else None
     mock_port, port, admin = free_port(), free_port(), free_port()
-    env = {"SIGN": "k" * 40, "ADMIN": "a" * 32, "REDIS": redis.url if redis else ""}
+    env = {"SIGN": "ab" * 32, "ADMIN": "a" * 32, "REDIS": redis.url if redis else ""}
     store_cfg = ("store: {module: valkey, settings: {url: {env: REDIS}}}\n" if redis else
                  "store: {module: sqlite, settings: {db_path: gov.db}}\n")
     (tmp_path / "config.yaml").write_text(

@@ -66,7 +66,7 @@ def test_keys_groups_usage_round_trip(redis_server):
         await st.open()
         try:
             k = KeyRecord(new_key_id(), "ci", group="team-a", allowed_pools=["fast"], created=10,
-                          expires=2_000_000_000, token_hash="ab" * 32,
+                          expires=2_000_000_000, gen="0" * 32,
                           aws_access_key_id="BBAK0000000000000001", aws_secret="s3cret",
                           labels={"env": "ci"})
             k2 = KeyRecord(new_key_id(), "other", created=20)

@@ -106,7 +106,7 @@ def test_status_page_in_chromium(mock_port, tmp_path):
                    "{module: prometheus, settings: {buffer_seconds: 60}}}\n"
                    'admin_listen: "127.0.0.1:%d"\n' % admin)
     e = env()
-    e["BB_SIGNING"] = "s" * 40
+    e["BB_SIGNING"] = "ab" * 32
     proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers", "1"],
                             cwd=ROOT, env=e)
     try:

@@ -51,7 +51,7 @@ def test_a_forked_worker_imports_nothing(tmp_path):
     cfg.write_text(CONFIG.format(port=free_port(), mock=free_port(), dead=free_port()) + TAIL.format(
         admin=free_port(), log=tmp_path / "access.log", otlp=free_port(), req=tmp_path / "req.log"))
     out = tmp_path / "imported.json"
-    env = dict(os.environ, MOCK_KEY="k", MOCK_AWS="AKIDEXAMPLE:secret", BB_SIGNING="s" * 40,
+    env = dict(os.environ, MOCK_KEY="k", MOCK_AWS="AKIDEXAMPLE:secret", BB_SIGNING="ab" * 32,
                PYTHONPATH=str(ROOT))
     p = subprocess.Popen([PY, "-c", SCRIPT, str(cfg), str(out)], env=env, cwd=str(ROOT),
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
