@@ -623,7 +623,8 @@ cdef class Credentials:
 
 cdef class UsageRows:
     """Usage summed per (day, key, group, model, pool): `rows` maps each to [requests, input,
-    output, cache read, cache write]. `add` dates the row itself (UTC day, `day_of(now)` once a
+    output, cache read, cache write, billable requests] (billable: answered 2xx, the Rust ledger's
+    fee base; busbar/governance/model.py USAGE_FIELDS). `add` dates the row itself (UTC day, `day_of(now)` once a
     day) and calls `schedule()` when the first row of a batch arrives (busbar/governance/gate.py
     UsageBatcher flushes)."""
     cdef public dict rows
@@ -644,7 +645,7 @@ cdef class UsageRows:
         (UsageBatcher.schedule does, on its event loop). UsageRows alone has no loop to arm."""
         raise NotImplementedError("UsageRows.schedule is the subclass's (UsageBatcher's)")
 
-    def add(self, key_id, group, model, pool, usage):
+    def add(self, key_id, group, model, pool, usage, bint billable=True):
         cdef timespec ts
         cdef long long inp = 0, out = 0, cr = 0, cw = 0
         clock_gettime(CLOCK_REALTIME, &ts)
@@ -656,7 +657,7 @@ cdef class UsageRows:
         k = (self.day, key_id, group, model, pool)
         cur = self.rows.get(k)
         if cur is None:
-            self.rows[k] = [1, inp, out, cr, cw]
+            self.rows[k] = [1, inp, out, cr, cw, 1 if billable else 0]
         else:
             row = <list>cur
             row[0] += 1
@@ -664,5 +665,7 @@ cdef class UsageRows:
             row[2] += out
             row[3] += cr
             row[4] += cw
+            if billable:
+                row[5] += 1
         if self.handle is None:
             self.schedule()

@@ -12,6 +12,8 @@ import os
 import time
 from datetime import datetime
 
+import orjson
+
 from busbar.admin.site import AdminError, json_response
 from busbar.config.checks import Problems, problem_list
 from busbar.server.channel import broadcast
@@ -24,6 +26,8 @@ from .model import (USAGE_FIELDS, KeyRecord, iso_utc, mint_token, new_aws_access
 # A key may live at most ten years; a longer expiry is almost surely a unit mistake. A token always
 # carries an expiry (the Rust format's `exp` is required), so `expires_in_days: null` is that most.
 MAX_KEY_DAYS = 3650
+# A key's labels as JSON: the Rust store's keys.labels CHECK allows at most this.
+MAX_LABELS_BYTES = 4096
 NAME_MAX = 200
 ACK_TIMEOUT_SECS = 5.0
 
@@ -113,8 +117,10 @@ def mount(r, gw, boot):
             raise AdminError(400, "expires_in_days: expected a number of days in (0, %d], or null "
                              "for a key that does not expire" % MAX_KEY_DAYS)
         labels = body.get("labels") or {}
-        if not isinstance(labels, dict):
-            raise AdminError(400, "labels: expected an object")
+        if not isinstance(labels, dict) or any(not isinstance(v, str) for v in labels.values()):
+            raise AdminError(400, "labels: expected an object of strings, like {\"team\": \"growth\"}")
+        if len(orjson.dumps(labels)) > MAX_LABELS_BYTES:
+            raise AdminError(400, "labels: at most %d bytes of JSON" % MAX_LABELS_BYTES)
         now = int(time.time())
         exp = now + int((MAX_KEY_DAYS if days is None else days) * 86400)
         kid = new_key_id()
@@ -168,7 +174,11 @@ def mount(r, gw, boot):
 
     async def revoke_key(req):
         rec = await get_key(req.params["id"])
+        # As the Rust gateway revokes: the id on the denylist and its AWS pair revoked (the store
+        # does both for state "revoked"), a new generation (a token in flight anywhere fails on
+        # that too), disabled. There is no way back.
         rec.state = "revoked"
+        rec.gen = new_generation()
         await store().put_key(rec)
         await push({"keys": [rec]})
         return json_response(rec.public())
@@ -190,9 +200,10 @@ def mount(r, gw, boot):
 
     async def delete_key(req):
         rec = await get_key(req.params["id"])
-        rec.state = "tombstoned"            # the row stays (usage refers to it); the token fails
-        rec.aws_secret = None
-        await store().put_key(rec)
+        # A tombstone: the row stays (usage refers to it), the id is denylisted, its credentials
+        # are destroyed; the token fails everywhere.
+        await store().delete_key(rec.id)
+        rec = await store().get_key(rec.id)
         await push({"keys": [rec]})
         return json_response({"id": rec.id, "deleted": True})
 

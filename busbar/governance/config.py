@@ -46,6 +46,9 @@ DEFAULT_DB = "busbar-governance.db"
 # Usage is written to the store in batches this often: the most a crash (kill -9) can lose.
 # 200 ms keeps the write rate to 5 small transactions a second at any load.
 DEFAULT_FLUSH_MS = 200
+# SQLite: how long a write waits for a lock another process holds (the sqlite3 shell, a backup);
+# the Rust store's settings.busy_timeout_ms default.
+DEFAULT_BUSY_TIMEOUT_MS = 5000
 # A Redis round trip on loopback or in a cluster takes < 1 ms; 500 ms marks it unreachable
 # without holding requests for long.
 DEFAULT_REDIS_TIMEOUT_MS = 500
@@ -55,16 +58,20 @@ DEFAULT_BUCKETS = 16384
 
 
 class StoreConfig:
-    __slots__ = ("kind", "path", "url", "fail_mode", "flush_secs", "socket_timeout_secs")
+    __slots__ = ("kind", "path", "url", "fail_mode", "flush_secs", "socket_timeout_secs",
+                 "busy_timeout_ms")
 
     def __init__(self, kind="memory", path=None, url=None, fail_mode="closed",
-                 flush_secs=DEFAULT_FLUSH_MS / 1000, socket_timeout_secs=DEFAULT_REDIS_TIMEOUT_MS / 1000):
+                 flush_secs=DEFAULT_FLUSH_MS / 1000, socket_timeout_secs=DEFAULT_REDIS_TIMEOUT_MS / 1000,
+                 busy_timeout_ms=None):
         self.kind = kind
         self.path = path
         self.url = url
         self.fail_mode = fail_mode
         self.flush_secs = flush_secs
         self.socket_timeout_secs = socket_timeout_secs
+        # sqlite: how long a write waits for a lock another process holds
+        self.busy_timeout_ms = DEFAULT_BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms
 
     def __eq__(self, other):
         return isinstance(other, StoreConfig) and all(
@@ -367,6 +374,8 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         ms = settings.get("busy_timeout_ms")
         if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int) or ms < 0):
             out.error("store.settings.busy_timeout_ms", "expected an integer >= 0")
+        elif ms is not None:
+            sc.busy_timeout_ms = ms
     elif kind == "redis":
         require(out, "store.module", "store valkey", "redis", getattr(env, "offline", False))
         fm = settings.get("fail_mode", "closed")

@@ -253,7 +253,7 @@ class Gate:
                 return self._refuse(ex)
             claims = self._verified.get(token)
             if claims is None or claims[3] is not gov.signing_key:
-                claims = verify_token(gov.signing_key, token)
+                claims = verify_token(gov.signing_key, token, now)
                 if claims is None:
                     return self._refuse(ex)
                 claims = claims + (gov.signing_key,)
@@ -624,7 +624,8 @@ class Gate:
         else:
             pool = ex.target.name if ex.target else None
         if self.batcher is not None:
-            self.batcher.add(rec_key.id, rec_key.group, lane_name, pool, usage)
+            self.batcher.add(rec_key.id, rec_key.group, lane_name, pool, usage,
+                             status is not None and 200 <= status < 300)
 
     def _settle_remote(self, ticket, gov, rec_key, lane_name, pool, day, inp, out, cr, cw):
         # (check, delta) per check whose counter moves at the end

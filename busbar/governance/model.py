@@ -282,6 +282,66 @@ class KeyRecord:
         return "<KeyRecord %s %s group=%s %s>" % (self.id, self.name, self.group, self.state)
 
 
+# The Rust store's key and credential records (api/src/store.rs VirtualKey, CredentialSecret): the
+# fields of a `keys` / `credentials` row, and the JSON the valkey store keeps.
+PLAIN_SECRET = "v1:plain:"          # a recoverable secret's envelope: version 1, no encryption
+
+
+def virtual_key(rec: KeyRecord, now: int, enabled: bool | None = None) -> dict:
+    """The Rust VirtualKey of a KeyRecord (its serde field names)."""
+    return {"id": rec.id, "generation_hash": generation_marker(rec.id, rec.gen), "name": rec.name,
+            "allowed_pools": rec.allowed_pools,
+            "enabled": rec.state == "active" if enabled is None else enabled,
+            "created_at": int(rec.created or 0), "group": rec.group, "labels": rec.labels or {},
+            "expires_at": int(rec.expires) if rec.expires else None,
+            "deleted_at": int(rec.deleted or now) if rec.state == "tombstoned" else None,
+            "revision": int(rec.revision or 0)}
+
+
+def sigv4_credential(rec: KeyRecord, now: int, revoked_at=None, reason=None) -> dict:
+    """The Rust CredentialSecret of a key's AWS pair (kind sigv4, slot 0, a recoverable secret)."""
+    created = int(rec.created or now)
+    return {"meta": {"id": rec.aws_cred_id or new_credential_id(), "key_id": rec.id,
+                     "kind": "sigv4", "slot": 0, "public_id": rec.aws_access_key_id,
+                     "secret_form": "Recoverable", "created_at": created, "updated_at": now,
+                     "expires_at": None, "revoked_at": revoked_at, "revoke_reason": reason,
+                     "revision": int(rec.revision or 0)},
+            "secret": PLAIN_SECRET + (rec.aws_secret or "")}
+
+
+def credential_live(meta: dict, now: float) -> bool:
+    """A credential admits: not revoked, not past its own expiry (Rust CredentialMeta::is_live)."""
+    exp = meta.get("expires_at")
+    return meta.get("revoked_at") is None and (exp is None or now < exp)
+
+
+def record_of(vk: dict, revoked: bool, cred: dict | None, now: float) -> KeyRecord:
+    """A KeyRecord from a Rust VirtualKey, whether its id is on the denylist, and its sigv4
+    credential (None, or one that does not admit: the key then has no AWS pair)."""
+    if vk.get("deleted_at") is not None:
+        state = "tombstoned"
+    elif revoked:
+        state = "revoked"
+    elif not vk.get("enabled"):
+        state = "disabled"
+    else:
+        state = "active"
+    akid = secret = cred_id = None
+    if cred is not None and credential_live(cred["meta"], now):
+        akid = cred["meta"]["public_id"]
+        cred_id = cred["meta"]["id"]
+        raw = cred.get("secret") or ""
+        # Only the plain envelope is a usable HMAC key; another scheme (a future encrypted one)
+        # leaves the pair unusable here rather than signing with ciphertext.
+        secret = raw[len(PLAIN_SECRET):] if raw.startswith(PLAIN_SECRET) else None
+    pools = vk.get("allowed_pools")
+    return KeyRecord(vk["id"], vk.get("name") or "", vk.get("group"),
+                     list(pools) if pools is not None else None, state, vk.get("created_at") or 0,
+                     vk.get("expires_at"), marker_generation(vk.get("generation_hash") or ""),
+                     akid, secret, cred_id, dict(vk.get("labels") or {}), vk.get("deleted_at"),
+                     vk.get("revision") or 0)
+
+
 class Limit:
     """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-units of cost
     (a budget, converted at parse) or concurrent requests; `per` is None for concurrent. A budget
@@ -463,13 +523,18 @@ class Denial:
 
 
 class Usage:
-    """One request's billable usage, as a store records it (per UTC day, key, group, model)."""
+    """One request's billable usage, as a store records it: summed per UTC day, key, group, model
+    (the serving lane) and pool; `billable_requests` counts the ones answered 2xx (the Rust
+    ledger's fee base). `provider` (the lane's provider) is filled in by the parent before the row
+    is stored (busbar/governance/plane.py): the Rust store's metering rows are keyed by it."""
 
     __slots__ = ("day", "key_id", "group", "model", "pool", "requests", "input_tokens",
-                 "output_tokens", "cache_read_tokens", "cache_write_tokens")
+                 "output_tokens", "cache_read_tokens", "cache_write_tokens", "billable_requests",
+                 "provider")
 
     def __init__(self, day, key_id, group, model, pool, requests=1, input_tokens=0,
-                 output_tokens=0, cache_read_tokens=0, cache_write_tokens=0):
+                 output_tokens=0, cache_read_tokens=0, cache_write_tokens=0,
+                 billable_requests=None, provider=""):
         self.day = day
         self.key_id = key_id
         self.group = group
@@ -480,10 +545,133 @@ class Usage:
         self.output_tokens = output_tokens
         self.cache_read_tokens = cache_read_tokens
         self.cache_write_tokens = cache_write_tokens
+        self.billable_requests = requests if billable_requests is None else billable_requests
+        self.provider = provider
 
 
+# The counts of a usage row, in the order cbusbar.ledger.UsageRows keeps them.
 USAGE_FIELDS = ("requests", "input_tokens", "output_tokens", "cache_read_tokens",
-                "cache_write_tokens")
+                "cache_write_tokens", "billable_requests")
+TOKEN_FIELDS = ("input_tokens", "output_tokens", "cache_read_tokens", "cache_write_tokens")
+
+
+# ---------------------------------------------------------------------------- the Rust ledger
+# The Rust gateway keeps, per enforcement BUCKET and window, a ledger of admitted requests,
+# billable (2xx) requests and tokens per model and tier (store-sqlite `usage_windows`, the valkey
+# store's `busbar:usage:<bucket>:<window start>` hashes); spend is derived from the tokens and the
+# rate card when read. Buckets: a key's own (its id, window 0: attribution only, no cap) and one
+# per (group, window, pool scope) that the group's windowed limits use. busbar writes the same
+# ledger (so the Rust gateway reads busbar's usage and the reverse) and starts its own counters
+# from it (busbar/governance/plane.py `seed`).
+def rust_bucket(group: str, per: str, pool: str | None) -> str:
+    """A group's ledger bucket for a window word and pool scope: `group:<name>@<per>`, with
+    `#pool:<pool>` for a pool-scoped limit (the Rust cost.rs construction)."""
+    bid = "group:%s@%s" % (group, per)
+    return bid if pool is None else "%s#pool:%s" % (bid, pool)
+
+
+def window_start(per: str | None, now: float) -> int:
+    """The epoch second the window of `per` containing `now` starts (Rust `budget_window`): UTC
+    minute, hour, day, the first of the month; 0 for total (one window forever)."""
+    t = int(now)
+    span = _SPAN.get(per) if per is not None else None
+    if span is not None:
+        return t - t % span
+    if per == "month":
+        g = time.gmtime(t)
+        return int(_timegm(g.tm_year, g.tm_mon, 1))
+    return 0
+
+
+def day_epoch(day: str) -> int:
+    """'YYYY-MM-DD' as the epoch second its UTC day starts: a Rust metering bucket."""
+    y, m, d = day.split("-")
+    return int(_timegm(int(y), int(m), int(d)))
+
+
+def day_of_bucket(bucket: int) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(bucket))
+
+
+def ledger_buckets(group: str | None, pool: str | None, lookup) -> list:
+    """[(bucket id, window word)] a request of a key in `group` through `pool` is counted in, the
+    whole chain up: one per (group, window, pool scope) of the groups' windowed limits that apply
+    to `pool`. `lookup(name)` is a GroupRecord or None."""
+    out = []
+    name = group
+    depth = 0
+    while name is not None and depth <= MAX_GROUP_DEPTH:
+        g = lookup(name)
+        if g is None:
+            break
+        for lim in g.limits:
+            if lim.per is None or (lim.pool is not None and lim.pool != pool):
+                continue
+            b = (rust_bucket(name, lim.per, lim.pool), lim.per)
+            if b not in out:
+                out.append(b)
+        name = g.parent
+        depth += 1
+    return out
+
+
+def _row_window(per: str, day: str, now: float) -> int:
+    """The window a usage row of UTC day `day` belongs to. The row carries its day only: day, month
+    and total windows follow from it; a minute or hour window is the one at `now` (when the parent
+    stores the batch, at most two flush intervals after the requests) or, for a row of an earlier
+    day, the day's last second."""
+    if per in ("minute", "hour"):
+        start = day_epoch(day)
+        t = now if start <= now < start + 86400 else start + 86399
+        return window_start(per, t)
+    if per == "total":
+        return 0
+    return window_start(per, day_epoch(day))
+
+
+def window_deltas(rows, buckets_of, now: float) -> dict:
+    """What a batch of usage rows adds to the ledger: {(bucket id, window start): [requests,
+    billable requests, {model: [input, output, cache read, cache write]}]}, the key buckets and the
+    group buckets (`buckets_of(group, pool)`, see ledger_buckets)."""
+    out = {}
+    for u in rows:
+        targets = [(u.key_id, 0)]
+        if u.group is not None:
+            targets += [(bid, _row_window(per, u.day, now)) for bid, per in buckets_of(u.group, u.pool)]
+        for target in targets:
+            cell = out.get(target)
+            if cell is None:
+                cell = out[target] = [0, 0, {}]
+            cell[0] += u.requests
+            cell[1] += u.billable_requests
+            if u.model:
+                t = cell[2].get(u.model)
+                if t is None:
+                    t = cell[2][u.model] = [0, 0, 0, 0]
+                t[0] += u.input_tokens
+                t[1] += u.output_tokens
+                t[2] += u.cache_read_tokens
+                t[3] += u.cache_write_tokens
+    return out
+
+
+def limit_value(kind: str, ledger, card) -> int:
+    """A limit's counter as the ledger (requests, billable, {model: [4 tiers]}) implies it:
+    requests admitted; tokens (input + output, as busbar counts a tokens limit); the budget's
+    spend in nano-units at the current rate card."""
+    requests, _billable, models = ledger
+    if kind == "requests":
+        return requests
+    if kind == "tokens":
+        return sum(t[0] + t[1] for t in models.values())
+    if kind == "budget_usd":
+        total = 0
+        for model, t in models.items():
+            rate = (card or {}).get(model)
+            if rate is not None:
+                total += rate.nano(t[0], t[1], t[2], t[3])
+        return total
+    return 0
 
 
 class Rate:

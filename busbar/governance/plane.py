@@ -3,13 +3,16 @@
 Local stores (memory, SQLite) have one owner, the parent (worker 0, which also serves the admin
 API): before the workers fork it opens the store, loads keys and groups (inherited by every worker)
 and makes the shared-memory limit table (cbusbar/ledger.pyx) with the counts carried over from the
-stored usage. Afterwards:
+stored ledger (`seed`: the Rust gateway's per-bucket windows, so a file either gateway wrote starts
+busbar's limits where they were). Afterwards:
 - a key or group change made through the admin API is written to the store, then pushed to every
   worker over its control channel (busbar/admin/plane.py) and acknowledged before the call answers,
   so PATCH and revoke hold everywhere at once;
 - every worker sums its usage rows and sends them to the parent every `store.flush_interval_ms`
   over a usage channel of its own (a socketpair made before the fork, 4-byte length + pickle, as
-  the control channel), and the parent adds each batch to the store in one transaction.
+  the control channel), and the parent adds each batch to the store in one transaction: the rows
+  to the per-day metering (with each lane's provider) and what they add to each bucket's window
+  (model.window_deltas, the buckets of the key's group chain).
 
 Redis: nothing is shared in the process; each worker connects after the fork (busbar/governance/
 redis_store.py): its own policy cache with pub/sub invalidation, admission and settlement scripts.
@@ -23,7 +26,8 @@ import time
 
 from busbar.server.channel import frame, recv_msg
 
-from .model import USAGE_FIELDS, bucket_key, spend_nano, usd, window
+from .model import (bucket_key, ledger_buckets, limit_value, rust_bucket, spend_nano, usd, window,
+                    window_deltas, window_start)
 
 log = logging.getLogger("busbar.governance")
 # How often the parent recomputes the spend series of /metrics from the stored usage.
@@ -47,14 +51,15 @@ class GovBoot:
         self.readers = []
         self.ready = None           # an asyncio.Event, set once the store is open (start)
         self.spender = None         # the parent's spend refresh task (start)
+        self.gw = None              # the process's gateway (install): its snapshot's config
         if self.local:
             from cbusbar.ledger import LimitTable
 
             from .config import DEFAULT_BUCKETS
             from .store import open_store
-            self.store = store = open_store(gov.store)
-            if hasattr(store, "open_sync"):
-                store.open_sync()
+            models = config.models
+            self.store = store = open_store(gov.store, gov.groups, lambda m: _provider(models, m))
+            store.open_sync()
             self.keys = list(store.keys.values())
             self.groups = list(store.groups.values())
             self.table = LimitTable(DEFAULT_BUCKETS)
@@ -101,6 +106,7 @@ class GovBoot:
     # ------------------------------------------------------------------ per process
     def install(self, gw):
         from .gate import Gate, LocalDirectory, LocalLedger, UsageBatcher
+        self.gw = gw
         loop = gw.loop
         flush = self.gov.store.flush_secs
         if self.local:
@@ -110,8 +116,7 @@ class GovBoot:
                 sock = self.child_end
                 sink = lambda rows: _send_blocking(sock, rows)      # noqa: E731
             else:
-                store = self.store
-                sink = lambda rows: loop.create_task(_add(store, rows))  # noqa: E731
+                sink = lambda rows: loop.create_task(self.add_usage(rows))  # noqa: E731
             batcher = UsageBatcher(loop, flush, sink)
         else:
             from .redis_store import RedisDirectory, RedisLedger
@@ -152,7 +157,7 @@ class GovBoot:
                 gov = gw.snapshot.governance
                 if gov is not None and gov.rate_card:
                     spend = {}
-                    for row in await self.store.usage_rows():
+                    for row in await self.store.usage_totals():
                         k = (row["key_id"], row["group"])
                         spend[k] = spend.get(k, 0) + spend_nano(gov, row)
                     gw.gov_spend = {k: usd(v) for k, v in spend.items()}
@@ -169,7 +174,7 @@ class GovBoot:
             except Exception:
                 log.exception("governance: a usage batch could not be read")
                 return
-            await _add(self.store, rows)
+            await self.add_usage(rows)
 
     async def close(self, gw):
         if self.spender is not None:
@@ -195,11 +200,35 @@ class GovBoot:
             await self.store.close()
 
 
-async def _add(store, rows):
-    try:
-        await store.add_usage(rows)
-    except Exception:
-        log.exception("governance: %d usage rows could not be stored", len(rows))
+    async def add_usage(self, rows):
+        """A batch into the store (the parent): each row's provider from the running config, and
+        the ledger windows of the buckets of its key's group chain (config groups, then the ones
+        made through the admin API)."""
+        try:
+            snap = self.gw.snapshot
+            gov = snap.governance
+            models = snap.config.models
+            for u in rows:
+                u.provider = _provider(models, u.model)
+            groups = dict(getattr(self.store, "groups", None) or {})
+            if gov is not None:
+                groups.update(gov.groups)
+            chains = {}
+
+            def buckets_of(group, pool):
+                b = chains.get((group, pool))
+                if b is None:
+                    b = chains[(group, pool)] = ledger_buckets(group, pool, groups.get)
+                return b
+            await self.store.add_usage(rows, window_deltas(rows, buckets_of, time.time()))
+        except Exception:
+            log.exception("governance: %d usage rows could not be stored", len(rows))
+
+
+def _provider(models, model) -> str:
+    """The provider of a lane (a `models:` entry) by name; '' for one the config no longer has."""
+    m = models.get(model) if model else None
+    return m.provider.name if m is not None else ""
 
 
 def _send_blocking(sock, rows):
@@ -212,54 +241,28 @@ def _send_blocking(sock, rows):
         sock.setblocking(False)
 
 
-def chain_of(name, groups_of):
-    out = []
-    while name is not None and len(out) < 9:
-        g = groups_of(name)
-        if g is None:
-            break
-        out.append(g)
-        name = g.parent
-    return out
-
-
 def seed(table, gov, api_groups: dict, store, now: float):
-    """Counts carried over a restart: each `tokens` and `budget_usd` limit of a day, month or total
-    window starts from the usage the store holds for that window (minute and hour windows start
-    from 0: usage is stored per day)."""
+    """Counts carried over a restart: each requests, tokens and budget limit starts from its
+    bucket's ledger for the current window (the store's usage_windows, written by busbar or by the
+    Rust gateway): the admitted requests, the input and output tokens, the tokens priced at the
+    current rate card. A concurrent limit starts at 0."""
     groups = dict(api_groups)
     groups.update(gov.groups)
-    card = gov.rate_card or {}
-    sums = {}       # (group, limit index) -> value
-    today = time.strftime("%Y-%m-%d", time.gmtime(now))
-    month = today[:7]
-    for (day, _kid, grp, model, pool), vals in store.usage.items():
-        if grp is None:
-            continue
-        row = dict(zip(USAGE_FIELDS, vals))
-        for g in chain_of(grp, groups.get):
-            for i, lim in enumerate(g.limits):
-                if lim.kind not in ("tokens", "budget_usd") or lim.per in ("minute", "hour"):
-                    continue
-                if lim.pool is not None and lim.pool != pool:
-                    continue
-                if (lim.per == "day" and day != today) or (lim.per == "month" and day[:7] != month):
-                    continue
-                if lim.kind == "tokens":
-                    v = row["input_tokens"] + row["output_tokens"]
-                else:
-                    rate = card.get(model)
-                    v = rate.nano(row["input_tokens"], row["output_tokens"],
-                                  row["cache_read_tokens"], row["cache_write_tokens"]) if rate else 0
-                k = (g.name, i)
-                sums[k] = sums.get(k, 0) + v
-    for (gname, i), v in sums.items():
-        lim = groups[gname].limits[i]
-        wid, _ = window(lim.per, now)
-        table.seed(bucket_key(gname, i, lim), wid, v)
-    if sums:
-        log.info("governance: %d limit counter(s) carried over from the store", len(sums))
-    return sums
+    card = gov.rate_card
+    carried = 0
+    for name, g in groups.items():
+        for i, lim in enumerate(g.limits):
+            if lim.per is None or lim.kind == "concurrent":
+                continue
+            ledger = store.window(rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
+            value = limit_value(lim.kind, ledger, card)
+            if value:
+                wid, _ = window(lim.per, now)
+                table.seed(bucket_key(name, i, lim), wid, value)
+                carried += 1
+    if carried:
+        log.info("governance: %d limit counter(s) carried over from the store", carried)
+    return carried
 
 
 async def store_problem(gw) -> str | None:
@@ -295,7 +298,7 @@ async def spend_by_group(gw):
         await asyncio.sleep(0)
     from .redis_store import StoreUnavailable
     try:
-        rows = await boot.store.usage_rows()
+        rows = await boot.store.usage_totals()
     except StoreUnavailable as exc:     # the page says so; the rest of it still shows
         return None, "the governance store is unreachable: %s" % exc
     nano = {}

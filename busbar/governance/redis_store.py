@@ -262,8 +262,7 @@ def _usage_key(u: Usage):
 
 
 def _usage_values(u: Usage):
-    return [u.requests, u.input_tokens, u.output_tokens, u.cache_read_tokens,
-            u.cache_write_tokens]
+    return [getattr(u, f) for f in USAGE_FIELDS]
 
 
 # ---------------------------------------------------------------------------- admin side
@@ -387,6 +386,10 @@ class RedisStore:
                         **{f: 0 for f in USAGE_FIELDS}}
                 row[metric] = int(value)
         return [rows[k] for k in sorted(rows, key=lambda k: tuple(x or "" for x in k))]
+
+    async def usage_totals(self) -> list[dict]:
+        from .store import _totals
+        return _totals(await self.usage_rows())
 
     async def bucket_values(self, checks) -> list[int]:
         if not checks:

@@ -170,7 +170,8 @@ def test_usage_rows_sum_per_day_key_model_pool():
     r = Rows(lambda now: days.append(now) or "2025-12-03")
     r.add("vk_1", "g", "m", "p", Usage(10, 2, 1, 0, 0))
     r.add("vk_1", "g", "m", "p", Usage(5, 3, 0, 4, 0))
+    r.add("vk_1", "g", "m", "p", Usage(1, 0, 0, 0, 0), False)      # answered non-2xx
     r.add("vk_2", None, "m", "p", None)
     assert r.handle == "scheduled" and len(days) == 1
-    assert r.rows == {("2025-12-03", "vk_1", "g", "m", "p"): [2, 15, 5, 1, 4],
-                      ("2025-12-03", "vk_2", None, "m", "p"): [1, 0, 0, 0, 0]}
+    assert r.rows == {("2025-12-03", "vk_1", "g", "m", "p"): [3, 16, 5, 1, 4, 2],
+                      ("2025-12-03", "vk_2", None, "m", "p"): [1, 0, 0, 0, 0, 1]}

@@ -110,10 +110,10 @@ def test_keys_groups_usage_round_trip(redis_server):
             assert rows == {
                 k.id: {"day": d1, "key_id": k.id, "group": "team-a", "model": "m1",
                        "pool": "fast", "requests": 2, "input_tokens": 150, "output_tokens": 30,
-                       "cache_read_tokens": 5, "cache_write_tokens": 7},
+                       "cache_read_tokens": 5, "cache_write_tokens": 7, "billable_requests": 2},
                 k2.id: {"day": d1, "key_id": k2.id, "group": None, "model": "m2", "pool": None,
                         "requests": 1, "input_tokens": 1, "output_tokens": 2,
-                        "cache_read_tokens": 0, "cache_write_tokens": 0}}
+                        "cache_read_tokens": 0, "cache_write_tokens": 0, "billable_requests": 1}}
             everything = await st.usage_rows()
             assert [(r["day"], r["requests"]) for r in everything if r["key_id"] == k.id] == [
                 (d1, 2), (d2, 2)]
