@@ -410,7 +410,11 @@ def _when_ready(boot, handler):
             return await handler(req)
         except Exception as exc:
             # Redis not answering is the store's state, not busbar's fault: a 503 that says so
-            # (the reason names the URL without its password), and no traceback in the log.
+            # (the reason names the URL without its password), and no traceback in the log. A
+            # store that refuses (a schema it does not read, a deleted key written back) says why.
+            from .store import StoreError
+            if isinstance(exc, StoreError):
+                raise AdminError(409, str(exc), code="conflict") from None
             if not boot.local:
                 from .redis_store import StoreUnavailable
                 if isinstance(exc, StoreUnavailable):

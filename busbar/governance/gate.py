@@ -28,8 +28,8 @@ from cbusbar.framing import FramingError, scan_top
 
 from busbar.engine.request import credential
 
-from .model import (C_CHARGE, C_GROUP, C_KIND, C_PER, C_ROLL, Denial,
-                    Usage, bucket_key, day_of, verify_token, window)
+from .model import (C_GROUP, C_KIND, C_PER, C_ROLL, Denial, Usage, bucket_key, day_of,
+                    rust_bucket, verify_token, window, window_start)
 
 log = logging.getLogger("busbar.governance")
 
@@ -451,13 +451,13 @@ class Gate:
             cont()
             return
         try:
-            r = await self.ledger.admit(checks, now)
+            r = await self.ledger.admit(checks, now, gov.rate_card, reserve)
         except Exception:
             log.exception("governance: admission failed")
             r = UNAVAILABLE
         if ex.closed:
             if r is None:   # admitted for a client that left meanwhile: give it back
-                self.ledger.settle(checks, _undo(checks), None)
+                self.ledger.undo(checks, reserve)
             return
         try:
             self._admitted(ex, r, checks, reserve, now, pool, cont)
@@ -475,10 +475,12 @@ class Gate:
             self.deny(ex, r)
 
     def plan(self, ex, gov, group_name, pool, now, lookup):
-        """The checks of the group chain for this request, and the reservation (nano-dollars).
-        `lookup(name)`: a group made through the admin API (config groups come first). The chain's
-        limits are cached per (group, pool) until the config or a group changes."""
-        chain = self.chain(gov, group_name, pool, lookup)
+        """Redis: the checks of the group chain for this request, and the reservation
+        (nano-dollars). `lookup(name)`: a group made through the admin API (config groups come
+        first). A check counts in its Rust ledger bucket and window start (model.rust_bucket,
+        window_start); a concurrent one in its group's gauge. The chain's limits are cached per
+        (group, pool) until the config or a group changes."""
+        chain = self.chain(gov, group_name, pool, lookup, rust=True)
         if chain.__class__ is Denial:
             return None, None, chain
         checks = []
@@ -487,8 +489,8 @@ class Gate:
         for bucket, kind, amount, per, name in chain:
             w = windows.get(per)
             if w is None or (w[1] is not None and now >= w[1]):
-                wid, roll = window(per, now)
-                w = windows[per] = (wid, None if roll is None else now + roll)
+                _, roll = window(per, now)
+                w = windows[per] = (window_start(per, now), None if roll is None else now + roll)
             roll = None if w[1] is None else w[1] - now
             if kind == "budget_usd":
                 if reserve is None:
@@ -501,13 +503,16 @@ class Gate:
             checks.append((bucket, kind, amount, charge, w[0], roll, name, per))
         return checks, reserve or 0, None
 
-    def chain(self, gov, group_name, pool, lookup):
+    def chain(self, gov, group_name, pool, lookup, rust=False):
+        """The limits of the group chain for `pool`: (bucket, kind, amount, per, group) each, the
+        bucket busbar's own counter key (the shared-memory table), or with `rust` the Rust ledger
+        bucket (the group's name for a concurrent limit: its gauge)."""
         d = self.directory
         stamp = (id(gov), d.version)
         if stamp != self._stamp:
             self._chains = {}
             self._stamp = stamp
-        k = (group_name, pool)
+        k = (group_name, pool, rust)
         out = self._chains.get(k)
         if out is not None:
             return out
@@ -527,7 +532,13 @@ class Gate:
             for i, lim in enumerate(g.limits):
                 if lim.pool is not None and lim.pool != pool:
                     continue
-                limits.append((bucket_key(name, i, lim), lim.kind, lim.amount, lim.per, name))
+                if not rust:
+                    bucket = bucket_key(name, i, lim)
+                elif lim.per is None:
+                    bucket = name
+                else:
+                    bucket = rust_bucket(name, lim.per, lim.pool)
+                limits.append((bucket, lim.kind, lim.amount, lim.per, name))
             name = g.parent
             depth += 1
             if depth > 8:
@@ -609,14 +620,10 @@ class Gate:
     # ------------------------------------------------------------------ after
     def settle(self, ex, ticket, gov, rec_key, lane_name, usage, status):
         ledger = self.ledger
+        ok = status is not None and 200 <= status < 300
         if ledger.remote:
-            inp = out = cr = cw = 0
-            if usage is not None:
-                inp, out = usage.input_tokens, usage.output_tokens
-                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
             pool = ticket.pool if ticket is not None else (ex.target.name if ex.target else None)
-            self._settle_remote(ticket, gov, rec_key, lane_name, pool, day_of(time.time()), inp,
-                                out, cr, cw)
+            self._settle_remote(ex, ticket, gov, rec_key, lane_name, pool, usage, ok)
             return
         if ticket is not None:
             ledger.admission.settle(ticket, usage, lane_name)
@@ -624,36 +631,21 @@ class Gate:
         else:
             pool = ex.target.name if ex.target else None
         if self.batcher is not None:
-            self.batcher.add(rec_key.id, rec_key.group, lane_name, pool, usage,
-                             status is not None and 200 <= status < 300)
+            self.batcher.add(rec_key.id, rec_key.group, lane_name, pool, usage, ok)
 
-    def _settle_remote(self, ticket, gov, rec_key, lane_name, pool, day, inp, out, cr, cw):
-        # (check, delta) per check whose counter moves at the end
-        moves = []
-        cost = None
-        for c in (ticket.checks if ticket is not None else ()):
-            k = c[C_KIND]
-            if k == "requests":
-                continue
-            if k == "concurrent":
-                d = -1
-            elif k == "tokens":
-                d = inp + out
-            else:   # budget_usd: the reservation becomes the actual cost
-                if cost is None:
-                    card = gov.rate_card
-                    rate = card.get(lane_name) if (card and lane_name) else None
-                    cost = rate.nano(inp, out, cr, cw) if rate is not None else 0
-                d = cost - c[C_CHARGE]
-            if d:
-                moves.append((c, d))
-        self.ledger.settle([c for c, _ in moves], [d for _, d in moves],
-                           Usage(day, rec_key.id, rec_key.group, lane_name, pool, 1, inp, out,
-                                 cr, cw))
-
-
-def _undo(checks):
-    out = []
-    for c in checks:
-        out.append(-c[C_CHARGE] if c[C_KIND] != "tokens" else 0)
-    return out
+    def _settle_remote(self, ex, ticket, gov, rec_key, lane_name, pool, usage, ok):
+        inp = out = cr = cw = 0
+        if usage is not None:
+            inp, out = usage.input_tokens, usage.output_tokens
+            cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+        checks = ticket.checks if ticket is not None else ()
+        reserve = ticket.reserve if ticket is not None else 0
+        cost = 0
+        if reserve:
+            card = gov.rate_card
+            rate = card.get(lane_name) if (card and lane_name) else None
+            cost = rate.nano(inp, out, cr, cw) if rate is not None else 0
+        model = ex.snap.config.models.get(lane_name) if lane_name else None
+        self.ledger.settle(checks, reserve, Usage(
+            day_of(time.time()), rec_key.id, rec_key.group, lane_name, pool, 1, inp, out, cr, cw,
+            1 if ok else 0, model.provider.name if model is not None else ""), ok, cost)

@@ -272,10 +272,13 @@ async def store_problem(gw) -> str | None:
     if boot is None or boot.local or boot.store is None:
         return None
     from .redis_store import StoreUnavailable
+    from .store import StoreError
     try:
         await boot.store.ping()
     except StoreUnavailable as exc:
         return "the governance store is unreachable: %s" % exc
+    except StoreError as exc:
+        return "the governance store cannot be used: %s" % exc
     return None
 
 

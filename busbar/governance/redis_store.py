@@ -1,34 +1,59 @@
-"""Governance in Redis: one budget and one rate limit, exact across a fleet of gateways.
+"""Governance in Valkey/Redis (`store: {module: valkey, settings: {url}}`), in the key layout of
+the Rust gateway's valkey store (GetBusbar/store-valkey), so both gateways can share one Valkey
+during a rolling swap; one budget and one rate limit, exact across a fleet of busbar gateways.
 
-Three objects, all talking to the same Redis (`store: {module: valkey, settings: {url: ...}}`):
+Three objects, all talking to the same Redis:
 
-- `RedisStore` (the parent, admin API): keys, groups and usage rows; every change is published on
-  the invalidation channel in the same atomic step as the write.
+- `RedisStore` (the parent, admin API): keys, credentials, the denylist, groups and usage, in the
+  store contract of busbar/governance/store.py; every change is published on the invalidation
+  channel in the same atomic step as the write.
 - `RedisLedger` (every worker, hot path): admission is ONE Lua script (EVALSHA) that tests every
-  check of a request and charges all of them or none; settlement is ONE script per batch, sent in
-  the background (the settles of one event-loop turn are merged into one round trip).
+  check of a request against the ledger and charges all of them or none; settlement is ONE script
+  per batch, sent in the background (the settles of one event-loop turn are merged into one round
+  trip).
 - `RedisDirectory` (every worker): key and group policy cached per worker, dropped on the
-  invalidation message of a change, so PATCH/revoke take effect everywhere within 1 s.
+  invalidation message of a change, and re-read after POLICY_TTL at the latest (a Rust gateway
+  sharing the store publishes nothing: its revocations are seen that late).
 
-Layout (prefix `bb:`, configurable so that two fleets can share one Redis):
-    bb:keys        hash  key id -> KeyRecord JSON
-    bb:aws         hash  AWS access key id -> key id
-    bb:groups      hash  group name -> GroupRecord JSON
-    bb:c:<bucket>:<window>   string counter (requests, tokens, nano-dollars, in-flight); a
-                   windowed one expires at its window roll + EXPIRE_MARGIN, window 0 never
-    bb:u:<day>     hash  usage of one UTC day: field JSON [key_id, group, model, pool, metric]
-                   -> integer; bb:udays is the set of days present
-    bb:inval       channel: "key:<id>", "group:<name>", "all"
+Layout (prefix `busbar:`; the tests give each their own):
+    schema                      "6" (the Rust store's marker; it wipes a namespace without it)
+    revision                    counter stamped into key and credential rows
+    key:<id>                    the Rust VirtualKey JSON; `keys` (set) and `keys:byrev` (zset)
+    cred:<key id>:sigv4:<slot>  the Rust CredentialSecret JSON of an AWS pair ("v1:plain:<secret>"),
+                                cred:pub:sigv4:<access key id> and cred:id:<id> -> "<key>:sigv4:<slot>",
+                                cred:ids:<key id> (set of "sigv4:<slot>"), creds:byrev (zset)
+    denylist:<id>, denylist     a revoked or deleted key's id (reason; the set of all)
+    usage:<bucket>:<start>      the ledger (hash): `requests`, `billable_requests`, and
+                                `m:<model>:<tier>` tokens (input, output, cache_read, cache_write),
+                                per bucket (a key's own: its id, start 0; a group's:
+                                `group:<name>@<per>[#pool:<pool>]`, the window's first second)
+    metering:<day>              set of the day's rows; metering:<day>:<key>|<model>|<provider>
+                                (hash, `\\` and `|` escaped): requests, billable_requests,
+                                tokens_input/output/cache_read/cache_write, key_id, model,
+                                provider, key_group_at_use, pricing_version
+busbar's own, in the same namespace (the Rust store reads none of them):
+    bb:groups                   groups made through the admin API (hash name -> JSON)
+    bb:conc:<group>             a group's requests in flight (a concurrent limit)
+    bb:rates:<digest>           a rate card, nano-units per token per model: the admission script
+                                prices the ledger's tokens with it (spend is derived, as there)
+    field bb:reserved           of a ledger hash: the budget reservations of requests in flight
+    bb:inval                    channel: "key:<id>", "group:<name>", "all"
+
+The limits: requests are the ledger's `requests` of the bucket's window; tokens its input and
+output tokens; a budget its tokens priced at the current rate card plus the reservations in
+flight; all of them as the Rust gateway's nodes write them too, so what a Rust node has flushed
+counts here. Minute and hour ledgers expire at their window's roll + EXPIRE_MARGIN (the Rust store
+keeps every hash; a roll-over ledger is never read again).
 
 Unreachable Redis (refused, reset, or no answer within `timeout`, 0.5 s): the ledger logs one
 WARNING ("store unreachable"), stops asking Redis on the hot path and probes in the background.
 fail_mode "closed" answers "unavailable" (the engine's 503); "open" admits against a local
 in-process count of the same limits, seeded with the last values this worker saw in Redis. Settles
-are never lost: whatever could not be written (settle deltas, and in "open" the local charges and
-usage) accumulates in the worker and is pushed to Redis in one script when it answers again, before
-admission goes back to Redis (INFO "store reachable again"). A write that failed after it was sent
-is ambiguous (Redis may have applied it); it is pushed again, so an outage can over-count, never
-under-count. Concurrency gauges never go below 0.
+are never lost: whatever could not be written (settles, and in "open" the local charges) is kept
+in the worker and pushed to Redis in one script when it answers again, before admission goes back
+to Redis (INFO "store reachable again"). A write that failed after it was sent is ambiguous (Redis
+may have applied it); it is pushed again, so an outage can over-count, never under-count. Counts
+never go below 0.
 
 redis-py is imported only when one of these objects is started (`_redis()`), so a gateway without
 Redis pays nothing for it. No connection is made before `start()`/`open()`: construct the objects
@@ -37,6 +62,7 @@ anywhere, start them in the event loop that will use them (after the fork, in ea
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import math
 import sys
@@ -44,21 +70,31 @@ import time
 
 import orjson
 
-from busbar.governance.model import group_from_dict, group_to_dict  # noqa: F401
 from busbar.governance.model import (
-    C_BUCKET, C_CHARGE, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS,
-    Denial, GroupRecord, KeyRecord, Usage)
+    C_BUCKET, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS, Denial, GroupRecord,
+    KeyRecord, Usage, credential_live, day_epoch, day_of_bucket, group_from_dict, group_to_dict,
+    new_credential_id, record_of, sigv4_credential, virtual_key, window_deltas)
+from busbar.governance.store import StoreError, _totals
 
 log = logging.getLogger("busbar.governance")
 
 UNAVAILABLE = "unavailable"     # what admit and the directory return when Redis cannot answer
 MISS = object()                 # RedisDirectory.cached_key: nothing cached for that id
 DEFAULT_TIMEOUT = 0.5           # connect and read timeout of every Redis call, seconds
-EXPIRE_MARGIN = 60              # a windowed counter lives this long past its window's roll
+EXPIRE_MARGIN = 60              # a minute or hour ledger lives this long past its window's roll
 NEGATIVE_TTL = 0.5              # an unknown key id / group is remembered this long
 PROBE_INTERVAL = 0.2            # while Redis is unreachable, how often it is asked again
 PUBSUB_PING = 2.0               # the invalidation subscription pings this often when idle...
 PUBSUB_DEAD = 5.0               # ...and is declared dead (cache dropped) after this long silent
+# A cached key or group is read again after this long even without an invalidation message: a
+# Rust gateway sharing the store publishes none (the Rust side re-reads its denylist every 5 s,
+# REVOCATION_SYNC_TTL_SECS, so a revocation reaches either gateway as late).
+POLICY_TTL = 5.0
+PREFIX = "busbar:"
+SCHEMA_VERSION = 6
+TIERS = ("input", "output", "cache_read", "cache_write")
+# A CAS write (a key row changed between its read and its write) is tried again this often.
+CAS_TRIES = 8
 
 _KIND_CODE = {"requests": "r", "tokens": "t", "budget_usd": "b", "concurrent": "c"}
 
@@ -121,169 +157,533 @@ def _down_errors():
     return (e.ConnectionError, e.TimeoutError, OSError, asyncio.TimeoutError)
 
 
+# ---------------------------------------------------------------------------- the layout
+def usage_key(p: str, bucket: str, start: int) -> str:
+    return "%susage:%s:%d" % (p, bucket, start)
+
+
+def conc_key(p: str, group: str) -> str:
+    return "%sbb:conc:%s" % (p, group)
+
+
+def _esc(s: str) -> str:
+    """A metering row key component: `\\` and the `|` separator escaped (the Rust store's rule)."""
+    return s.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def metering_set(p: str, bucket: int) -> str:
+    return "%smetering:%d" % (p, bucket)
+
+
+def metering_row(p: str, bucket: int, key_id: str, model: str, provider: str) -> str:
+    return "%smetering:%d:%s|%s|%s" % (p, bucket, _esc(key_id), _esc(model), _esc(provider))
+
+
+def ledger_key(p: str, check) -> str:
+    """The Redis key a check counts in: its bucket's ledger hash, or its group's gauge."""
+    if check[C_KIND] == "concurrent":
+        return conc_key(p, check[C_GROUP])
+    return usage_key(p, check[C_BUCKET], check[C_WINDOW])
+
+
+def _ledger_ttl(per, roll) -> int:
+    """Seconds a minute or hour ledger hash lives: to its window's roll plus the margin; 0 (no
+    expiry) for the day, month and total ones, which the Rust store keeps."""
+    if per in ("minute", "hour") and roll is not None:
+        return math.ceil(roll) + EXPIRE_MARGIN
+    return 0
+
+
+def _per_of(bucket_id: str) -> str | None:
+    """The window word of a group bucket id (`group:<name>@<per>[#<scope>]`)."""
+    if not bucket_id.startswith("group:"):
+        return None
+    return bucket_id.rpartition("@")[2].partition("#")[0]
+
+
+def rates_key(p: str, card) -> tuple[str, dict]:
+    """The hash a rate card is kept in for the admission script, and its fields: per model the
+    nano-units per token of input, output, cache read, cache write (Rate's USD per million tokens
+    x 1000), and `_` so that an empty card exists too. Named by its content: instances with
+    different cards price with their own."""
+    fields = {b"_": b"1"}
+    for model, rate in sorted((card or {}).items()):
+        fields[model.encode()] = ("%r,%r,%r,%r" % (1000.0 * rate.input, 1000.0 * rate.output,
+                                                  1000.0 * rate.cache_read,
+                                                  1000.0 * rate.cache_write)).encode()
+    digest = hashlib.sha256(b"\n".join(k + b"=" + v for k, v in sorted(fields.items()))).hexdigest()
+    return "%sbb:rates:%s" % (p, digest[:16]), fields
+
+
 # ---------------------------------------------------------------------------- scripts
-# KEYS: the counters. ARGV: per check (kind code, limit, charge, ttl). Tests every check, then
-# charges every one, or none: returns {0, v1..vn} (values before the charge) when admitted, else
-# {i, v1..vi} with i the first failing check (1-based).
+# KEYS: nb ledger hashes, nc gauges, the rate card hash. ARGV: nb, nc, per hash (ttl, reserve),
+# then per check (kind code, key index, limit). Tests every check, then charges every bucket
+# (requests +1, billable +1, its budget reservation) and gauge (+1), or nothing: returns {0, v1..vn}
+# (each check's value before the charge), {i, v1..vi} with i the first failing check (1-based), or
+# {-1} when a budget is checked and the rate card hash is missing (the caller writes it, retries).
 ADMIT_LUA = """
-local n = #KEYS
+local nb, nc = tonumber(ARGV[1]), tonumber(ARGV[2])
+local rates = KEYS[nb + nc + 1]
+local a = 3
+local ttl, reserve = {}, {}
+for i = 1, nb do
+  ttl[i] = tonumber(ARGV[a]); reserve[i] = tonumber(ARGV[a + 1]); a = a + 2
+end
+local cache = {}
+local function ledger(i)
+  local L = cache[i]
+  if L then return L end
+  L = {req = 0, tok = 0, res = 0, models = {}}
+  local h = redis.call('HGETALL', KEYS[i])
+  for j = 1, #h, 2 do
+    local f, v = h[j], tonumber(h[j + 1]) or 0
+    if f == 'requests' then L.req = v
+    elseif f == 'bb:reserved' then L.res = v
+    else
+      local m, tier = string.match(f, '^m:(.*):([%a_]+)$')
+      if m then
+        local t = L.models[m]
+        if not t then t = {0, 0, 0, 0}; L.models[m] = t end
+        if tier == 'input' then t[1] = v; L.tok = L.tok + v
+        elseif tier == 'output' then t[2] = v; L.tok = L.tok + v
+        elseif tier == 'cache_read' then t[3] = v
+        elseif tier == 'cache_write' then t[4] = v end
+      end
+    end
+  end
+  cache[i] = L
+  return L
+end
+local function spend(L)
+  if L.spend then return L.spend end
+  local s = L.res
+  for m, t in pairs(L.models) do
+    local r = redis.call('HGET', rates, m)
+    if r then
+      local ri, ro, rr, rw = string.match(r, '^([^,]*),([^,]*),([^,]*),([^,]*)$')
+      s = s + t[1] * tonumber(ri) + t[2] * tonumber(ro) + t[3] * tonumber(rr) + t[4] * tonumber(rw)
+    end
+  end
+  L.spend = s
+  return s
+end
 local out = {0}
-for i = 1, n do
-  local b = (i - 1) * 4
-  local v = tonumber(redis.call('GET', KEYS[i]) or '0')
-  out[i + 1] = v
-  local lim = tonumber(ARGV[b + 2])
-  if ARGV[b + 1] == 't' then
-    if v >= lim then out[1] = i return out end
-  elseif v + tonumber(ARGV[b + 3]) > lim then
-    out[1] = i return out
+local n = 0
+for c = a, #ARGV, 3 do
+  n = n + 1
+  local kind, i, lim = ARGV[c], tonumber(ARGV[c + 1]), tonumber(ARGV[c + 2])
+  local v
+  if kind == 'c' then
+    v = tonumber(redis.call('GET', KEYS[i]) or '0')
+    out[n + 1] = v
+    if v + 1 > lim then out[1] = n return out end
+  elseif kind == 'r' then
+    v = ledger(i).req
+    out[n + 1] = v
+    if v + 1 > lim then out[1] = n return out end
+  elseif kind == 't' then
+    v = ledger(i).tok
+    out[n + 1] = v
+    if v >= lim then out[1] = n return out end
+  else
+    if redis.call('EXISTS', rates) == 0 then return {-1} end
+    v = spend(ledger(i))
+    out[n + 1] = math.floor(v)
+    if v + reserve[i] > lim then out[1] = n return out end
   end
 end
-for i = 1, n do
-  local b = (i - 1) * 4
-  if ARGV[b + 3] ~= '0' then redis.call('INCRBY', KEYS[i], ARGV[b + 3]) end
-  if ARGV[b + 4] ~= '0' then redis.call('EXPIRE', KEYS[i], ARGV[b + 4]) end
+for i = 1, nb do
+  redis.call('HINCRBY', KEYS[i], 'requests', 1)
+  redis.call('HINCRBY', KEYS[i], 'billable_requests', 1)
+  if reserve[i] > 0 then redis.call('HINCRBY', KEYS[i], 'bb:reserved', reserve[i]) end
+  if ttl[i] > 0 and redis.call('TTL', KEYS[i]) == -1 then redis.call('EXPIRE', KEYS[i], ttl[i]) end
 end
+for g = nb + 1, nb + nc do redis.call('INCR', KEYS[g]) end
 return out
 """
 
-# KEYS: n counters, the days set, then one usage hash per day. ARGV: n, then per counter (delta,
-# ttl, floor-at-0 flag), then per day (day, m, m x (field, amount)). A counter that this creates
-# (its window's key had expired, or a tokens counter's first settle) gets the ttl.
+# KEYS: nh hashes, ng gauges, nm metering rows, the schema marker. ARGV: nh, ng, nm, then per
+# hash (ttl, nf, nf x (field, delta, floor-at-0 flag)), per gauge (delta), per metering row (its
+# day's set, key id, model, provider, group at use), the schema version. A hash or gauge this
+# creates gets its ttl; a row's attribution fields are written once (HSETNX), as there.
 SETTLE_LUA = """
-local n = tonumber(ARGV[1])
-local a = 2
-for i = 1, n do
+local nh, ng, nm = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local a = 4
+for i = 1, nh do
   local k = KEYS[i]
-  local v = redis.call('INCRBY', k, ARGV[a])
-  if ARGV[a + 2] == '1' and v < 0 then redis.call('SET', k, '0', 'KEEPTTL') end
-  if ARGV[a + 1] ~= '0' and redis.call('TTL', k) == -1 then redis.call('EXPIRE', k, ARGV[a + 1]) end
-  a = a + 3
-end
-for j = n + 2, #KEYS do
-  redis.call('SADD', KEYS[n + 1], ARGV[a])
-  local m = tonumber(ARGV[a + 1])
+  local ttl, nf = tonumber(ARGV[a]), tonumber(ARGV[a + 1])
   a = a + 2
-  for q = 1, m do
-    redis.call('HINCRBY', KEYS[j], ARGV[a], ARGV[a + 1])
-    a = a + 2
+  for q = 1, nf do
+    local v = redis.call('HINCRBY', k, ARGV[a], ARGV[a + 1])
+    if ARGV[a + 2] == '1' and v < 0 then redis.call('HSET', k, ARGV[a], 0) end
+    a = a + 3
   end
+  if ttl > 0 and redis.call('TTL', k) == -1 then redis.call('EXPIRE', k, ttl) end
 end
+for g = nh + 1, nh + ng do
+  local v = redis.call('INCRBY', KEYS[g], ARGV[a])
+  if v < 0 then redis.call('SET', KEYS[g], 0) end
+  a = a + 1
+end
+for r = nh + ng + 1, nh + ng + nm do
+  redis.call('SADD', ARGV[a], KEYS[r])
+  redis.call('HSET', KEYS[r], 'key_id', ARGV[a + 1], 'model', ARGV[a + 2], 'provider', ARGV[a + 3])
+  redis.call('HSETNX', KEYS[r], 'key_group_at_use', ARGV[a + 4])
+  redis.call('HSETNX', KEYS[r], 'pricing_version', '')
+  a = a + 5
+end
+redis.call('SETNX', KEYS[nh + ng + nm + 1], ARGV[a])
 return 1
 """
 
-# KEYS: keys hash, aws index. ARGV: id, record JSON, aws access key id or '', channel.
+# A key's rows, written only if the key row and its credential row are still what the caller
+# read (else 'RETRY'): the key (its revision stamped from the counter), its sigv4 credential and
+# pointers (when a new one is given), the denylist (a revoked key), the schema marker, and the
+# invalidation message.
+# KEYS: 1 key row, 2 keys set, 3 keys:byrev, 4 revision, 5 cred row, 6 cred ids, 7 creds:byrev,
+# 8 new pub pointer, 9 new id pointer, 10 old pub pointer, 11 old id pointer, 12 denylist set,
+# 13 denylist entry, 14 schema.
+# ARGV: 1 id, 2 key row read ('' none), 3 new key JSON (revision -1), 4 cred row read, 5 new
+# cred JSON ('' unchanged), 6 cred pointer, 7 '1' to denylist, 8 channel, 9 schema version.
 PUT_KEY_LUA = """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then
-  local ok, rec = pcall(cjson.decode, old)
-  if ok and type(rec) == 'table' then
-    local aws = rec['aws_access_key_id']
-    if type(aws) == 'string' and aws ~= ARGV[3] and redis.call('HGET', KEYS[2], aws) == ARGV[1] then
-      redis.call('HDEL', KEYS[2], aws)
-    end
-  end
+if (redis.call('GET', KEYS[1]) or '') ~= ARGV[2] then return 'RETRY' end
+if (redis.call('GET', KEYS[5]) or '') ~= ARGV[4] then return 'RETRY' end
+local rev = redis.call('INCR', KEYS[4])
+local stamp = '"revision":' .. rev
+redis.call('SET', KEYS[1], (string.gsub(ARGV[3], '"revision":%-1', stamp, 1)))
+redis.call('SADD', KEYS[2], ARGV[1])
+redis.call('ZADD', KEYS[3], rev, ARGV[1])
+if ARGV[5] ~= '' then
+  if KEYS[10] ~= KEYS[8] and redis.call('GET', KEYS[10]) == ARGV[6] then redis.call('DEL', KEYS[10]) end
+  if KEYS[11] ~= KEYS[9] and redis.call('GET', KEYS[11]) == ARGV[6] then redis.call('DEL', KEYS[11]) end
+  redis.call('SET', KEYS[5], (string.gsub(ARGV[5], '"revision":%-1', stamp, 1)))
+  redis.call('SET', KEYS[8], ARGV[6])
+  redis.call('SET', KEYS[9], ARGV[6])
+  redis.call('SADD', KEYS[6], 'sigv4:0')
+  redis.call('ZADD', KEYS[7], rev, ARGV[6])
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], ARGV[3], ARGV[1]) end
-redis.call('PUBLISH', ARGV[4], 'key:' .. ARGV[1])
-return 1
+if ARGV[7] == '1' then
+  redis.call('SETNX', KEYS[13], 'revoked')
+  redis.call('SADD', KEYS[12], ARGV[1])
+end
+redis.call('SETNX', KEYS[14], ARGV[9])
+redis.call('PUBLISH', ARGV[8], 'key:' .. ARGV[1])
+return 'OK'
 """
 
-# KEYS: keys hash, aws index. ARGV: id, channel.
+# A tombstone, if the key row is still what the caller read: the row (enabled false, deleted_at
+# set, revision stamped), every credential of the key and its pointers gone, the key's own ledger
+# gone (as the Rust store's delete_key does), the id on the denylist, the invalidation message.
+# KEYS: 1 key row, 2 keys:byrev, 3 revision, 4 cred ids, 5 denylist set, 6 denylist entry, 7 the
+# key's ledger hash. ARGV: 1 id, 2 key row read, 3 tombstone JSON (revision -1), 4 channel,
+# 5 prefix.
 DELETE_KEY_LUA = """
-local old = redis.call('HGET', KEYS[1], ARGV[1])
-if old then
-  local ok, rec = pcall(cjson.decode, old)
-  if ok and type(rec) == 'table' then
-    local aws = rec['aws_access_key_id']
-    if type(aws) == 'string' and redis.call('HGET', KEYS[2], aws) == ARGV[1] then
-      redis.call('HDEL', KEYS[2], aws)
+local cur = redis.call('GET', KEYS[1])
+if not cur then return 'NOKEY' end
+if cur ~= ARGV[2] then return 'RETRY' end
+local rev = redis.call('INCR', KEYS[3])
+redis.call('SET', KEYS[1], (string.gsub(ARGV[3], '"revision":%-1', '"revision":' .. rev, 1)))
+redis.call('ZADD', KEYS[2], rev, ARGV[1])
+local p = ARGV[5]
+for _, m in ipairs(redis.call('SMEMBERS', KEYS[4])) do
+  local row = p .. 'cred:' .. ARGV[1] .. ':' .. m
+  local raw = redis.call('GET', row)
+  if raw then
+    local ok, c = pcall(cjson.decode, raw)
+    if ok and type(c) == 'table' and type(c['meta']) == 'table' then
+      local meta = c['meta']
+      redis.call('DEL', p .. 'cred:pub:' .. tostring(meta['kind']) .. ':' .. tostring(meta['public_id']))
+      redis.call('DEL', p .. 'cred:id:' .. tostring(meta['id']))
     end
+    redis.call('DEL', row)
   end
-  redis.call('HDEL', KEYS[1], ARGV[1])
 end
-redis.call('PUBLISH', ARGV[2], 'key:' .. ARGV[1])
-return 1
+redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[7])
+redis.call('SETNX', KEYS[6], 'deleted')
+redis.call('SADD', KEYS[5], ARGV[1])
+redis.call('PUBLISH', ARGV[4], 'key:' .. ARGV[1])
+return 'OK'
 """
 
-# KEYS: aws index, keys hash. ARGV: access key id. -> {key id, record JSON} or nil.
+# A key as the directory needs it: KEYS: key row, denylist set, its sigv4 credential rows (slots
+# 0 and 1). ARGV: id. -> {key JSON or false, denied 0/1, slot 0 JSON or false, slot 1 or false}.
+KEY_READ_LUA = """
+return {redis.call('GET', KEYS[1]), redis.call('SISMEMBER', KEYS[2], ARGV[1]),
+        redis.call('GET', KEYS[3]), redis.call('GET', KEYS[4])}
+"""
+
+# The key of an AWS access key id: KEYS: its pub pointer. ARGV: prefix.
+# -> nil, or {key id, key JSON or false, denied 0/1, credential JSON or false}.
 KEY_BY_AWS_LUA = """
-local id = redis.call('HGET', KEYS[1], ARGV[1])
-if not id then return nil end
-return {id, redis.call('HGET', KEYS[2], id)}
+local ptr = redis.call('GET', KEYS[1])
+if not ptr then return nil end
+local key_id = string.match(ptr, '^(.*):[^:]*:[^:]*$')
+if not key_id then return nil end
+local p = ARGV[1]
+return {key_id, redis.call('GET', p .. 'key:' .. key_id),
+        redis.call('SISMEMBER', p .. 'denylist', key_id), redis.call('GET', p .. 'cred:' .. ptr)}
 """
 
 
 # ---------------------------------------------------------------------------- records
-def _key_from_json(raw) -> KeyRecord:
-    return KeyRecord.from_dict(orjson.loads(raw))
+def _cred_of(raw):
+    if not raw:
+        return None
+    try:
+        c = orjson.loads(raw)
+        return c if isinstance(c, dict) and isinstance(c.get("meta"), dict) else None
+    except orjson.JSONDecodeError:
+        return None
 
 
-def counter_key(prefix: str, check) -> str:
-    return "%sc:%s:%d" % (prefix, check[C_BUCKET], check[C_WINDOW])
+def _live_cred(rows, now):
+    """The credential of a key's slot rows that admits, else the first present (or None)."""
+    creds = [c for c in (_cred_of(r) for r in rows) if c is not None]
+    for c in creds:
+        if credential_live(c["meta"], now):
+            return c
+    return creds[0] if creds else None
 
 
-def _ttl(check) -> int:
-    """Seconds a check's counter should live: to its window's roll plus the margin; 0 = forever."""
-    roll = check[C_ROLL]
-    if not check[C_WINDOW] or roll is None:
-        return 0
-    return math.ceil(roll) + EXPIRE_MARGIN
+def _record(key_raw, denied, cred_rows, now):
+    if not key_raw:
+        return None
+    try:
+        vk = orjson.loads(key_raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(vk, dict) or not isinstance(vk.get("id"), str):
+        return None
+    return record_of(vk, bool(denied), _live_cred(cred_rows, now), now)
 
 
-def _usage_write(prefix: str, counters: dict, usage: dict):
-    """(keys, args) of SETTLE_LUA for counters {key: [delta, ttl, floor]} and usage
-    {(day, key_id, group, model, pool): [5 ints]}."""
-    keys = []
-    args = [0]
-    for k, (delta, ttl, floor) in counters.items():
-        if delta:
+def _json_with_revision_slot(d: dict) -> bytes:
+    """JSON with `"revision":-1` for the script to stamp (orjson keeps the dict's order)."""
+    d = dict(d)
+    d["revision"] = -1
+    return orjson.dumps(d)
+
+
+class _Writes:
+    """Pending increments, in the shape SETTLE_LUA takes: hash fields (with a floor-at-0 flag and
+    the hash's ttl), gauges, and metering rows' attribution."""
+
+    __slots__ = ("hashes", "gauges", "rows")
+
+    def __init__(self):
+        self.hashes = {}        # key -> [ttl, {field: [delta, floor]}]
+        self.gauges = {}        # key -> delta
+        self.rows = {}          # row key -> (day set key, key id, model, provider, group)
+
+    def __bool__(self):
+        return bool(self.hashes or self.gauges or self.rows)
+
+    def hinc(self, key, field, delta, floor=False, ttl=0):
+        if not delta:
+            return
+        h = self.hashes.get(key)
+        if h is None:
+            h = self.hashes[key] = [ttl, {}]
+        elif ttl and not h[0]:
+            h[0] = ttl
+        cur = h[1].get(field)
+        if cur is None:
+            h[1][field] = [delta, floor]
+        else:
+            cur[0] += delta
+
+    def gauge(self, key, delta):
+        self.gauges[key] = self.gauges.get(key, 0) + delta
+
+    def meter(self, p, bucket, key_id, group, model, provider, counts):
+        """One usage row's counts (model.USAGE_FIELDS order) into its metering row."""
+        row = metering_row(p, bucket, key_id, model, provider)
+        self.rows.setdefault(row, (metering_set(p, bucket), key_id, model, provider, group or ""))
+        for field, v in zip(("requests", "tokens_input", "tokens_output", "tokens_cache_read",
+                             "tokens_cache_write", "billable_requests"), counts):
+            self.hinc(row, field, v)
+
+    def ledger(self, p, bucket, start, requests, billable, models, ttl=0):
+        k = usage_key(p, bucket, start)
+        self.hinc(k, "requests", requests, True, ttl)
+        self.hinc(k, "billable_requests", billable, True, ttl)
+        for model, t in models.items():
+            for tier, v in zip(TIERS, t):
+                self.hinc(k, "m:%s:%s" % (model, tier), v, True, ttl)
+
+    def merge(self, other: "_Writes"):
+        for k, (ttl, fields) in other.hashes.items():
+            for f, (d, floor) in fields.items():
+                self.hinc(k, f, d, floor, ttl)
+        for k, d in other.gauges.items():
+            self.gauge(k, d)
+        for k, v in other.rows.items():
+            self.rows.setdefault(k, v)
+
+    def script(self, p):
+        """(keys, args) of SETTLE_LUA."""
+        keys = []
+        args = [0, 0, 0]
+        for k, (ttl, fields) in self.hashes.items():
+            live = [(f, d, floor) for f, (d, floor) in fields.items() if d]
+            if not live:
+                continue
             keys.append(k)
-            args += (delta, ttl, 1 if floor else 0)
-    args[0] = len(keys)
-    keys.append(prefix + "udays")
-    days = {}
-    for (day, key_id, group, model, pool), values in usage.items():
-        fields = days.setdefault(day, [])
-        for name, v in zip(USAGE_FIELDS, values):
-            if v:
-                fields.append(orjson.dumps([key_id, group, model, pool, name]))
-                fields.append(v)
-    for day, fields in days.items():
-        if fields:
-            keys.append(prefix + "u:" + day)
-            args += (day, len(fields) // 2, *fields)
-    return keys, args
+            args += (ttl, len(live))
+            for f, d, floor in live:
+                args += (f, d, 1 if floor else 0)
+            args[0] += 1
+        for k, d in self.gauges.items():
+            if d:
+                keys.append(k)
+                args.append(d)
+                args[1] += 1
+        for k, (dayset, key_id, model, provider, group) in self.rows.items():
+            keys.append(k)
+            args += (dayset, key_id, model, provider, group)
+            args[2] += 1
+        keys.append(p + "schema")
+        args.append(SCHEMA_VERSION)
+        return keys, args
 
 
-def _usage_key(u: Usage):
-    return (u.day, u.key_id, u.group, u.model, u.pool)
-
-
-def _usage_values(u: Usage):
-    return [getattr(u, f) for f in USAGE_FIELDS]
+def _usage_writes(p, rows, windows, now) -> _Writes:
+    """What store.add_usage writes: the rows into the metering, the window deltas into the
+    ledger hashes (a minute or hour one with its expiry)."""
+    w = _Writes()
+    for u in rows:
+        w.meter(p, day_epoch(u.day), u.key_id, u.group, u.model or "", u.provider or "",
+                [getattr(u, f) for f in USAGE_FIELDS])
+    for (bucket, start), (req, bill, models) in (windows or {}).items():
+        per = _per_of(bucket)
+        ttl = 0
+        if per in ("minute", "hour"):
+            span = 60 if per == "minute" else 3600
+            ttl = max(1, math.ceil(start + span - now)) + EXPIRE_MARGIN
+        w.ledger(p, bucket, start, req, bill, models, ttl)
+    return w
 
 
 # ---------------------------------------------------------------------------- admin side
 class RedisStore:
-    """Keys, groups and usage in Redis, for the admin API (the parent process). Every method
-    raises StoreUnavailable when Redis does not answer."""
+    """The store contract (busbar/governance/store.py) in the Rust valkey layout, for the admin
+    API (the parent process). Every method raises StoreUnavailable when Redis does not answer."""
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = "bb:"):
+    kind = "redis"
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = PREFIX,
+                 earlier_prefix: str | None = None):
         self.url = url
         self.timeout = timeout
         self.prefix = prefix
-        self.channel = prefix + "inval"
+        self.channel = prefix + "bb:inval"
+        # busbar's earlier layout, carried over into a fresh namespace (_carry_busbar_v0): its
+        # default prefix, beside the default namespace
+        self.earlier_prefix = earlier_prefix if earlier_prefix is not None else (
+            "bb:" if prefix == PREFIX else None)
         self._r = None
 
     async def open(self):
+        """Connects; no I/O yet (a Redis down at boot does not hold the boot): the namespace's
+        schema marker is checked by the first call that reaches Redis."""
         self._r = _connect(self.url, self.timeout, retry=True)
         self._down = _down_errors()
         self._put_key = self._r.register_script(PUT_KEY_LUA)
         self._del_key = self._r.register_script(DELETE_KEY_LUA)
         self._by_aws = self._r.register_script(KEY_BY_AWS_LUA)
         self._settle = self._r.register_script(SETTLE_LUA)
+        self._checked = False
+
+    async def _check_schema(self):
+        """The namespace's schema marker: set on a fresh namespace; another version is refused
+        (the Rust store wipes one below v6; busbar deletes nothing). Then the eviction policy."""
+        p = self.prefix
+        marker = await self._r.get(p + "schema")
+        if marker is None:
+            if await self._r.setnx(p + "schema", SCHEMA_VERSION) and self.earlier_prefix:
+                await self._carry_busbar_v0(self.earlier_prefix)
+        else:
+            try:
+                version = int(marker)
+            except ValueError:
+                version = -1
+            if version != SCHEMA_VERSION:
+                raise StoreError(
+                    "valkey at %s: the %s namespace has store schema v%s; this busbar reads v%d%s"
+                    % (_safe_url(self.url), p, marker.decode(errors="replace"), SCHEMA_VERSION,
+                       " (written by a newer gateway)" if version > SCHEMA_VERSION else ""))
+        await self._check_eviction()
+        self._checked = True
+
+    async def _carry_busbar_v0(self, old: str):
+        """A fresh namespace beside busbar's earlier layout (prefix `bb:`: keys and groups as JSON
+        in the hashes bb:keys and bb:groups, usage per day in bb:u:<day>): its keys (with their AWS
+        pairs; revoked and deleted ones denylisted), groups and usage (the metering, and each
+        key's own ledger) are written here once. The old keys are left where they are. Tokens of
+        that layout were HMAC-signed: they must be rotated to verify again."""
+        r = self._r
+        docs = await r.hvals(old + "keys")
+        groups = await r.hvals(old + "groups")
+        days = sorted(d.decode() for d in await r.smembers(old + "udays"))
+        if not (docs or groups or days):
+            return
+        now = int(time.time())
+        for raw in docs:
+            d = orjson.loads(raw)
+            rec = KeyRecord(d["id"], d.get("name") or "", d.get("group"), d.get("allowed_pools"),
+                            d.get("state") or "active", d.get("created") or now, d.get("expires"),
+                            str(d["gen"]) if d.get("gen") is not None else None,
+                            d.get("aws_access_key_id"), d.get("aws_secret"), None,
+                            d.get("labels") or {})
+            if rec.expires is not None and rec.expires <= rec.created:
+                rec.expires = None
+            if not rec.aws_secret:
+                rec.aws_access_key_id = None
+            tomb = rec.state == "tombstoned"
+            if tomb:
+                rec.state = "revoked"
+            await self.put_key(rec)
+            if tomb:
+                await self.delete_key(rec.id)
+        for raw in groups:
+            await self.put_group(group_from_dict(orjson.loads(raw)))
+        rows = {}
+        for day in days:
+            for field, value in (await r.hgetall(old + "u:" + day)).items():
+                key_id, group, model, pool, metric = orjson.loads(field)
+                u = rows.get((day, key_id, group, model, pool))
+                if u is None:
+                    u = rows[(day, key_id, group, model, pool)] = Usage(
+                        day, key_id, group, model, pool, 0, billable_requests=0)
+                if metric in USAGE_FIELDS:
+                    setattr(u, metric, getattr(u, metric) + int(value))
+        for u in rows.values():
+            if not u.billable_requests:
+                u.billable_requests = u.requests
+        if rows:
+            await self.add_usage(list(rows.values()), window_deltas(
+                rows.values(), lambda group, pool: [], now))
+        log.info("governance: busbar's earlier Redis layout (%s*) carried into %s*: %d key(s), "
+                 "%d group(s), %d usage row(s)", old, self.prefix, len(docs), len(groups), len(rows))
+
+    async def _check_eviction(self):
+        """An eviction policy can drop a denylist entry (un-revoking a key) or a ledger hash with
+        no error anywhere: the Rust store refuses to start on one; busbar says so loudly."""
+        try:
+            got = await self._r.config_get("maxmemory-policy")
+        except Exception:
+            log.warning("valkey at %s: CONFIG GET maxmemory-policy is not allowed; cannot check "
+                        "that the server never evicts governance data (noeviction)",
+                        _safe_url(self.url))
+            return
+        policy = got.get(b"maxmemory-policy") or got.get("maxmemory-policy")
+        if isinstance(policy, bytes):
+            policy = policy.decode()
+        if policy and policy != "noeviction":
+            log.warning("valkey at %s: maxmemory-policy is %s, not noeviction: under memory "
+                        "pressure it can silently drop a revocation or a ledger count (the Rust "
+                        "gateway refuses to start so); set noeviction", _safe_url(self.url), policy)
 
     async def close(self):
         if self._r is not None:
@@ -292,55 +692,151 @@ class RedisStore:
 
     async def _call(self, coro):
         try:
+            if not self._checked:
+                await self._check_schema()
             return await coro
         except self._down as e:
             raise StoreUnavailable("redis at %s: %s" % (_safe_url(self.url), e)) from None
+        finally:
+            if hasattr(coro, "close"):
+                coro.close()        # not awaited when the check failed: no "never awaited"
 
     async def ping(self) -> None:
         await self._call(self._r.ping())
 
     # -- keys
+    def _cred_keys(self, key_id):
+        p = self.prefix
+        return p + "cred:%s:sigv4:0" % key_id, p + "cred:%s:sigv4:1" % key_id
+
     async def put_key(self, rec: KeyRecord) -> None:
         p = self.prefix
-        await self._call(self._put_key(
-            keys=[p + "keys", p + "aws"],
-            args=[rec.id, orjson.dumps(rec.to_dict()), rec.aws_access_key_id or "", self.channel]))
+        now = int(time.time())
+        slot0 = self._cred_keys(rec.id)[0]
+        pointer = "%s:sigv4:0" % rec.id
+        for _ in range(CAS_TRIES):
+            pipe = self._r.pipeline(transaction=False)
+            pipe.get(p + "key:" + rec.id)
+            pipe.get(slot0)
+            old_key, old_cred = await self._call(pipe.execute())
+            if old_key:
+                old = orjson.loads(old_key)
+                if old.get("deleted_at") is not None and rec.state != "tombstoned":
+                    raise StoreError("key %s is deleted (tombstoned); it cannot be written back"
+                                     % rec.id)
+            cur = _cred_of(old_cred)
+            new_cred = b""
+            old_pub = old_id = ""
+            if cur is not None:
+                old_pub = p + "cred:pub:sigv4:%s" % cur["meta"].get("public_id")
+                old_id = p + "cred:id:%s" % cur["meta"].get("id")
+            if rec.state in ("revoked", "tombstoned"):
+                if cur is not None and cur["meta"].get("revoked_at") is None:
+                    meta = cur["meta"]
+                    meta.update(revoked_at=now, revoke_reason="revoked", updated_at=now)
+                    cur["secret"] = ""
+                    new_cred = _json_with_meta_revision_slot(cur)
+            elif rec.aws_access_key_id and rec.aws_secret and not (
+                    cur is not None and cur["meta"].get("public_id") == rec.aws_access_key_id
+                    and credential_live(cur["meta"], now)):
+                if rec.aws_cred_id is None or (cur is not None and cur["meta"].get("id") ==
+                                               rec.aws_cred_id):
+                    rec.aws_cred_id = new_credential_id()
+                new_cred = _json_with_meta_revision_slot(sigv4_credential(rec, now))
+            cred_meta = _cred_of(new_cred)["meta"] if new_cred else (cur or {}).get("meta", {})
+            keys = [p + "key:" + rec.id, p + "keys", p + "keys:byrev", p + "revision", slot0,
+                    p + "cred:ids:" + rec.id, p + "creds:byrev",
+                    p + "cred:pub:sigv4:%s" % cred_meta.get("public_id"),
+                    p + "cred:id:%s" % cred_meta.get("id"), old_pub or p + "cred:pub:-",
+                    old_id or p + "cred:id:-", p + "denylist", p + "denylist:" + rec.id,
+                    p + "schema"]
+            args = [rec.id, old_key or b"", _json_with_revision_slot(virtual_key(rec, now)),
+                    old_cred or b"", new_cred, pointer,
+                    "1" if rec.state in ("revoked", "tombstoned") else "", self.channel,
+                    SCHEMA_VERSION]
+            out = await self._call(self._put_key(keys=keys, args=args))
+            if out != b"RETRY":
+                return
+        raise StoreError("key %s changed under every one of %d writes" % (rec.id, CAS_TRIES))
+
+    async def _read_keys(self, ids) -> list[KeyRecord]:
+        if not ids:
+            return []
+        p = self.prefix
+        now = time.time()
+        pipe = self._r.pipeline(transaction=False)
+        pipe.smembers(p + "denylist")
+        for kid in ids:
+            pipe.get(p + "key:" + kid)
+            for k in self._cred_keys(kid):
+                pipe.get(k)
+        got = await self._call(pipe.execute())
+        denied = {d.decode() for d in got[0]}
+        out = []
+        for i, kid in enumerate(ids):
+            key_raw, c0, c1 = got[1 + 3 * i: 4 + 3 * i]
+            rec = _record(key_raw, kid in denied, (c0, c1), now)
+            if rec is not None:
+                out.append(rec)
+        return out
 
     async def get_key(self, key_id) -> KeyRecord | None:
-        raw = await self._call(self._r.hget(self.prefix + "keys", key_id))
-        return _key_from_json(raw) if raw else None
+        got = await self._read_keys([key_id])
+        return got[0] if got else None
 
     async def key_by_aws(self, access_key_id) -> KeyRecord | None:
         p = self.prefix
-        got = await self._call(self._by_aws(keys=[p + "aws", p + "keys"], args=[access_key_id]))
-        return _key_from_json(got[1]) if got and got[1] else None
+        got = await self._call(self._by_aws(keys=[p + "cred:pub:sigv4:" + access_key_id],
+                                             args=[p]))
+        if not got:
+            return None
+        rec = _record(got[1], got[2], (got[3],), time.time())
+        return rec if rec is not None and rec.aws_access_key_id == access_key_id else None
 
     async def list_keys(self) -> list[KeyRecord]:
-        rows = await self._call(self._r.hvals(self.prefix + "keys"))
-        return sorted((_key_from_json(r) for r in rows), key=lambda k: (k.created or 0, k.id))
+        ids = sorted(i.decode() for i in await self._call(self._r.smembers(self.prefix + "keys")))
+        keys = await self._read_keys(ids)
+        return sorted(keys, key=lambda k: (k.created or 0, k.id))
 
     async def delete_key(self, key_id) -> None:
         p = self.prefix
-        await self._call(self._del_key(keys=[p + "keys", p + "aws"], args=[key_id, self.channel]))
+        now = int(time.time())
+        for _ in range(CAS_TRIES):
+            raw = await self._call(self._r.get(p + "key:" + key_id))
+            if raw is None:
+                raise StoreError("no key %s" % key_id)
+            vk = orjson.loads(raw)
+            if vk.get("deleted_at") is not None:
+                return
+            vk.update(enabled=False, deleted_at=now)
+            keys = [p + "key:" + key_id, p + "keys:byrev", p + "revision", p + "cred:ids:" + key_id,
+                    p + "denylist", p + "denylist:" + key_id, usage_key(p, key_id, 0)]
+            out = await self._call(self._del_key(keys=keys, args=[
+                key_id, raw, _json_with_revision_slot(vk), self.channel, p]))
+            if out == b"OK":
+                return
+            if out == b"NOKEY":
+                raise StoreError("no key %s" % key_id)
+        raise StoreError("key %s changed under every one of %d writes" % (key_id, CAS_TRIES))
 
-    # -- groups
+    # -- groups (made through busbar's admin API; the Rust gateway keeps these in its config)
     async def put_group(self, rec: GroupRecord) -> None:
         pipe = self._r.pipeline(transaction=True)
-        pipe.hset(self.prefix + "groups", rec.name, orjson.dumps(group_to_dict(rec)))
+        pipe.hset(self.prefix + "bb:groups", rec.name, orjson.dumps(group_to_dict(rec)))
         pipe.publish(self.channel, "group:" + rec.name)
         await self._call(pipe.execute())
 
     async def get_group(self, name) -> GroupRecord | None:
-        raw = await self._call(self._r.hget(self.prefix + "groups", name))
+        raw = await self._call(self._r.hget(self.prefix + "bb:groups", name))
         return group_from_dict(orjson.loads(raw)) if raw else None
 
     async def list_groups(self) -> list[GroupRecord]:
-        rows = await self._call(self._r.hvals(self.prefix + "groups"))
+        rows = await self._call(self._r.hvals(self.prefix + "bb:groups"))
         return sorted((group_from_dict(orjson.loads(r)) for r in rows), key=lambda g: g.name)
 
     async def delete_group(self, name) -> None:
         pipe = self._r.pipeline(transaction=True)
-        pipe.hdel(self.prefix + "groups", name)
+        pipe.hdel(self.prefix + "bb:groups", name)
         pipe.publish(self.channel, "group:" + name)
         await self._call(pipe.execute())
 
@@ -348,54 +844,98 @@ class RedisStore:
         """Every worker drops its whole policy cache (e.g. after a bulk import)."""
         await self._call(self._r.publish(self.channel, "all"))
 
-    # -- usage and counters
-    async def add_usage(self, rows: list[Usage]) -> None:
-        acc = {}
-        for u in rows:
-            cur = acc.get(_usage_key(u))
-            vals = _usage_values(u)
-            if cur is None:
-                acc[_usage_key(u)] = vals
-            else:
-                for i, v in enumerate(vals):
-                    cur[i] += v
-        keys, args = _usage_write(self.prefix, {}, acc)
-        if len(keys) > 1:
+    # -- usage
+    async def add_usage(self, rows: list[Usage], windows=None) -> None:
+        w = _usage_writes(self.prefix, rows, windows, time.time())
+        if w:
+            keys, args = w.script(self.prefix)
             await self._call(self._settle(keys=keys, args=args))
 
     async def usage_rows(self, day: str | None = None) -> list[dict]:
         p = self.prefix
         if day is not None:
-            days = [day]
+            buckets = [day_epoch(day)]
         else:
-            days = sorted(d.decode() for d in await self._call(self._r.smembers(p + "udays")))
-        if not days:
-            return []
-        pipe = self._r.pipeline(transaction=False)
-        for d in days:
-            pipe.hgetall(p + "u:" + d)
-        hashes = await self._call(pipe.execute())
-        rows = {}
-        for d, h in zip(days, hashes):
-            for field, value in h.items():
-                key_id, group, model, pool, metric = orjson.loads(field)
-                row = rows.get((d, key_id, group, model, pool))
-                if row is None:
-                    row = rows[(d, key_id, group, model, pool)] = {
-                        "day": d, "key_id": key_id, "group": group, "model": model, "pool": pool,
-                        **{f: 0 for f in USAGE_FIELDS}}
-                row[metric] = int(value)
-        return [rows[k] for k in sorted(rows, key=lambda k: tuple(x or "" for x in k))]
+            head = len(p) + len("metering:")
+            buckets = sorted(int(t) for t in (k.decode()[head:] for k in await self._call(
+                self._scan(p.replace("*", "\\*") + "metering:*", "SET"))) if t.isdigit())
+        out = []
+        for b in buckets:
+            rows = sorted(await self._call(self._r.smembers(metering_set(p, b))))
+            if not rows:
+                continue
+            pipe = self._r.pipeline(transaction=False)
+            for r in rows:
+                pipe.hgetall(r)
+            for h in await self._call(pipe.execute()):
+                if not h:
+                    continue
+                f = {k.decode(): v for k, v in h.items()}
+                row = {"day": day_of_bucket(b), "key_id": f.get("key_id", b"").decode(),
+                       "group": f.get("key_group_at_use", b"").decode() or None,
+                       "model": f.get("model", b"").decode(),
+                       "provider": f.get("provider", b"").decode()}
+                for name, field in zip(USAGE_FIELDS, ("requests", "tokens_input", "tokens_output",
+                                                      "tokens_cache_read", "tokens_cache_write",
+                                                      "billable_requests")):
+                    row[name] = max(0, int(f.get(field, 0)))
+                out.append(row)
+        return out
 
     async def usage_totals(self) -> list[dict]:
-        from .store import _totals
         return _totals(await self.usage_rows())
 
-    async def bucket_values(self, checks) -> list[int]:
-        if not checks:
-            return []
-        vals = await self._call(self._r.mget([counter_key(self.prefix, c) for c in checks]))
-        return [int(v) if v is not None else 0 for v in vals]
+    async def _scan(self, match: str, kind: str) -> list:
+        return [k async for k in self._r.scan_iter(match=match, _type=kind, count=1000)]
+
+    async def window(self, bucket: str, start: int):
+        """A bucket's ledger: (requests, billable, {model: [input, output, cache read, cache
+        write]}), and busbar's reservations in flight as the fourth item."""
+        h = await self._call(self._r.hgetall(usage_key(self.prefix, bucket, start)))
+        requests = billable = reserved = 0
+        models = {}
+        for k, v in h.items():
+            k, v = k.decode(), int(v)
+            if k == "requests":
+                requests = v
+            elif k == "billable_requests":
+                billable = v
+            elif k == "bb:reserved":
+                reserved = v
+            elif k.startswith("m:"):
+                model, _, tier = k[2:].rpartition(":")
+                if tier in TIERS:
+                    models.setdefault(model, [0, 0, 0, 0])[TIERS.index(tier)] = v
+        return requests, billable, models, reserved
+
+    async def check_values(self, checks, card=None) -> list[int]:
+        """Each check's value as admission sees it (tests and diagnostics)."""
+        out = []
+        for c in checks:
+            if c[C_KIND] == "concurrent":
+                v = await self._call(self._r.get(conc_key(self.prefix, c[C_GROUP])))
+                out.append(int(v or 0))
+                continue
+            requests, _, models, reserved = await self.window(c[C_BUCKET], c[C_WINDOW])
+            if c[C_KIND] == "requests":
+                out.append(requests)
+            elif c[C_KIND] == "tokens":
+                out.append(sum(t[0] + t[1] for t in models.values()))
+            else:
+                spend = reserved
+                for m, t in models.items():
+                    rate = (card or {}).get(m)
+                    if rate is not None:
+                        spend += 1000 * (t[0] * rate.input + t[1] * rate.output +
+                                         t[2] * rate.cache_read + t[3] * rate.cache_write)
+                out.append(math.floor(spend))
+        return out
+
+
+def _json_with_meta_revision_slot(cred: dict) -> bytes:
+    cred = dict(cred)
+    cred["meta"] = dict(cred["meta"], revision=-1)
+    return orjson.dumps(cred)
 
 
 def _safe_url(url: str) -> str:
@@ -408,13 +948,17 @@ def _safe_url(url: str) -> str:
 
 # ---------------------------------------------------------------------------- worker: ledger
 class RedisLedger:
-    """Admission and settlement against counters in Redis (one worker's view). Construct anywhere;
-    `await start()` in the worker's own event loop."""
+    """Admission and settlement against the ledger in Redis (one worker's view). Construct
+    anywhere; `await start()` in the worker's own event loop.
+
+    A check is (bucket, kind, limit, charge, window start, seconds to the roll, group, per): the
+    bucket a Rust ledger bucket id (model.rust_bucket) counted in `usage:<bucket>:<window start>`,
+    or, for a concurrent limit, the group's gauge."""
 
     remote = True
 
     def __init__(self, url: str, fail_mode: str = "closed", timeout: float = DEFAULT_TIMEOUT,
-                 prefix: str = "bb:"):
+                 prefix: str = PREFIX):
         if fail_mode not in ("closed", "open"):
             raise ValueError("fail_mode: expected closed or open, got %r" % (fail_mode,))
         self.url = url
@@ -423,9 +967,10 @@ class RedisLedger:
         self.prefix = prefix
         self.up = True                  # False while Redis is unreachable
         self._r = None
-        self._pend = {}                 # counter key -> [delta, ttl, floor-at-0]: not yet in Redis
-        self._pend_u = {}               # usage row key -> [5 ints]: not yet in Redis
-        self._seen = {}                 # counter key -> (last value seen in Redis, expires at)
+        self._pend = _Writes()          # not yet in Redis
+        self._drift = {}                # (ledger key, kind) -> what _pend adds to that value
+        self._seen = {}                 # (ledger key, kind) -> (last value seen, expires at)
+        self._rates = {}                # id(rate card) -> (the card, its hash key, written)
         self._flusher = None            # the task writing the pending settles
         self._prober = None             # the task asking a down Redis again
 
@@ -464,33 +1009,65 @@ class RedisLedger:
         t = self._flusher
         if t is not None and not t.done():
             await asyncio.wait([t])
-        if self.up and (self._pend or self._pend_u):
+        if self.up and self._pend:
             self._kick()
             await asyncio.wait([self._flusher])
 
     # -- admission
-    async def admit(self, checks, now: float):
+    def _rate_card(self, card):
+        got = self._rates.get(id(card))
+        if got is None or got[0] is not card:
+            key, fields = rates_key(self.prefix, card)
+            if len(self._rates) > 16:
+                self._rates.clear()
+            got = self._rates[id(card)] = [card, key, fields, False]
+        return got
+
+    def _layout(self, checks, reserve):
+        """(ledger hash keys, gauge keys, per hash (ttl, reserve), per check (code, index))."""
+        p = self.prefix
+        hashes, gauges = [], []
+        index, ttl, res = {}, {}, {}
+        for c in checks:
+            k = ledger_key(p, c)
+            if k not in index:
+                if c[C_KIND] == "concurrent":
+                    gauges.append(k)
+                else:
+                    hashes.append(k)
+                    ttl[k] = _ledger_ttl(c[C_PER], c[C_ROLL])
+                index[k] = None
+            if c[C_KIND] == "budget_usd":
+                res[k] = reserve
+        order = {k: i + 1 for i, k in enumerate(hashes + gauges)}
+        return hashes, gauges, [(ttl[k], res.get(k, 0)) for k in hashes], order
+
+    async def admit(self, checks, now: float, card=None, reserve: int = 0):
+        """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
+        reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
+        tokens are priced with."""
         if not checks:
             return None
         if not self.up:
-            return self._admit_local(checks, now) if self.fail_mode == "open" else UNAVAILABLE
+            return self._admit_local(checks, now, reserve) if self.fail_mode == "open" \
+                else UNAVAILABLE
+        hashes, gauges, per_hash, order = self._layout(checks, reserve)
+        rc = self._rate_card(card)
+        keys = hashes + gauges + [rc[1]]
+        args = [len(hashes), len(gauges)]
+        for ttl, res in per_hash:
+            args += (ttl, res)
         p = self.prefix
-        keys = []
-        args = []
         for c in checks:
-            keys.append("%sc:%s:%d" % (p, c[C_BUCKET], c[C_WINDOW]))
-            args += (_KIND_CODE[c[C_KIND]], c[C_LIMIT], c[C_CHARGE], _ttl(c))
-        # Shielded: a caller cancelled mid-flight (its client went away) must not leave charges
-        # nobody will settle; if the script admitted, the charges are refunded when it answers.
-        call = asyncio.ensure_future(self._admit(keys=keys, args=args))
+            args += (_KIND_CODE[c[C_KIND]], order[ledger_key(p, c)], c[C_LIMIT])
         try:
-            out = await asyncio.shield(call)
+            out = await self._run_admit(keys, args, rc, checks, reserve)
         except asyncio.CancelledError:
-            call.add_done_callback(lambda f: self._refund_if_admitted(f, checks))
             raise
         except self._down as e:
             self._went_down(e)
-            return self._admit_local(checks, now) if self.fail_mode == "open" else UNAVAILABLE
+            return self._admit_local(checks, now, reserve) if self.fail_mode == "open" \
+                else UNAVAILABLE
         except Exception as e:
             _log_error("admission script failed: %r" % e)
             return UNAVAILABLE
@@ -502,67 +1079,144 @@ class RedisLedger:
             c = checks[i]
             v = out[i + 1]
             if not failed:
-                v += c[C_CHARGE]
-            seen[keys[i]] = (v, now + c[C_ROLL] if c[C_WINDOW] and c[C_ROLL] is not None else None)
+                v += _charge(c, reserve)
+            exp = now + c[C_ROLL] if c[C_WINDOW] and c[C_ROLL] is not None else None
+            seen[(ledger_key(p, c), c[C_KIND])] = (v, exp)
         if failed:
             return _denial(checks[failed - 1])
         return None
 
-    def _refund_if_admitted(self, fut, checks):
+    async def _run_admit(self, keys, args, rc, checks, reserve):
+        """The admission script, the rate card written first where it may be missing. Shielded: a
+        caller cancelled mid-flight (its client went away) must not leave charges nobody will
+        settle; if the script admitted, they are given back when it answers."""
+        for _ in range(2):
+            if not rc[3] and any(c[C_KIND] == "budget_usd" for c in checks):
+                await self._r.hset(rc[1], mapping=rc[2])
+                rc[3] = True
+            call = asyncio.ensure_future(self._admit(keys=keys, args=args))
+            try:
+                out = await asyncio.shield(call)
+            except asyncio.CancelledError:
+                call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve))
+                raise
+            if out and out[0] == -1:         # the card's hash is gone (a Redis restart): again
+                rc[3] = False
+                continue
+            return out
+        raise RuntimeError("the rate card could not be written to Redis")
+
+    def _undo_if_admitted(self, fut, checks, reserve):
         if fut.cancelled() or fut.exception() is not None or fut.result()[0]:
             return
-        self.settle(checks, [-c[C_CHARGE] for c in checks], None)
+        self.undo(checks, reserve)
 
-    def _admit_local(self, checks, now):
+    def _value(self, key, kind):
+        s = self._seen.get((key, kind))
+        return (s[0] if s is not None else 0) + self._drift.get((key, kind), 0)
+
+    def _admit_local(self, checks, now, reserve):
         """fail_mode open: the same test against this worker's count (the last value it saw in
         Redis plus what it charged and settled since), charged to the pending writes."""
         p = self.prefix
-        keys = []
         for c in checks:
-            k = "%sc:%s:%d" % (p, c[C_BUCKET], c[C_WINDOW])
-            keys.append(k)
-            s = self._seen.get(k)
-            v = (s[0] if s is not None else 0)
-            pend = self._pend.get(k)
-            if pend is not None:
-                v += pend[0]
+            v = self._value(ledger_key(p, c), c[C_KIND])
             if c[C_KIND] == "tokens":
                 if v >= c[C_LIMIT]:
                     return _denial(c)
-            elif v + c[C_CHARGE] > c[C_LIMIT]:
+            elif v + _charge(c, reserve) > c[C_LIMIT]:
                 return _denial(c)
-        for k, c in zip(keys, checks):
-            if c[C_CHARGE]:
-                self._add(k, c, c[C_CHARGE])
+        self._take(checks, reserve, 1)
         return None
 
+    def _take(self, checks, reserve, sign):
+        """Admission's charges (sign 1) or their refund (-1), as pending writes."""
+        p = self.prefix
+        w = self._pend
+        done = set()
+        for c in checks:
+            k = ledger_key(p, c)
+            kind = c[C_KIND]
+            if kind == "concurrent":
+                if k not in done:
+                    w.gauge(k, sign)
+                    self._drift_add(k, "concurrent", sign)
+            else:
+                ttl = _ledger_ttl(c[C_PER], c[C_ROLL])
+                if k not in done:
+                    w.hinc(k, "requests", sign, True, ttl)
+                    w.hinc(k, "billable_requests", sign, True, ttl)
+                    self._drift_add(k, "requests", sign)
+                if kind == "budget_usd" and (k, "b") not in done and reserve:
+                    w.hinc(k, "bb:reserved", sign * reserve, True, ttl)
+                    self._drift_add(k, "budget_usd", sign * reserve)
+                    done.add((k, "b"))
+            done.add(k)
+        if self.up and (self._flusher is None or self._flusher.done()):
+            self._kick()
+
+    def _drift_add(self, key, kind, delta):
+        if delta:
+            self._drift[(key, kind)] = self._drift.get((key, kind), 0) + delta
+
+    def undo(self, checks, reserve: int = 0) -> None:
+        """An admission that was not used (its client left before it started): every charge back."""
+        try:
+            self._take(checks, reserve, -1)
+        except Exception as e:
+            _log_error("undo failed: %r" % e)
+
     # -- settlement
-    def settle(self, checks, deltas, usage: Usage | None = None) -> None:
+    def settle(self, checks, reserve: int, usage: Usage | None, ok: bool = True,
+               cost: int = 0) -> None:
+        """A request's end: its tokens into every ledger bucket of its checks (and, as the Rust
+        ledger has it, into the key's own bucket, which also counts it), its reservation replaced
+        by nothing (the tokens now price it), a non-2xx answer taken off the billable count, its
+        concurrency slots back, and its metering row. `cost` (its tokens at the rate card) moves
+        the local count fail_mode open uses."""
         try:
             p = self.prefix
-            for c, d in zip(checks, deltas):
-                if d:
-                    self._add("%sc:%s:%d" % (p, c[C_BUCKET], c[C_WINDOW]), c, d)
+            w = self._pend
+            inp = out = cr = cw = 0
+            model = ""
             if usage is not None:
-                k = _usage_key(usage)
-                cur = self._pend_u.get(k)
-                vals = _usage_values(usage)
-                if cur is None:
-                    self._pend_u[k] = vals
-                else:
-                    for i, v in enumerate(vals):
-                        cur[i] += v
+                inp, out = usage.input_tokens, usage.output_tokens
+                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+                model = usage.model or ""
+            tokens = (inp, out, cr, cw)
+            done = set()
+            for c in checks:
+                k = ledger_key(p, c)
+                kind = c[C_KIND]
+                if kind == "concurrent":
+                    if k not in done:
+                        w.gauge(k, -1)
+                        self._drift_add(k, "concurrent", -1)
+                        done.add(k)
+                    continue
+                ttl = _ledger_ttl(c[C_PER], c[C_ROLL])
+                if k not in done:
+                    done.add(k)
+                    if model:
+                        for tier, v in zip(TIERS, tokens):
+                            w.hinc(k, "m:%s:%s" % (model, tier), v, True, ttl)
+                    if not ok:
+                        w.hinc(k, "billable_requests", -1, True, ttl)
+                    self._drift_add(k, "tokens", inp + out)
+                if kind == "budget_usd" and (k, "b") not in done:
+                    done.add((k, "b"))
+                    if reserve:
+                        w.hinc(k, "bb:reserved", -reserve, True, ttl)
+                    self._drift_add(k, "budget_usd", cost - reserve)
+            if usage is not None:
+                w.ledger(p, usage.key_id, 0, 1, 1 if ok else 0, {model: list(tokens)} if model
+                         else {})
+                w.meter(p, day_epoch(usage.day), usage.key_id, usage.group, model,
+                        usage.provider or "", [1, inp, out, cr, cw, 1 if ok else 0])
             if self.up and (self._flusher is None or self._flusher.done()):
                 self._kick()
         except Exception as e:
             _log_error("settle failed: %r" % e)
-
-    def _add(self, key, check, delta):
-        cur = self._pend.get(key)
-        if cur is None:
-            self._pend[key] = [delta, _ttl(check), check[C_KIND] == "concurrent"]
-        else:
-            cur[0] += delta
 
     def _kick(self):
         if self._r is not None:
@@ -570,21 +1224,25 @@ class RedisLedger:
 
     async def _flush_loop(self):
         """Writes until nothing is pending (settles made meanwhile go in the next script)."""
-        while self.up and (self._pend or self._pend_u):
+        while self.up and self._pend:
             if await self._write_pending() is not None:
                 return
 
     async def _write_pending(self):
         """One script with everything pending; on failure it stays pending. None when written,
         else the exception."""
-        pend, pend_u = self._pend, self._pend_u
-        self._pend, self._pend_u = {}, {}
-        keys, args = _usage_write(self.prefix, pend, pend_u)
+        pend, drift = self._pend, self._drift
+        self._pend, self._drift = _Writes(), {}
         try:
-            if args[0] or len(keys) > 1:
+            if pend:
+                keys, args = pend.script(self.prefix)
                 await self._settle(keys=keys, args=args)
         except BaseException as e:
-            self._merge_back(pend, pend_u)
+            pend.merge(self._pend)
+            self._pend = pend
+            for k, d in self._drift.items():
+                drift[k] = drift.get(k, 0) + d
+            self._drift = drift
             if isinstance(e, asyncio.CancelledError):
                 raise
             if isinstance(e, self._down):
@@ -592,26 +1250,11 @@ class RedisLedger:
             else:
                 _log_error("settlement script failed (kept for the next attempt): %r" % e)
             return e
-        for k, (delta, _ttl_secs, _floor) in pend.items():
+        for k, d in drift.items():
             s = self._seen.get(k)
             if s is not None:
-                self._seen[k] = (s[0] + delta, s[1])
+                self._seen[k] = (s[0] + d, s[1])
         return None
-
-    def _merge_back(self, pend, pend_u):
-        for k, (delta, ttl, floor) in pend.items():
-            cur = self._pend.get(k)
-            if cur is None:
-                self._pend[k] = [delta, ttl, floor]
-            else:
-                cur[0] += delta
-        for k, vals in pend_u.items():
-            cur = self._pend_u.get(k)
-            if cur is None:
-                self._pend_u[k] = vals
-            else:
-                for i, v in enumerate(vals):
-                    cur[i] += v
 
     # -- reachability
     def _went_down(self, err):
@@ -640,18 +1283,20 @@ class RedisLedger:
                 await self._r.ping()
             except Exception:
                 continue
-            try:    # a restarted Redis has no scripts
+            try:    # a restarted Redis has no scripts, and may have lost the rate cards
                 await self._r.script_load(ADMIT_LUA)
                 await self._r.script_load(SETTLE_LUA)
             except Exception:
                 continue
-            pending = bool(self._pend or self._pend_u)
+            for rc in self._rates.values():
+                rc[3] = False
+            pending = bool(self._pend)
             if isinstance(await self._write_pending(), self._down):
                 continue        # gone again; an error reply instead leaves it pending, Redis up
             self.up = True
             log.info("store_reachable store=redis url=%s reconciled=%s", _safe_url(self.url),
                      "true" if pending else "false")
-            if self._pend or self._pend_u:
+            if self._pend:
                 self._kick()
             return
 
@@ -661,6 +1306,16 @@ class RedisLedger:
             del seen[k]
         if len(seen) > 8192:
             seen.clear()
+
+
+def _charge(check, reserve) -> int:
+    """What admission adds to a check's value: 1 request or slot, the reservation, no tokens."""
+    kind = check[C_KIND]
+    if kind == "tokens":
+        return 0
+    if kind == "budget_usd":
+        return reserve
+    return 1
 
 
 _last_error = [0.0]
@@ -683,7 +1338,8 @@ def _denial(c) -> Denial:
 
 # ---------------------------------------------------------------------------- worker: policy cache
 class RedisDirectory:
-    """Key and group policy, cached in this worker, dropped on the invalidation channel.
+    """Key and group policy, cached in this worker, dropped on the invalidation channel and read
+    again after POLICY_TTL at the latest.
 
     Lookups return the record, None (unknown), or UNAVAILABLE when Redis cannot be read and
     nothing usable is cached. While the invalidation subscription is down (Redis unreachable or
@@ -700,16 +1356,16 @@ class RedisDirectory:
         """Bumped by every invalidation: the gate's group-chain cache follows it."""
         return self._gen
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = "bb:"):
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = PREFIX):
         self.url = url
         self.timeout = timeout
         self.prefix = prefix
-        self.channel = prefix + "inval"
+        self.channel = prefix + "bb:inval"
         self.live = False               # subscribed, so cached entries are trustworthy
         self._r = None                  # reads (a read meeting a dead pooled connection retries)
         self._sub = None                # the subscription's client: never reconnects by itself
-        self._keys = {}                 # key id -> KeyRecord
-        self._groups = {}               # name -> GroupRecord
+        self._keys = {}                 # key id -> (KeyRecord, monotonic deadline)
+        self._groups = {}               # name -> (GroupRecord, monotonic deadline)
         self._aws = {}                  # access key id -> key id
         self._neg = {}                  # ("k"|"g"|"a", name) -> monotonic deadline
         self._stale = ({}, {}, {})      # keys, groups, aws from before the subscription dropped
@@ -723,6 +1379,7 @@ class RedisDirectory:
         self._r = _connect(self.url, self.timeout, retry=True)
         self._sub = _connect(self.url, self.timeout, retry=False)
         self._down = _down_errors()
+        self._read_key = self._r.register_script(KEY_READ_LUA)
         self._by_aws = self._r.register_script(KEY_BY_AWS_LUA)
         self._subscribed = asyncio.Event()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
@@ -747,8 +1404,17 @@ class RedisDirectory:
             self._r = self._sub = None
 
     # -- lookups
+    def _fresh(self, table, name):
+        got = table.get(name)
+        if got is None:
+            return MISS
+        if got[1] < time.monotonic():
+            del table[name]
+            return MISS
+        return got[0]
+
     def cached_key(self, key_id):
-        rec = self._keys.get(key_id, MISS)
+        rec = self._fresh(self._keys, key_id)
         if rec is MISS:
             dl = self._neg.get(("k", key_id))
             if dl is not None and dl > time.monotonic():
@@ -756,13 +1422,13 @@ class RedisDirectory:
         return rec
 
     async def key(self, key_id):
-        rec = self._keys.get(key_id, MISS)
+        rec = self._fresh(self._keys, key_id)
         if rec is not MISS:
             return rec
         return await self._lookup("k", key_id)
 
     async def group(self, name):
-        rec = self._groups.get(name, MISS)
+        rec = self._fresh(self._groups, name)
         if rec is not MISS:
             return rec
         return await self._lookup("g", name)
@@ -770,8 +1436,8 @@ class RedisDirectory:
     async def key_by_aws(self, access_key_id):
         key_id = self._aws.get(access_key_id)
         if key_id is not None:
-            rec = self._keys.get(key_id, MISS)
-            if rec is not MISS:
+            rec = self._fresh(self._keys, key_id)
+            if rec is not MISS and rec.aws_access_key_id == access_key_id:
                 return rec
         return await self._lookup("a", access_key_id)
 
@@ -798,16 +1464,21 @@ class RedisDirectory:
         gen = self._gen
         live = self.live
         p = self.prefix
+        now = time.time()
         try:
             if kind == "k":
-                raw = await self._r.hget(p + "keys", name)
-                rec = _key_from_json(raw) if raw else None
+                got = await self._read_key(keys=[
+                    p + "key:" + name, p + "denylist", p + "cred:%s:sigv4:0" % name,
+                    p + "cred:%s:sigv4:1" % name], args=[name])
+                rec = _record(got[0], got[1], (got[2], got[3]), now)
             elif kind == "g":
-                raw = await self._r.hget(p + "groups", name)
+                raw = await self._r.hget(p + "bb:groups", name)
                 rec = group_from_dict(orjson.loads(raw)) if raw else None
             else:
-                got = await self._by_aws(keys=[p + "aws", p + "keys"], args=[name])
-                rec = _key_from_json(got[1]) if got and got[1] else None
+                got = await self._by_aws(keys=[p + "cred:pub:sigv4:" + name], args=[p])
+                rec = _record(got[1], got[2], (got[3],), now) if got else None
+                if rec is not None and rec.aws_access_key_id != name:
+                    rec = None
         except self._down:
             return self._fallback(kind, name)
         except Exception as e:
@@ -819,9 +1490,9 @@ class RedisDirectory:
                     self._neg.clear()
                 self._neg[(kind, name)] = time.monotonic() + NEGATIVE_TTL
             elif kind == "g":
-                self._groups[name] = rec
+                self._groups[name] = (rec, time.monotonic() + POLICY_TTL)
             else:
-                self._keys[rec.id] = rec
+                self._keys[rec.id] = (rec, time.monotonic() + POLICY_TTL)
                 if rec.aws_access_key_id:
                     self._aws[rec.aws_access_key_id] = rec.id
         return rec
@@ -831,12 +1502,12 @@ class RedisDirectory:
         subscription is back (PROBE_INTERVAL after Redis answers again), then dropped."""
         keys, groups, aws = self._stale
         if kind == "k":
-            rec = keys.get(name, MISS)
+            rec = keys.get(name, (MISS,))[0]
         elif kind == "g":
-            rec = groups.get(name, MISS)
+            rec = groups.get(name, (MISS,))[0]
         else:
             key_id = aws.get(name)
-            rec = keys.get(key_id, MISS) if key_id is not None else MISS
+            rec = keys.get(key_id, (MISS,))[0] if key_id is not None else MISS
         return UNAVAILABLE if rec is MISS else rec
 
     # -- invalidation
@@ -896,6 +1567,8 @@ class RedisDirectory:
             except Exception as e:
                 if self.live:
                     log.debug("invalidation channel lost (%s); policy cache dropped", e)
+                    # While Redis is away its copy is served whatever its age: nothing can change
+                    # in a Redis nobody reaches.
                     self._stale = (self._keys, self._groups, self._aws)
                     self._keys, self._groups, self._aws = {}, {}, {}
                     self._neg.clear()
