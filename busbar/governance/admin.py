@@ -412,7 +412,7 @@ def _when_ready(boot, handler):
             # Redis not answering is the store's state, not busbar's fault: a 503 that says so
             # (the reason names the URL without its password), and no traceback in the log. A
             # store that refuses (a schema it does not read, a deleted key written back) says why.
-            from .store import StoreError
+            from .model import StoreError
             if isinstance(exc, StoreError):
                 raise AdminError(409, str(exc), code="conflict") from None
             if not boot.local:

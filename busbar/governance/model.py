@@ -231,6 +231,10 @@ def marker_generation(marker: str) -> str | None:
     return gen if sep else None
 
 
+class StoreError(RuntimeError):
+    """A store refused a write (e.g. reviving a tombstoned key) or a schema it does not read."""
+
+
 class KeyRecord:
     """A virtual key as busbar handles it; the stores map it to the Rust store's rows (a `keys` row,
     a `credentials` row of kind sigv4, a `denylist` entry). `state` is derived there, as the Rust
@@ -654,6 +658,21 @@ def window_deltas(rows, buckets_of, now: float) -> dict:
                 t[2] += u.cache_read_tokens
                 t[3] += u.cache_write_tokens
     return out
+
+
+def usage_totals(rows) -> list:
+    """Usage rows summed over days and providers, per (key, group at use, model)."""
+    acc = {}
+    for r in rows:
+        k = (r["key_id"], r["group"], r["model"])
+        cur = acc.get(k)
+        if cur is None:
+            acc[k] = {"day": None, "key_id": k[0], "group": k[1], "model": k[2], "provider": None,
+                      **{f: r[f] for f in USAGE_FIELDS}}
+        else:
+            for f in USAGE_FIELDS:
+                cur[f] += r[f]
+    return list(acc.values())
 
 
 def limit_value(kind: str, ledger, card) -> int:

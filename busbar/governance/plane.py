@@ -272,7 +272,7 @@ async def store_problem(gw) -> str | None:
     if boot is None or boot.local or boot.store is None:
         return None
     from .redis_store import StoreUnavailable
-    from .store import StoreError
+    from .model import StoreError
     try:
         await boot.store.ping()
     except StoreUnavailable as exc:

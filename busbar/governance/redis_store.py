@@ -72,9 +72,9 @@ import orjson
 
 from busbar.governance.model import (
     C_BUCKET, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS, Denial, GroupRecord,
-    KeyRecord, Usage, credential_live, day_epoch, day_of_bucket, group_from_dict, group_to_dict,
-    new_credential_id, record_of, sigv4_credential, virtual_key, window_deltas)
-from busbar.governance.store import StoreError, _totals
+    KeyRecord, StoreError, Usage, credential_live, day_epoch, day_of_bucket, group_from_dict,
+    group_to_dict, new_credential_id, record_of, sigv4_credential, usage_totals, virtual_key,
+    window_deltas)
 
 log = logging.getLogger("busbar.governance")
 
@@ -883,7 +883,7 @@ class RedisStore:
         return out
 
     async def usage_totals(self) -> list[dict]:
-        return _totals(await self.usage_rows())
+        return usage_totals(await self.usage_rows())
 
     async def _scan(self, match: str, kind: str) -> list:
         return [k async for k in self._r.scan_iter(match=match, _type=kind, count=1000)]

@@ -49,15 +49,11 @@ import time
 import orjson
 
 from .model import (
-    PLAIN_SECRET, USAGE_FIELDS, GroupRecord, KeyRecord, Usage, credential_live, day_epoch,
-    day_of_bucket, generation_marker, group_from_dict, group_to_dict, ledger_buckets,
-    new_credential_id, record_of, window_deltas)
+    PLAIN_SECRET, USAGE_FIELDS, GroupRecord, KeyRecord, StoreError, Usage, credential_live,
+    day_epoch, day_of_bucket, generation_marker, group_from_dict, group_to_dict, ledger_buckets,
+    new_credential_id, record_of, usage_totals, window_deltas)
 
 log = logging.getLogger("busbar.governance")
-
-
-class StoreError(RuntimeError):
-    """A store refused a write (e.g. reviving a tombstoned key) or could not open."""
 
 
 def _metering_key(u):
@@ -180,28 +176,13 @@ class MemoryStore:
         return out
 
     async def usage_totals(self):
-        return _totals(await self.usage_rows())
+        return usage_totals(await self.usage_rows())
 
     def window(self, bucket_id, start):
         cur = self.windows.get((bucket_id, start))
         if cur is None:
             return 0, 0, {}
         return cur[0], cur[1], {m: list(t) for m, t in cur[2].items()}
-
-
-def _totals(rows) -> list:
-    """Usage rows summed over days and providers, per (key, group at use, model)."""
-    acc = {}
-    for r in rows:
-        k = (r["key_id"], r["group"], r["model"])
-        cur = acc.get(k)
-        if cur is None:
-            acc[k] = {"day": None, "key_id": k[0], "group": k[1], "model": k[2], "provider": None,
-                      **{f: r[f] for f in USAGE_FIELDS}}
-        else:
-            for f in USAGE_FIELDS:
-                cur[f] += r[f]
-    return list(acc.values())
 
 
 def _usage_row(bucket, key_id, group, model, provider, counts) -> dict:

@@ -15,7 +15,7 @@ import yaml
 from busbar.config import build, legacy, load
 from tests.conftest import PY, ROOT, env, free_port, start_gateway, stop
 
-ENV = {"ANTHROPIC_KEY": "sk-ant-x", "ADMIN": "a" * 32, "SIGN": "s" * 64,
+ENV = {"ANTHROPIC_KEY": "sk-ant-x", "ADMIN": "a" * 32, "SIGN": "ab" * 32,
        "REDIS": "redis://127.0.0.1:6379/0", "HOOK": "Bearer h"}
 BASE = """
 providers:
@@ -87,7 +87,7 @@ def test_a_file_of_the_earlier_grammar_gets_one_line_per_old_shape_and_nothing_e
     src = ROOT / "tests" / "fixtures" / "busbar-0.1-config.yaml"
     cfg = tmp_path / "old.yaml"
     cfg.write_text(src.read_text())
-    e = dict(env(), ANTHROPIC_API_KEY="k", OPENAI_API_KEY="k", BUSBAR_SIGNING_KEY="s" * 64,
+    e = dict(env(), ANTHROPIC_API_KEY="k", OPENAI_API_KEY="k", BUSBAR_SIGNING_KEY="ab" * 32,
              BUSBAR_ADMIN_TOKEN="a" * 32, BUSBAR_VIEWER_TOKEN="v" * 32,
              BUSBAR_REDIS_URL="redis://127.0.0.1:6379/0")
     r = subprocess.run([PY, "-m", "busbar.cli", "--validate", "--config", str(cfg)], cwd=ROOT,

@@ -288,7 +288,7 @@ def test_the_migrated_config_validates_with_only_the_two_decisions_supplied(path
 # --- busbar's own earlier grammar: what it converts to validates, and keeps the store -----------
 
 OWN_ENV = {"ANTHROPIC_API_KEY": "sk-ant-x", "OPENAI_API_KEY": "sk-oai-x", "HOOK_AUTH": "Bearer h",
-           "BUSBAR_SIGNING_KEY": "s" * 64, "BUSBAR_ADMIN_TOKEN": "a" * 32,
+           "BUSBAR_SIGNING_KEY": "ab" * 32, "BUSBAR_ADMIN_TOKEN": "a" * 32,
            "BUSBAR_VIEWER_TOKEN": "v" * 32, "BUSBAR_REDIS_URL": "redis://127.0.0.1:6379/0"}
 
 
