@@ -108,6 +108,7 @@ def _import_serving(config):
     import busbar.upstream.refresh  # noqa: F401
     import busbar.upstream.sigv4  # noqa: F401
     import busbar.server.listen  # noqa: F401
+    import busbar.hooks.run  # noqa: F401 (the gateway's hook runner and plans)
     observability.preload(config)
 
 
@@ -236,6 +237,9 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     # dead is open for every worker (busbar/reliability/breaker.py).
     from busbar.reliability.state import capacity
     shared = SharedCounters(control.slot_capacity(config) + capacity(config))
+    # routing: lane latency and session pins, every worker's (busbar/routing/signals.py).
+    from busbar.routing.signals import prepare as prepare_signals
+    prepare_signals(config, n)
     children = []
     for _ in range(n - 1):
         channel = control.channel()

@@ -53,6 +53,8 @@ from .control import apply_overlay, overlay_path, parse_control
 from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret, secrets_section
 from .urls import HostPolicy, normalize_host, parse_base_url
 from busbar.governance.config import parse as _governance
+from busbar.hooks import config as hooks_config
+from busbar.hooks.config import STRATEGIES
 from busbar.observability.settings import parse_export as _export
 from busbar.reliability import config as reliability_config
 from cbusbar.proto import codec
@@ -78,13 +80,13 @@ TOP_LEVEL_KEYS = (
     "public_url",
     # secret modules' own settings (busbar/config/secrets.py)
     "secrets",
+    # hook definitions (busbar/hooks/config.py), attached by name from pools
+    "hooks",
     # reliability: process-wide probe defaults (busbar/reliability/config.py)
     "health",
 )
 # The reference's remaining top-level keys (SPEC §2.1): refused by name until implemented.
-TOP_LEVEL_UNSUPPORTED = (
-    "hooks",
-)
+TOP_LEVEL_UNSUPPORTED = ()
 
 # A catalog entry: the reference's fields, then busbar's own (region, azure, vertex). Any other key
 # is ignored with a warning, as the reference ignores it (its catalog has no unknown-key rule).
@@ -130,8 +132,6 @@ MEMBER_UNSUPPORTED = ()
 # default of whose credentials go upstream (a pool's own value replaces it).
 POOLS_SECTION_KEYS = ("hooks", "upstream_credentials")
 UPSTREAM_CREDENTIALS = ("own", "passthrough")
-# The ordering strategies a pool's hooks may name (at most one); `weighted` is the default.
-STRATEGIES = ("weighted", "cheapest", "fastest", "least_busy", "usage")
 AFFINITY_KEYS = ("mode", "header_name")
 # The Rust default session header.
 DEFAULT_AFFINITY_HEADER = "x-session-id"
@@ -458,15 +458,17 @@ def _build_config(
             out.error(join("pools", key), f"the name '{key}' is reserved: pools.{key} is "
                       + ("the list of hooks every pool fires" if key == "hooks" else
                          "every pool's default (own or passthrough)"))
+    hooks = hooks_config.parse(doc.get("hooks"), env, base_dir, out, _hook_timeout(doc))
     section_hooks = () if isinstance(pools_doc.get("hooks"), dict) else _pool_hooks(
         pools_doc.get("hooks"), "pools.hooks", out)
+    hooks_config.check_refs(section_hooks, "pools.hooks", hooks, out, own=False)
     section_creds = "own" if isinstance(pools_doc.get("upstream_credentials"), dict) else \
         _upstream_credentials(pools_doc, "pools", out, "own")
     for name, entry in pools_doc.items():
         if name in POOLS_SECTION_KEYS:
             continue
         pool = _pool(name, entry, models, models_doc, providers_doc, out, section_hooks,
-                     section_creds)
+                     section_creds, hooks)
         if pool is not None:
             pools[name] = pool
 
@@ -502,6 +504,7 @@ def _build_config(
         warnings=tuple(out.warnings),
         control=control,
         governance=governance,
+        hooks={n: h for n, h in hooks.items() if h is not None},
         document=doc,
     )
 
@@ -1228,7 +1231,7 @@ def _operations(entry: dict, path: str, upstream_model: object, out: Problems) -
 
 def _pool_hooks(raw: object, where: str, out: Problems) -> tuple[str, ...]:
     """A `hooks:` list of bare names: at most one ordering strategy; any other name is a hook
-    definition (`hooks:` at the top level), which busbar does not run yet (issue #40)."""
+    definition (`hooks:` at the top level, checked by busbar/hooks/config.py check_refs)."""
     if raw is None:
         return ()
     if not isinstance(raw, list):
@@ -1240,9 +1243,6 @@ def _pool_hooks(raw: object, where: str, out: Problems) -> tuple[str, ...]:
         if not isinstance(h, str) or not h:
             out.error(at, "expected the bare name of a strategy or a hook (an inline hook is the "
                       "1.x form: busbar --migrate-config lifts it into hooks:)")
-        elif h not in STRATEGIES:
-            out.error(at, f"'{h}' is not a strategy ({', '.join(STRATEGIES)}); hook definitions "
-                      "are not supported by this busbar version")
         elif h not in names:
             names.append(h)
     if len([h for h in names if h in STRATEGIES]) > 1:
@@ -1297,6 +1297,7 @@ def _pool(
     out: Problems,
     section_hooks: tuple[str, ...] = (),
     section_creds: str = "own",
+    hook_defs: dict | None = None,
 ) -> Pool | None:
     if _target_name(name, "pools", RESERVED_POOL_NAMES, out) is None:
         return None
@@ -1364,6 +1365,7 @@ def _pool(
             "requests are translated per lane",
         )
     own = _pool_hooks(entry.get("hooks"), join(path, "hooks"), out)
+    hooks_config.check_refs(own, join(path, "hooks"), hook_defs or {}, out, own=True)
     hooks = tuple(dict.fromkeys(section_hooks + own))     # the section's first, deduplicated
     # The pool's own strategy, else the section's, else weighted.
     strategies = [h for h in own if h in STRATEGIES] or [h for h in section_hooks if h in STRATEGIES]
@@ -1373,15 +1375,6 @@ def _pool(
     if creds == "passthrough":
         out.error(join(path, "upstream_credentials"), "passthrough per pool is not supported by "
                   "this busbar version; set upstream_credentials: passthrough on the providers")
-    # Accepted as written, not yet applied (issue #40): said at boot rather than silently ignored.
-    if strategy != "weighted":
-        out.warn(join(path, "hooks"), f"strategy '{strategy}' is not applied yet: this pool "
-                 "routes by weight (smooth weighted round-robin)")
-    if affinity is not None:
-        out.warn(join(path, "affinity"), "session affinity is not applied yet: requests are "
-                 "spread by weight")
-    if any(m.tier is not None for m in members):
-        out.warn(path, "member tiers are not applied yet: every tier is routed to by weight")
     # reliability (SPEC §4.2, §4.3)
     failover = reliability_config.failover(get_mapping(entry, "failover", path, out), path, sorted(seen), out)
     return Pool(name, tuple(members),
@@ -1449,6 +1442,15 @@ def _routing(section: dict | None, out: Problems) -> None:
     if section is not None:
         check_keys(section, "routing", ROUTING_KEYS, out)
         get_int(section, "default_policy_timeout_ms", "routing", out, 1)
+
+
+def _hook_timeout(doc: dict) -> int:
+    """`routing.default_policy_timeout_ms`: a gate's deadline when its hook names none (the Rust
+    default, 1 ms: raise it for a sidecar, which a gate reaches over HTTP). A wrong value is
+    reported by `_routing`; here it reads as the default."""
+    r = doc.get("routing")
+    v = r.get("default_policy_timeout_ms") if isinstance(r, dict) else None
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else 1
 
 
 def _public_url(doc: dict, policy: HostPolicy, out: Problems) -> None:

@@ -113,6 +113,14 @@ class Limits:
     # still fill two cores; a body larger than the budget is served alone. Measured under
     # bench/soak_memory.py: see the commit that set it. 0 turns it off.
     inflight_body_bytes: int = 32 * _MiB
+    # Sessions whose lane a pool with `affinity: {mode: session}` remembers, for every worker
+    # together (busbar/routing/signals.py, 16 bytes each in shared memory: 1 MiB). A pin keeps a
+    # conversation on the lane whose provider-side prompt cache is warm, and those caches live
+    # minutes (Anthropic's 5 min by default, OpenAI's 5-60); 65,536 conversations active within
+    # that is a large agent fleet. Past it the least recently used pin of the same table set is
+    # forgotten and that session is routed afresh (then pinned again), so the bound costs a cache
+    # miss, never an error. Sized at start (a reload keeps the boot size).
+    affinity_max_sessions: int = 65536
 
 
 # limits keys whose value must be an integer >= their floor (0 allowed only where it means "off").
@@ -126,6 +134,7 @@ LIMIT_INT_FLOORS: dict[str, int] = {
     "upstream_error_body_max_bytes": 1,
     "queue_poll_max_ms": 1,
     "inflight_body_bytes": 0,
+    "affinity_max_sessions": 1,
 }
 # limits keys that are durations in seconds, > 0.
 LIMIT_SECONDS: tuple[str, ...] = (
@@ -278,4 +287,6 @@ class Config:
     control: object = None
     # busbar/governance/config.py: Governance (virtual keys, groups, rate card, store), or None.
     governance: object = None
+    # busbar/hooks/config.py: {name: HookDef}, the top-level `hooks:` definitions.
+    hooks: dict = field(default_factory=dict)
     document: dict | None = field(default=None, compare=False, repr=False)

@@ -67,6 +67,7 @@ cdef class Exchange(Timed):
     cdef public object op
     cdef public int fallbacks
     cdef public object principal, ticket, denied, spans, relay, queued
+    cdef public object routing      # busbar/routing/plan.py Run: a pool with a plan, or hooks
 
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.
@@ -78,9 +79,11 @@ cdef class Exchange(Timed):
 
     @cython.locals(route=Route, req=Request)
     cpdef chat(self)
+
+    @cython.locals(target=Target)
     cpdef routed(self)
 
-    @cython.locals(snap=Snapshot, eg=Egress)
+    @cython.locals(snap=Snapshot, eg=Egress, target=Target)
     cpdef attempt(self, lane=*)
 
     # C only (final: no override, called directly)

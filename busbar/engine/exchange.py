@@ -37,6 +37,7 @@ from busbar.engine.records import (
 from busbar.engine.status import header, status_line
 from busbar.engine.translate import CODECS, ClientRequest, forwarded, with_model, write_request
 from busbar.engine import classify as RC
+from busbar.routing.plan import pick as plan_pick
 
 _loads = orjson.loads
 
@@ -181,6 +182,11 @@ class Exchange(Timed):
         if len(tried) >= len(target.lanes):
             self.error(404, "not_found", operations.NOT_SERVED)
             return
+        plan = target.plan
+        if plan is not None and plan.hooks is not None:
+            # The pool's hooks (busbar/hooks/run.py): admission, then the hooks, then attempt().
+            plan.hooks.start(self)
+            return
         if self.principal is not None:
             self.site.gate.admit(self, self.snap.governance, self.attempt)
             return
@@ -195,12 +201,20 @@ class Exchange(Timed):
             # caller's answer. Either answers the request itself when it says no.
             if self.attempts and not self.site.reliability.next_hop(self):
                 return
-            lane = self.target.pick(self.tried)
+            target = self.target
+            if target.plan is None and self.routing is None:
+                lane = target.pick(self.tried)
+            else:
+                # Strategy, tiers, affinity, a hook's decision (busbar/routing/plan.py).
+                lane = plan_pick(self)
             if lane is None:
                 self.site.reliability.exhausted(self)
                 return
         self.lane = lane
         self.tried.add(lane)
+        r = self.routing
+        if r is not None and r.hooks is not None:
+            r.hooks.routing(self, lane)     # the routing-stage taps
         now = now_ns()
         self.att = new_attempt(lane, now)
         model = lane.model
@@ -652,6 +666,13 @@ class Exchange(Timed):
         site = self.site
         site.inflight -= 1
         self.t_end = now_ns()
+        r = self.routing
+        if r is not None and r.hooks is not None:
+            r.hooks.response(self, outcome)     # the response-stage taps (fire and forget)
+        elif self.denied is not None:
+            target = self.target
+            if target is not None and target.plan is not None and target.plan.hooks is not None:
+                target.plan.hooks.denied(self)
         key = self.principal
         if key is not None and (self.ticket is not None or self.attempts):
             atts = self.attempts

@@ -112,6 +112,9 @@ class Target:
         self.cells = None
         self.policy = None
         self.excluded = _NO_LANES
+        # routing beyond weights (busbar/routing/plan.py: strategy, tiers, affinity, hooks),
+        # attached per snapshot by the gateway's RoutingState; None: this SWRR alone.
+        self.plan = None
         # Member-level reasoning overrides the model's own setting for requests through this pool.
         self._reasoning = {
             lane: (lane.model.reasoning if override is None else override)

@@ -87,6 +87,14 @@ class Gateway:
         self.reliability.deadlines = self.deadlines
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.hook())
+        # routing beyond weights (busbar/routing/plan.py: strategies, tiers, affinity, and the
+        # pools' hooks, busbar/hooks/run.py), given to each snapshot's pools; `hooks` is this
+        # worker's side of the hook sidecars.
+        from busbar.hooks.run import HookPlan, HookRunner
+        from busbar.routing.plan import RoutingState
+        self.hooks = HookRunner(self)
+        self.routing = RoutingState(config, HookPlan.of)
+        self.routing.attach(self.snapshot, self)
         # reliability: the active health prober (busbar/reliability/health.py), made by start().
         self.prober = None
         # reach: the refresher of the boot config's dynamic upstream credentials (AWS chain, GCP
