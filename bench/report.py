@@ -15,6 +15,7 @@ import datetime
 
 FEATURES = "busbar+features"
 OBSERVE = "busbar+observe"
+HOOK = "busbar+hook"
 
 
 # --------------------------------------------------------------------------------------- formatting
@@ -288,7 +289,8 @@ def footer(results):
            ", the baseline `%s`" % m["baseline"]["name"] if m.get("baseline") else "",
            g, g, m.get("connections", 32), l, l,
            "[, %s]" % ", ".join(x for x in ([m["baseline"]["name"]] if m.get("baseline") else [])
-                                + [x for x in (OBSERVE, FEATURES) if m.get("labels", {}).get(x)])
+                                + [x for x in (OBSERVE, FEATURES, HOOK)
+                                   if m.get("labels", {}).get(x)])
            if (m.get("baseline") or m.get("labels", {}).get(FEATURES)) else "",
            m.get("duration_s", 0), stream_n))
     return text

@@ -94,6 +94,18 @@ def _knows(tree, key: str, env) -> bool:
     return _KNOWN[(str(tree), key)]
 
 
+def hooked(text: str, url: str) -> str:
+    """The bench config with every lane behind a pool of its own name and one gate hook on every
+    pool (`pools.hooks`), so the bench's requests (which name the lanes) each ask the gate at
+    `url` before their attempt. The gate answers at once; it is given a generous deadline and
+    `on_error: nothing`, so the row measures the asking, never a timeout."""
+    for lane in LANES.values():
+        text = text.replace("  %s:" % lane, "  %s-lane:" % lane)
+    pools = "".join("  %s: {members: [{model: %s-lane}]}\n" % (lane, lane) for lane in LANES.values())
+    return text + ("hooks:\n  gate: {module: busbar-webrequest-hook, settings: {url: \"%s\"}, "
+                   "timeout_ms: 1000, on_error: nothing}\npools:\n  hooks: [gate]\n%s" % (url, pools))
+
+
 class Case:
     def __init__(self, ingress, egress, size, litellm):
         self.ingress = ingress
@@ -129,6 +141,10 @@ FEATURES = "busbar+features"
 FEATURES_LABEL = "busbar, keys (SQLite) + metrics + access log"
 OBSERVE = "busbar+observe"
 OBSERVE_LABEL = "busbar, metrics + access log"
+# ...and busbar with one gate hook (`pools.hooks`) on a sidecar on loopback that abstains
+# (bench/sidecar.py, on the load core): what asking a gate costs, issue #40.
+HOOK = "busbar+hook"
+HOOK_LABEL = "busbar, one gate hook on loopback"
 FEATURES_CASES = ("anthropic-anthropic-100",)
 
 # The scaling rows: busbar with --workers 1 and --workers 2 on these cases, unpinned.
@@ -297,7 +313,7 @@ class Bench:
         """The environment of every process the run starts (a copy: callers may change it)."""
         return dict(self.base_env)
 
-    def busbar_config(self, port, admin_port, observe, keys, tag, tree=None):
+    def busbar_config(self, port, admin_port, observe, keys, tag, tree=None, hook=None):
         """The config of one busbar instance: the six lanes on the mock, Server-Timing on, its own
         admin port (a default one could be taken by anything else on the machine), the access log
         and metrics per `observe`, virtual keys per `keys`, TLS when --tls. For a --baseline tree
@@ -305,6 +321,8 @@ class Bench:
         when it would only say what that busbar did anyway."""
         o = observe
         text = BUSBAR_CONFIG.format(port=port, mock=self.mock_port)
+        if hook is not None:
+            text = hooked(text, hook)
         if _knows(tree, "admin_listen", self.env()):
             text += "admin_listen: \"127.0.0.1:%d\"\n" % admin_port
         access = '"%s"' % (self.log_dir / ("access-%s.jsonl" % tag)) if o in ("on", "access") \
@@ -323,13 +341,13 @@ class Bench:
             text += "tls: {cert: {file: \"%s\"}, key: {file: \"%s\"}}\n" % self.tls_files
         return text
 
-    def start_busbar(self, name, observe, keys, workers=1, core=None, tree=None):
+    def start_busbar(self, name, observe, keys, workers=1, core=None, tree=None, hook=None):
         """Starts one busbar (this tree's, or `tree`'s for --baseline) and waits for /healthz; a
         Target, with its virtual key minted when keys are on. Raises StartError with the log."""
         tag = name.replace("@", "-").replace("+", "-").replace(" ", "-")
         port, admin_port = procs.free_port(), procs.free_port()
         cfg = self.log_dir / ("%s.yaml" % tag)
-        cfg.write_text(self.busbar_config(port, admin_port, observe, keys, tag, tree))
+        cfg.write_text(self.busbar_config(port, admin_port, observe, keys, tag, tree, hook))
         env = self.env()            # after the config: keys_config puts its secrets in it
         if tree is not None:
             env["PYTHONPATH"] = str(tree)
@@ -393,6 +411,18 @@ class Bench:
             try:
                 self.targets[OBSERVE] = self.start_busbar(OBSERVE, "on", "off")
                 self.targets[FEATURES] = self.start_busbar(FEATURES, "on", "sqlite")
+            except StartError as e:
+                raise SystemExit("bench: %s" % e) from None
+            side_port = procs.free_port()
+            side = self.procs.start("sidecar", [PY, str(BENCH / "sidecar.py"), "--listen",
+                                                "127.0.0.1:%d" % side_port], self.load_core, env,
+                                    str(ROOT))
+            why = procs.wait_http(side_port, side.proc, "/healthz", 30)
+            if why:
+                raise SystemExit("bench: sidecar %s; log: %s" % (why, side.log_tail()))
+            try:
+                self.targets[HOOK] = self.start_busbar(HOOK, "off", "off",
+                                                       hook="http://127.0.0.1:%d/gate" % side_port)
             except StartError as e:
                 raise SystemExit("bench: %s" % e) from None
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
@@ -672,7 +702,7 @@ class Bench:
         if self.baseline is not None:
             names.append(self.baseline.name)
         if self.features and case is not None and case.key in FEATURES_CASES:
-            names += [OBSERVE, FEATURES]
+            names += [OBSERVE, FEATURES, HOOK]
         return names + ["floor"]
 
     def run_c1(self, case, names, path, template):
@@ -899,7 +929,7 @@ class Bench:
         per = self.duration + 0.4
         extra = 1 if self.baseline_ref else 0
         runs = sum(self.rounds * (2 + extra + (1 if c.litellm else 0)
-                                  + (2 if self.features and c.key in FEATURES_CASES else 0)) + 1
+                                  + (3 if self.features and c.key in FEATURES_CASES else 0)) + 1
                    for c in cases)
         c1 = 0.0
         if not self.args.no_c1 and not self.args.tls:
@@ -1078,6 +1108,8 @@ def main(argv=None):
         labels[FEATURES] = FEATURES_LABEL
     if OBSERVE in bench.targets:
         labels[OBSERVE] = OBSERVE_LABEL
+    if HOOK in bench.targets:
+        labels[HOOK] = HOOK_LABEL
     meta = {"commit": procs.git_head(), "cpu": procs.cpu_model(), "cores": os.cpu_count(),
             "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),

@@ -240,6 +240,8 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     # routing: lane latency and session pins, every worker's (busbar/routing/signals.py).
     from busbar.routing.signals import prepare as prepare_signals
     prepare_signals(config, n)
+    from busbar.hooks.stats import prepare as prepare_hook_stats    # busbar_hook_* counters
+    prepare_hook_stats(config, n)
     children = []
     for _ in range(n - 1):
         channel = control.channel()

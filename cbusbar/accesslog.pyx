@@ -369,6 +369,14 @@ cdef Py_ssize_t _line(LineBuffer buf, RequestRecord rec, double now) except -1:
     f_key = _s(rec.key_id)
     f_group = _s(rec.group)
     f_client = _s(rec.client)
+    # A pool with hooks: its gates' decisions and the time the request waited for them.
+    f_hooks = rec.hooks
+    cdef Py_ssize_t n_hooks = 0
+    cdef const char* s_hooks = NULL
+    cdef long long hook_us = rec.hook_ns // 1000
+    if f_hooks is not None:
+        f_hooks = _s(f_hooks)
+        s_hooks = _utf8(f_hooks, &n_hooks)
     cdef const char* s_id = _utf8(f_id, &n_id)
     cdef const char* s_out = _utf8(f_out, &n_out)
     cdef const char* s_key = _utf8(f_key, &n_key)
@@ -387,7 +395,7 @@ cdef Py_ssize_t _line(LineBuffer buf, RequestRecord rec, double now) except -1:
     if buf.size[buf.active] > buf.limit:
         return 0
     cdef Py_ssize_t bound = FIXED + _second_len + n_route + 6 * (n_id + n_out + n_key + n_group +
-                                                                 n_client)
+                                                                 n_client + n_hooks)
     cdef char* base = buf.reserve(bound)
     cdef char* p = base
     cdef char* q
@@ -452,6 +460,16 @@ cdef Py_ssize_t _line(LineBuffer buf, RequestRecord rec, double now) except -1:
     p = _field(p, s_group, n_group)
     p = BB_LIT(p, b',"client":')
     p = _field(p, s_client, n_client)
+    if s_hooks != NULL:
+        p = BB_LIT(p, b',"hooks":')
+        p = _field(p, s_hooks, n_hooks)
+        p = BB_LIT(p, b',"hook_ms":')
+        p = _int(p, hook_us // 1000)
+        p[0] = b'.'
+        p[1] = <char>(48 + hook_us // 100 % 10)
+        p[2] = <char>(48 + hook_us // 10 % 10)
+        p[3] = <char>(48 + hook_us % 10)
+        p += 4
     p = BB_LIT(p, b'}\n')
     cdef Py_ssize_t n = p - base
     buf.commit(n)

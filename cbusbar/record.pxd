@@ -25,6 +25,8 @@ cdef class RequestRecord:
     cdef public object group
     cdef public object denied           # governance: the gate that refused it (observability GATES)
     cdef public int failed              # how many of the attempts ended with a fault
+    cdef public object hooks            # the pool's gates' decisions ("name:outcome,..."), or None
+    cdef public long long hook_ns       # the time the request waited for its gates
 
 
 cdef class RecordHook:

@@ -703,6 +703,10 @@ class Exchange(Timed):
                             a.lane if a is not None else None, up, failed, self.stream,
                             self.client_status, self.usage, self.req.t0, self.t_end,
                             self.bytes_out, self.conn.peer, self.principal, self.denied)
+            r = self.routing
+            if r is not None and r.hooks is not None:
+                rec.hooks = r.hooks.decisions()     # the access log's `hooks` and `hook_ms`
+                rec.hook_ns = r.hooks.ns
             for h in hooks:
                 try:
                     if isinstance(h, RecordHook):   # a hook written in C: called through its vtable

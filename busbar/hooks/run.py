@@ -88,7 +88,7 @@ class HookPlan:
 
     def start(self, ex):
         """The hooks of `ex` (its pool has this plan): admission first, then the hook run."""
-        run = HookRun(ex.site.hooks, self, ex)
+        run = HookRun(ex.site.routing.hooks, self, ex)
         gov = ex.snap.governance
         if ex.principal is not None:
             ex.site.gate.admit(ex, gov, run.begin)
@@ -101,7 +101,7 @@ class HookPlan:
         taps = self.taps["response"]
         if not taps:
             return
-        runner = ex.site.hooks
+        runner = ex.site.routing.hooks
         shape = wire.Shape(_request_id(), self.pool, ex.proto, None, ex.stream, {})
         stage = {"at": "response", "outcome": "rejected_by_auth" if ex.denied == "auth" else
                  "failed", "status": ex.client_status}
@@ -311,6 +311,11 @@ class HookRun:
                 1 for c in cands if self.plan.plan.target.lanes[c["idx"]] in allowed)
             self._taps("candidate", {"at": "candidate", "remaining_candidates": n}, [])
         ex.attempt()
+
+    def decisions(self):
+        """The gates' answers for the access log, "name:outcome,..." in the order they came
+        (an error is followed by its fallback's answer); None when no gate fired."""
+        return ",".join("%s:%s" % d for d in self.summary) if self.summary else None
 
     # ------------------------------------------------------------------ 3, 4: later stages
     def routing(self, ex, lane):

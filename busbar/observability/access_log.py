@@ -3,8 +3,9 @@
 Fields (stable; `docs/operating.md` in README): time (UTC, RFC 3339 with ms), request_id,
 ingress_protocol, pool (a configured name or "unresolved"), lane, upstream_model, status, outcome,
 attempts, busbar_us (the Server-Timing figure), upstream_ms, input/output/cached tokens, key_id and
-group (null until the governance issue lands), client (the peer address). Never a token, a prompt
-or a completion. Written by cbusbar.accesslog into a LineWriter's buffer (bench/hooks.py
+group (null until the governance issue lands), client (the peer address); for a pool with
+hooks, hooks (its gates' decisions, "name:outcome,...") and hook_ms (the wait for them). Never a
+token, a prompt or a completion. Written by cbusbar.accesslog into a LineWriter's buffer (bench/hooks.py
 measures it); `fields()` is the same record as a dict, for the request-log sinks."""
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def fields(rec, now: float) -> dict:
         inp, out, cached = u.input_tokens, u.output_tokens, u.cache_read_tokens
     else:
         inp = out = cached = None
-    return {
+    d = {
         "time": _utc(now),
         "request_id": rec.request_id,
         "ingress_protocol": rec.ingress,
@@ -57,6 +58,11 @@ def fields(rec, now: float) -> dict:
         "group": rec.group,
         "client": rec.client,
     }
+    if rec.hooks is not None:
+        # A pool with hooks (busbar/hooks/run.py): its gates' decisions, and the wait for them.
+        d["hooks"] = rec.hooks
+        d["hook_ms"] = rec.hook_ns // 1000 / 1000
+    return d
 
 
 def full_fields(rec, now: float) -> dict:

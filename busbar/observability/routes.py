@@ -58,7 +58,8 @@ def metrics(gw, req):
     if st is None or st.metrics is None:
         return Response(404, b'{"error":{"code":"not_found","message":"metrics are off (no '
                         b'export instance of module prometheus)"}}', JSON)
-    return Response(200, render(st.metrics), TEXT_004)
+    # The hooks' series (busbar/hooks/stats.py), when the config has hooks.
+    return Response(200, render(st.metrics) + gw.routing.hooks.stats.prometheus(), TEXT_004)
 
 
 def data_metrics(gw, ex):

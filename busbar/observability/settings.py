@@ -33,7 +33,7 @@ RECORD_FIELDS = (
     "time", "request_id", "ingress_protocol", "egress_protocol", "pool", "lane", "upstream_model",
     "stream", "status", "outcome", "attempts", "busbar_us", "upstream_ms", "input_tokens",
     "output_tokens", "cached_tokens", "reasoning_tokens", "key_id", "group", "client", "bytes_out",
-    "failures",
+    "failures", "hooks", "hook_ms",
 )
 
 # A rotated request-log file: 100 MiB, logrotate's common `size 100M`; 0 turns rotation off.

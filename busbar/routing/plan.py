@@ -292,6 +292,7 @@ class RoutingState:
     def __init__(self, config, hooks_of=None, clock=time.monotonic):
         self.signals = Signals(config, shared_for(config), clock)
         self.hooks_of = hooks_of
+        self.hooks = None       # busbar/hooks/run.py HookRunner: the worker's hook sidecar calls
         self.seen = set()       # Lane objects whose latency slot this worker reset (`forget`)
         self.recorder = None    # the attempt hook that records latency, once a pool reads it
 

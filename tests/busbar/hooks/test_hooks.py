@@ -462,3 +462,66 @@ pools:
         "routing); attach taps with pools.hooks",
         "pools.p.hooks[1]: unknown hook 'nope'; define it under the top-level hooks:",
     ]
+
+
+# ---------------------------------------------------------------- what busbar reports
+
+def test_metrics_and_access_log_carry_hook_decisions_over_both_workers(mock_port, sidecar, tmp_path):
+    import subprocess
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.conftest import start_gateway, stop
+    sc = sidecar({"/g": lambda m: {"order": [0]}, "/t": lambda m: {}, "/bad": lambda m: (500, b"")})
+    log = tmp_path / "access.log"
+    admin = free_port()
+    cfg = text(mock_port, "\n".join([
+        hook("g", sc.url + "/g", timeout_ms=2000),
+        hook("bad", sc.url + "/bad", timeout_ms=2000),
+        hook("t", sc.url + "/t", kind="tap", phase=["response"])]), """\
+  hooks: [t]
+  p: {hooks: [g, bad], members: [{model: oai}]}
+  plain: {members: [{model: oai}]}""", """\
+admin_listen: "127.0.0.1:%d"
+identity-providers:
+  admin-tokens: {module: admin-tokens, token: {env: BB_ADMIN}}
+auth: {admin_auth: [admin-tokens]}
+export:
+  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
+  access: {module: access-log, settings: {path: "%s"}}
+""" % (admin, log))
+    g = start_gateway(tmp_path, cfg, 2, {"BB_ADMIN": "adm-" + "t" * 32}, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(6):
+            assert chat(g).status_code == 200
+        assert chat(g, model="plain").status_code == 200
+        sc.wait("/t", 7)
+        deadline = time.monotonic() + 5
+        while True:     # a tap counts as delivered once its answer is back: after the caller's
+            with httpx.Client(timeout=10) as c:
+                r = c.get("http://127.0.0.1:%d/metrics" % admin,
+                          headers={"authorization": "Bearer adm-" + "t" * 32})
+            assert r.status_code == 200
+            fams = {f.name: f for f in text_string_to_metric_families(r.text)}
+            calls = {(s.labels["hook"], s.labels["outcome"]): s.value
+                     for s in fams["busbar_hook_calls"].samples}
+            if calls.get(("t", "delivered")) == 7 or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert calls == {("g", "order"): 6, ("bad", "error"): 6, ("t", "delivered"): 7}
+        count = [s for s in fams["busbar_hook_duration_seconds"].samples
+                 if s.name.endswith("_count")]
+        assert {s.labels["hook"]: s.value for s in count} == {"g": 6, "bad": 6}
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and log.read_text().count("\n") < 7:
+            time.sleep(0.05)
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        hooked = [x for x in lines if x["pool"] == "p"]
+        assert len(hooked) == 6
+        for x in hooked:
+            assert sorted(x["hooks"].split(",")) == ["bad:error", "g:order"]
+            assert 0 < x["hook_ms"] < 2000
+        [plain] = [x for x in lines if x["pool"] == "plain"]
+        assert "hooks" not in plain and "hook_ms" not in plain
+    finally:
+        stop(g.proc)

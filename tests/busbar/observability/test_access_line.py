@@ -34,6 +34,10 @@ AWKWARD = [
          client="::1"),
     _rec(target=None, status=404, outcome="client_error", upstream_ns=2_000_000_000_000,
          busbar_ns=4999, client="203.0.113.9"),
+    # A pool with hooks: its gates' decisions and the wait for them (busbar/hooks/run.py).
+    _rec(target="chat", status=451, outcome="client_error", hooks="pii:rewrite,guard:reject",
+         hook_ns=1_234_567),
+    _rec(target="chat", status=200, outcome="ok", hooks='g"\n :order', hook_ns=999),
 ]
 
 
