@@ -110,7 +110,8 @@ async def swap_in_worker(gw, config, version, slots, plans=None):
     # reliability: the new targets get their cells (blocks the parent assigned, the same in every
     # worker) before any request can see them.
     gw.reliability.attach(snap, plans.get("reliability"))
-    gw.routing.attach(snap, gw)     # strategies, tiers, affinity, hooks (busbar/routing/plan.py)
+    # strategies, tiers, affinity, hooks (busbar/routing/plan.py): the worker's one RoutingState
+    gw.snapshot.routing.attach(snap, gw)
     observability.adopt(gw, plans.get("metrics"))
     gw.snapshot = snap
     if gw.prober is not None:

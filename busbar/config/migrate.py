@@ -479,7 +479,7 @@ def _route(doc, pool, name, where, m):
         policy = None
     elif route in ("webhook", "socket", "script"):
         spec = dict(_map(policy))
-        definition = {"module": route, "kind": "gate"}
+        definition = {"module": _TRANSPORT_MODULE.get(route, route), "kind": "gate"}
         for k in ("url", "path", "command"):
             if k in spec:
                 definition.setdefault("settings", {})[k] = spec.pop(k)
@@ -494,9 +494,10 @@ def _route(doc, pool, name, where, m):
         hook_name = "%s-policy" % name
         _setdefault_map(doc, "hooks").setdefault(hook_name, definition)
         names.append(hook_name)
-        m.todo("hooks.%s" % hook_name, "a %s routing policy became a hook of module %r: busbar "
-                                      "needs that module (or a busbar-webrequest-hook sidecar)"
-               % (route, route))
+        if route != "webhook":
+            m.todo("hooks.%s" % hook_name, "a %s routing policy became a hook of module %r: busbar "
+                                          "needs that module (or a busbar-webrequest-hook sidecar)"
+                   % (route, route))
         policy = None
     elif route is not None:
         m.todo("%s.route" % where, "route %r has no equivalent; weighted is used" % route)
@@ -518,8 +519,8 @@ def _lift_hook(doc, entry, name, path, m):
     if "module" not in definition:
         for transport, key in (("webhook", "url"), ("socket", "path")):
             if transport in definition:
-                definition = {"module": transport, "settings": {key: definition.pop(transport)},
-                              **definition}
+                definition = {"module": _TRANSPORT_MODULE.get(transport, transport),
+                              "settings": {key: definition.pop(transport)}, **definition}
                 break
     _hook_stage(definition, "hooks.%s" % hook_name, m)
     _setdefault_map(doc, "hooks").setdefault(hook_name, definition)
@@ -529,6 +530,9 @@ def _lift_hook(doc, entry, name, path, m):
 
 
 _STAGES = {"route": "candidate", "attempt": "routing", "completion": "response"}
+# The 1.x webhook transport's successor is the sidecar forwarder busbar runs (the same wire, one
+# POST per message); a socket or script transport has none in busbar.
+_TRANSPORT_MODULE = {"webhook": "busbar-webrequest-hook"}
 
 
 def _hook_stage(definition, path, m):
@@ -548,7 +552,8 @@ def _hooks(doc, m):
             definition = {}
             for transport, key in (("webhook", "url"), ("socket", "path")):
                 if transport in spec:
-                    definition = {"module": transport, "settings": {key: spec.pop(transport)}}
+                    definition = {"module": _TRANSPORT_MODULE.get(transport, transport),
+                                  "settings": {key: spec.pop(transport)}}
             if not definition:
                 definition = {"module": spec.pop("module", name)}
             tap = spec.get("kind") == "tap" or ("kind" not in spec and "at" in spec)
@@ -562,11 +567,15 @@ def _hooks(doc, m):
                     m.todo("hooks.%s.%s" % (name, k), "no equivalent (%r dropped)" % (spec.pop(k),))
             if tap and "at" not in spec and "phase" not in spec:
                 spec["phase"] = ["request"]
+            if isinstance(spec.get("settings"), dict) and "settings" in definition:
+                # the transport's own setting (url, path) joins the entry's settings, never lost
+                spec["settings"] = dict(spec["settings"], **definition["settings"])
             definition.update(spec)
             _hook_stage(definition, "hooks.%s" % name, m)
             hooks[name] = definition
-            m.todo("hooks.%s" % name, "a 1.x registry entry became a definition of module %r: "
-                                      "busbar needs that module" % definition["module"])
+            if definition["module"] not in _TRANSPORT_MODULE.values():
+                m.todo("hooks.%s" % name, "a 1.x registry entry became a definition of module %r: "
+                                          "busbar needs that module" % definition["module"])
     global_hooks = doc.pop("global_hooks", None)
     if global_hooks is not None:
         pools = _setdefault_map(doc, "pools")

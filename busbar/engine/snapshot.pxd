@@ -12,4 +12,5 @@ cdef class Snapshot:
     cdef public int max_attempts
     cdef public dict beta_headers, wire_json
     cdef public object mask, max_inbound
+    cdef public object routing      # the worker's busbar/routing/plan.py RoutingState
     cpdef bytes wire(self, name)

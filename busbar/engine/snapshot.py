@@ -102,6 +102,10 @@ class Snapshot:
         # upstream model name → its JSON string, for the same-protocol splice. Names come from this
         # config, so the cache is bounded by it and dies with the snapshot.
         self.wire_json = {}
+        # The worker's routing state (busbar/routing/plan.py RoutingState: lane signals, session
+        # pins, the hook runner), the same object in every snapshot of the process: its `attach`
+        # gives each snapshot's pools their plans and sets this.
+        self.routing = None
 
     def wire(self, name):
         wj = self.wire_json.get(name)

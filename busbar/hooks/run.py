@@ -46,6 +46,10 @@ log = logging.getLogger("busbar.hooks")
 # and a ~2 KiB message each).
 TAPS_INFLIGHT_MAX = 1024
 
+# A gate that keeps failing is logged once per this many seconds (busbar_hook_calls_total counts
+# every failure): a dead sidecar under load must not turn into a log line per request.
+WARN_EVERY_SECS = 10.0
+
 # What the caller is told when a gate that must answer could not (on_error: reject), and when a
 # restrict left no lane (on_empty: reject): the Rust gateway's words, as a 503 overloaded.
 GATE_FAILED = "A required gate could not complete. Please retry shortly."
@@ -88,7 +92,7 @@ class HookPlan:
 
     def start(self, ex):
         """The hooks of `ex` (its pool has this plan): admission first, then the hook run."""
-        run = HookRun(ex.site.routing.hooks, self, ex)
+        run = HookRun(ex.snap.routing.hooks, self, ex)
         gov = ex.snap.governance
         if ex.principal is not None:
             ex.site.gate.admit(ex, gov, run.begin)
@@ -101,7 +105,7 @@ class HookPlan:
         taps = self.taps["response"]
         if not taps:
             return
-        runner = ex.site.routing.hooks
+        runner = ex.snap.routing.hooks
         shape = wire.Shape(_request_id(), self.pool, ex.proto, None, ex.stream, {})
         stage = {"at": "response", "outcome": "rejected_by_auth" if ex.denied == "auth" else
                  "failed", "status": ex.client_status}
@@ -220,22 +224,31 @@ class HookRun:
             self._gate_failed()
             return
         if kind == "rewrite":
-            self._apply(out[1])
+            self._apply(*out[1])
         self._rewrite(k + 1)
 
-    def _apply(self, messages):
-        """A rewrite: the conversation's messages replaced, the body written again by the caller's
-        own codec (the system prompt stays; so do the request's parameters)."""
+    def _written(self, messages):
+        """A rewrite's new body: the conversation's messages replaced, the request written again by
+        the caller's own codec (the system prompt stays; so do the request's parameters), and read
+        back as the later hooks will see it. Raises ir.CodecError when the caller's protocol cannot
+        carry it (a malformed rewrite: the gate's on_error decides)."""
         ex = self.ex
         req = self.req
+        kept = req.messages
         req.messages = messages
-        body = ex.ingress.write_request(req)
+        try:
+            body = ex.ingress.write_request(req)
+        finally:
+            req.messages = kept
+        return body, ex.ingress.read_request(body)
+
+    def _apply(self, body, req):
+        ex = self.ex
         ex.req.body = body
         ex.spans = scan_top(body, ex.ingress.SCAN_KEYS)
         ex.model_span = ex.spans.get(b"model")
         ex.cr = None
-        # What the later hooks see is the rewritten request.
-        self.req = req = ex.ingress.read_request(body)
+        self.req = req
         self.shape = wire.Shape(self.shape.request_id, self.plan.pool, ex.proto, req, ex.stream,
                                 self.shape.user)
 
@@ -377,26 +390,35 @@ class HookRun:
         runner = self.runner
 
         def done(reply, error, call):
-            ns = call.elapsed_ns()
-            if error is None:
-                try:
-                    out = wire.decision(reply, len(self.plan.plan.target.lanes)) \
-                        if op == wire.OP_DECIDE else wire.transformed(reply)
-                    if out[0] == "rewrite" and h.prompt != "rw":
-                        out = ("abstain",)      # a rewrite is honoured for prompt: rw only
-                except ValueError as e:
-                    error = ("error", str(e))
-            if error is not None:
-                runner.count(h, error[0] if error[0] == T_TIMEOUT else "error", ns)
-                log.warning("hook %s (%s) failed: %s; on_error: %s", h.name, op, error[1],
-                            h.fallback or h.on_error)
-                self._on_error(h, op, then, chain)
-                return
-            runner.count(h, out[0], ns)
-            self.summary.append((h.name, out[0]))
-            then(out)
+            try:
+                self._answered(h, op, then, chain, reply, error, call.elapsed_ns())
+            except Exception as e:      # busbar's own bug costs this request (a 500), not a hang
+                self.ex.crash(e)
 
         runner.call(h, body, h.deadline_ms() / 1000.0, done)
+
+    def _answered(self, h, op, then, chain, reply, error, ns):
+        runner = self.runner
+        if error is None:
+            try:
+                out = wire.decision(reply, len(self.plan.plan.target.lanes)) \
+                    if op == wire.OP_DECIDE else wire.transformed(reply)
+                if out[0] == "rewrite":
+                    if h.prompt != "rw":
+                        out = ("abstain",)      # a rewrite is honoured for prompt: rw only
+                    else:
+                        out = ("rewrite", self._written(out[1]))
+            except ValueError as e:             # ir.CodecError included
+                error = ("error", str(e))
+        if error is not None:
+            runner.count(h, error[0] if error[0] == T_TIMEOUT else "error", ns)
+            runner.warn(h, "hook %s (%s) failed: %s; on_error: %s" % (
+                h.name, op, error[1], h.fallback or h.on_error))
+            self._on_error(h, op, then, chain)
+            return
+        runner.count(h, out[0], ns)
+        self.summary.append((h.name, out[0]))
+        then(out)
 
     def _on_error(self, h, op, then, chain):
         """A gate could not answer: its on_error, followed down the chain."""
@@ -466,10 +488,12 @@ class HookRunner:
     """One worker's side of its hooks: the sidecar calls on the worker's upstream pool, the taps
     under way, and the counts busbar_hook_* report (busbar/hooks/stats.py)."""
 
-    def __init__(self, site, stats=None):
+    def __init__(self, site, stats=None, clock=None):
         self.site = site
         self.stats = stats
         self.taps_inflight = 0
+        self.clock = clock or site.loop.time
+        self.warned = {}        # hook name -> (when its last warning was logged, failures since)
 
     def call(self, h, body, timeout_s, done):
         holder = []
@@ -491,6 +515,17 @@ class HookRunner:
                        else "error", 0)
 
         Call(self.site, h.sidecar, body, h.sidecar_timeout_ms / 1000.0, finished, parse=False)
+
+    def warn(self, h, message):
+        """A gate's failure, logged at most once per hook every WARN_EVERY_SECS (a dead sidecar
+        under load fails every request; the metrics count each one)."""
+        now = self.clock()
+        last, n = self.warned.get(h.name, (None, 0))
+        if last is not None and now - last < WARN_EVERY_SECS:
+            self.warned[h.name] = (last, n + 1)
+            return
+        self.warned[h.name] = (now, 0)
+        log.warning("%s%s", message, " (and %d more since the last warning)" % n if n else "")
 
     def count(self, h, outcome, ns):
         if self.stats is not None:

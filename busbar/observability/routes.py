@@ -59,7 +59,8 @@ def metrics(gw, req):
         return Response(404, b'{"error":{"code":"not_found","message":"metrics are off (no '
                         b'export instance of module prometheus)"}}', JSON)
     # The hooks' series (busbar/hooks/stats.py), when the config has hooks.
-    return Response(200, render(st.metrics) + gw.routing.hooks.stats.prometheus(), TEXT_004)
+    hooks = gw.snapshot.routing.hooks.stats
+    return Response(200, render(st.metrics) + hooks.prometheus(), TEXT_004)
 
 
 def data_metrics(gw, ex):

@@ -297,6 +297,7 @@ class RoutingState:
         self.recorder = None    # the attempt hook that records latency, once a pool reads it
 
     def attach(self, snapshot, site=None):
+        snapshot.routing = self
         config = snapshot.config
         router = snapshot.router
         gov = config.governance

@@ -88,16 +88,17 @@ class Gateway:
         self.reliability.attach(self.snapshot)
         self.attempt_hooks.append(self.reliability.hook())
         # routing beyond weights (busbar/routing/plan.py: strategies, tiers, affinity, and the
-        # pools' hooks, busbar/hooks/run.py), given to each snapshot's pools; `routing.hooks` is
-        # this worker's side of the hook sidecars. (One attribute: past 29 of them, CPython 3.11
-        # keeps an instance's attributes in a plain dict, and every `site.x` the exchange reads
-        # per request got slower: ~2 % of a small request's instructions, callgrind.)
+        # pools' hooks, busbar/hooks/run.py): one RoutingState per worker, reached as
+        # `snapshot.routing` (attach sets it on every snapshot), its `hooks` this worker's side of
+        # the hook sidecars. Not an attribute of the gateway: one more of those (28 before this)
+        # made every `site.x` the exchange reads per request a slower dict lookup in CPython 3.11,
+        # +0.5-1.9 % of a small request's instructions (bench/inproc.py --callgrind).
         from busbar.hooks.run import HookPlan, HookRunner
         from busbar.hooks.stats import HookStats
         from busbar.routing.plan import RoutingState
-        self.routing = RoutingState(config, HookPlan.of)
-        self.routing.hooks = HookRunner(self, HookStats(config))
-        self.routing.attach(self.snapshot, self)
+        routing = RoutingState(config, HookPlan.of)
+        routing.hooks = HookRunner(self, HookStats(config))
+        routing.attach(self.snapshot, self)
         # reliability: the active health prober (busbar/reliability/health.py), made by start().
         self.prober = None
         # reach: the refresher of the boot config's dynamic upstream credentials (AWS chain, GCP

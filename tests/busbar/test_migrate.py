@@ -377,3 +377,31 @@ observability:
     assert "observability.request_logs[1].auth_header" in todos      # a file reference: a decision
     # chain [] before and after: /metrics on the data listener stays open, no meaning changed
     assert not any(w.startswith("observability.metrics") for w in m.warnings)
+
+
+def test_a_webhook_transport_becomes_the_sidecar_forwarder_busbar_runs():
+    """1.x `webhook:` hooks (registry entries, inline hooks, `route: webhook` policies) become
+    `busbar-webrequest-hook` definitions (issue #40), which busbar runs: no decision left for them;
+    a socket keeps its path beside the entry's own settings."""
+    out, m = migrate.migrate_text("""
+hooks:
+  pii: {kind: gate, webhook: "https://pii.example.net/check", prompt: ro, on_error: reject}
+  rank: {kind: gate, socket: /run/rank.sock, settings: {prefer: cost}}
+providers:
+  openai: {api_key: {env: OAI}}
+models:
+  gpt: {provider: openai}
+pools:
+  p:
+    route: webhook
+    policy: {url: "https://router.example.net/", timeout_ms: 5}
+    members: [{model: gpt}]
+""")
+    doc = yaml.safe_load(out)
+    assert doc["hooks"]["pii"]["module"] == "busbar-webrequest-hook"
+    assert doc["hooks"]["pii"]["settings"] == {"url": "https://pii.example.net/check"}
+    assert doc["hooks"]["rank"]["settings"] == {"prefer": "cost", "path": "/run/rank.sock"}
+    assert doc["hooks"]["p-policy"]["module"] == "busbar-webrequest-hook"
+    assert doc["hooks"]["p-policy"]["settings"] == {"url": "https://router.example.net/"}
+    assert [t for t in m.todos if "pii" in t or "p-policy" in t] == []
+    assert any("hooks.rank" in t and "'socket'" in t for t in m.todos)

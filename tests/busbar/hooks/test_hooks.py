@@ -525,3 +525,60 @@ export:
         assert "hooks" not in plain and "hook_ms" not in plain
     finally:
         stop(g.proc)
+
+
+def test_groups_scope_a_hook_to_callers_of_a_group_or_its_descendants(mock_port, sidecar, tmp_path):
+    import subprocess
+
+    from tests.conftest import start_gateway, stop
+    from tests.integration.gov_helpers import Admin
+    sc = sidecar({"/eng": lambda m: {}, "/all": lambda m: {}})
+    admin = free_port()
+    cfg = text(mock_port, "\n".join([
+        hook("eng", sc.url + "/eng", timeout_ms=2000, groups=["engineering"], user="ro"),
+        hook("all", sc.url + "/all", timeout_ms=2000)]), """\
+  p: {hooks: [eng, all], members: [{model: oai}]}""", """\
+admin_listen: "127.0.0.1:%d"
+identity-providers:
+  admin-tokens: {module: admin-tokens, token: {env: BB_ADMIN}}
+auth: {chain: [keys], admin_auth: [admin-tokens], signing_key: {env: BB_SIGNING}}
+store: {module: memory}
+groups:
+  org: {}
+  engineering: {parent: org}
+  platform: {parent: engineering}
+  sales: {parent: org}
+""" % admin)
+    g = start_gateway(tmp_path, cfg, 1, {"BB_ADMIN": "adm-" + "t" * 32, "BB_SIGNING": "ab" * 32},
+                      stderr=subprocess.DEVNULL)
+    try:
+        a = Admin(admin, "adm-" + "t" * 32)
+        keys = {grp: a.mint(name="k-" + grp, group=grp) for grp in ("platform", "sales")}
+        for grp in ("platform", "sales"):
+            with httpx.Client(timeout=20) as c:
+                r = c.post(g.url + "/v1/chat/completions",
+                           headers={"authorization": "Bearer " + keys[grp]["token"]},
+                           json={"model": "p", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200
+        # platform descends from engineering: both hooks; sales: only the unscoped one.
+        assert len(sc.messages("/all")) == 2
+        [eng] = sc.messages("/eng")
+        assert eng["request"]["user"] == {"key_id": keys["platform"]["id"], "key_name": "k-platform"}
+        assert keys["platform"]["token"].encode() not in sc.raw("/eng")[0]
+    finally:
+        stop(g.proc)
+
+
+def test_a_bug_behind_a_gates_answer_is_a_500_never_a_hang(mock_port, inproc_gateway, sidecar,
+                                                           monkeypatch):
+    from busbar.hooks import wire as hook_wire
+
+    def broken(reply, n):
+        raise RuntimeError("a bug")
+    monkeypatch.setattr(hook_wire, "decision", broken)
+    sc = sidecar({"/g": lambda m: {}})
+    g = inproc_gateway(text(mock_port, hook("g", sc.url + "/g", timeout_ms=2000), """\
+  p: {hooks: [g], members: [{model: oai}]}"""))
+    t = time.monotonic()
+    r = chat(g)
+    assert r.status_code == 500 and time.monotonic() - t < 2

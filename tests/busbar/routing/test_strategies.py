@@ -286,7 +286,7 @@ def test_strategies_leave_a_plain_pool_as_it_was(tmp_path, lanes):
     try:
         snap = g.gw.snapshot
         assert snap.router.resolve("w").plan is None and snap.router.resolve("n").plan is None
-        assert g.gw.routing.recorder is None
+        assert g.gw.snapshot.routing.recorder is None
         got = call(g.url, "w", 8, 1)
         assert got == ["a", "a", "b", "a", "a", "a", "b", "a"]
     finally:
