@@ -118,7 +118,7 @@ class HookRun:
     """One request's way through its pool's hooks (the module docstring)."""
 
     __slots__ = ("runner", "plan", "ex", "shape", "req", "groups", "outcomes", "pending",
-                 "t_start", "ns", "summary", "rejected", "cands", "stage_next")
+                 "t_start", "ns", "summary", "rejected", "cands")
 
     def __init__(self, runner, plan, ex):
         self.runner = runner
