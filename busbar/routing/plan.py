@@ -10,7 +10,8 @@ attempt (`pick(ex)`) goes:
    tier (a gate that orders owns the ranking; the members' tier labels were its input, as in
    the Rust gateway); a lane the order leaves out is not excluded, only ranked after;
 3. else tier by tier, in the order the members name their tiers (members without `tier` form a
-   tier of their own, placed where the first of them is): a lower tier is tried only when no lane
+   tier of their own, placed where the first of them is; in a pool with no `hooks:` the tier is a
+   label only, as in the Rust gateway, and every member is one tier): a lower tier is tried only when no lane
    of the tiers above can take the request (tripped, cooling, at capacity, out of budget, tried).
    Within a tier, the pool's strategy: `weighted` is the pool's own SWRR over the tier;
    `cheapest` (the rate card's (input + output) / 2, ascending), `fastest` (the latency average,
@@ -101,8 +102,12 @@ class PoolPlan:
         self.member_of = {lane: i for i, lane in enumerate(lanes)}
         self.tags = tuple(m.tags for m in pool.members)
         self.tier_names = tuple(m.tier for m in pool.members)
-        order = list(dict.fromkeys(self.tier_names))
-        self.tier_of = tuple(order.index(t) for t in self.tier_names)
+        # A pool with no `hooks:` (plain weighted) treats `tier` as a label only, as the Rust
+        # gateway documents ("inert for plain weighted pools"): a config swapped in from it routes
+        # by weight across every tier, as it did there. With a strategy or a gate, tiers order.
+        tiered = pool.strategy != "weighted" or bool(pool.hooks)
+        order = list(dict.fromkeys(self.tier_names)) if tiered else [None]
+        self.tier_of = tuple(order.index(t) if tiered else 0 for t in self.tier_names)
         # Each tier's lanes, in member order; one tier when no member names one.
         self.tiers = tuple(tuple(lanes[i] for i in range(len(lanes)) if self.tier_of[i] == k)
                            for k in range(len(order)))

@@ -196,6 +196,7 @@ def test_tiers_reach_overflow_only_when_primary_cannot_serve(lanes, gw):
     up = lanes({"p1": 0.2, "p2": 0.2, "o1": 0.0})
     text = config(up, """\
   p:
+    hooks: [weighted]
     members:
       - {model: p1, tier: primary}
       - {model: o1, tier: overflow}
@@ -212,6 +213,23 @@ def test_tiers_reach_overflow_only_when_primary_cannot_serve(lanes, gw):
     got = call(g.url, "p", 32, 8)
     assert got.count("o1") > 0 and got.count("p1") + got.count("p2") >= 4
     assert up.peak["p1"] <= 1 and up.peak["p2"] <= 1
+
+
+def test_tiers_are_labels_only_in_a_pool_without_hooks(lanes, gw):
+    # The Rust gateway documents `tier` as "inert for plain weighted pools": a config swapped in
+    # from it keeps routing by weight across every tier (here one at a time, so no lane is ever
+    # at capacity and a tiered pool would never reach overflow).
+    up = lanes({"p1": 0.0, "o1": 0.0})
+    text = config(up, """\
+  p:
+    members:
+      - {model: p1, tier: primary}
+      - {model: o1, tier: overflow}""", """\
+  p1: {provider: up, upstream_model: p1}
+  o1: {provider: up, upstream_model: o1}""")
+    g = gw(text, workers=1)     # one SWRR: an exact split
+    got = call(g.url, "p", 8, 1)
+    assert got.count("p1") == 4 and got.count("o1") == 4
 
 
 def test_tiers_fail_over_to_overflow_when_the_primary_is_down(lanes, gw):
