@@ -1,7 +1,7 @@
 # busbar's container image: one static executable on an empty base.
 #
 #   docker build -t busbar .
-#   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:rw,exec,size=64m \
+#   docker run --rm -p 8080:8080 --read-only --tmpfs /tmp:rw,exec,size=96m \
 #     -e ANTHROPIC_KEY -e BUSBAR_ADMIN_TOKEN busbar
 #   docker run --rm -p 8080:8080 busbar serve --demo --listen 0.0.0.0:8080     # the built-in mock
 #
@@ -15,7 +15,8 @@
 # on loopback traffic to the built-in mock) and runs packaging/build.sh (PyInstaller, then
 # staticx); the final stage holds only what packaging/oci_image.py lists, which also writes this same
 # image without Docker (dist/busbar-image.tar for `docker load`). /tmp (or $TMPDIR) must be writable
-# and allow exec: the executable unpacks its libraries there at start (31 MB, removed at exit);
+# and allow exec: the executable unpacks its libraries there at start (52 MB, 63 MB once a config
+# needs cryptography's library; removed at exit);
 # Docker's --tmpfs defaults to noexec, hence the `exec` above.
 
 FROM python:3.11.7-slim-bookworm AS build

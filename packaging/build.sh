@@ -8,8 +8,8 @@
 # layout) and dist/busbar-image.tar (`docker load -i dist/busbar-image.tar`).
 #
 # 1. PyInstaller (packaging/busbar.spec) freezes busbar, the compiled cbusbar extensions of the
-#    work tree, uvloop, httptools, orjson, PyYAML, providers.yaml and a CA bundle into one stripped
-#    file (the interpreter and its libraries inside).
+#    work tree, every runtime dependency (pyproject.toml's), providers.yaml and a CA bundle into
+#    one stripped file (the interpreter and its libraries inside).
 # 2. staticx wraps that file with the libc, libm and loader it needs and a static bootloader, so
 #    `ldd dist/busbar` says "not a dynamic executable". It runs with --no-compress: the archive is
 #    recompressed by packaging/sxpack.py instead (xz for the libraries, stored for the

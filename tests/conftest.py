@@ -15,6 +15,24 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PY = sys.executable
+# BUSBAR_TEST_EXECUTABLE=<path>: every gateway and mock these fixtures start is that executable
+# (dist/busbar, or another architecture's under emulation) instead of this interpreter running
+# the source tree; tests/packaging runs the SDK suites this way.
+EXECUTABLE = os.environ.get("BUSBAR_TEST_EXECUTABLE")
+
+
+def busbar_argv(executable: str | None = None) -> list[str]:
+    """The command that runs busbar: `executable` (else BUSBAR_TEST_EXECUTABLE's), else
+    `python -m busbar.cli` on the source tree."""
+    executable = executable or EXECUTABLE
+    return [executable] if executable else [PY, "-m", "busbar.cli"]
+
+
+def _for_executable(e: dict, executable: str | None = None) -> dict:
+    # An executable carries its own busbar: nothing from the source tree may reach it.
+    if executable or EXECUTABLE:
+        e.pop("PYTHONPATH", None)
+    return e
 # Every gateway a test starts would otherwise want the admin listener's default 127.0.0.1:8081
 # (tests that build their environment from os.environ get it from here).
 os.environ.setdefault("BUSBAR_ADMIN_LISTEN", "127.0.0.1:0")
@@ -122,8 +140,8 @@ def env():
 @pytest.fixture(scope="session")
 def mock_port():
     port = free_port()
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "mock", "--port", str(port), "--require-auth"],
-                            cwd=ROOT, env=env())
+    proc = subprocess.Popen(busbar_argv() + ["mock", "--port", str(port), "--require-auth"],
+                            cwd=ROOT, env=_for_executable(env()))
     try:
         wait_http(port, proc)
         yield port
@@ -149,20 +167,22 @@ def gateway(mock_port, tmp_path_factory):
 
 
 def start_gateway(tmp_path, config_text: str, workers: int = 1, extra_env=None, *, port=None,
-                  base_env=None, stdout=subprocess.DEVNULL, stderr=None, ready=None) -> Gateway:
+                  base_env=None, stdout=subprocess.DEVNULL, stderr=None, ready=None,
+                  executable=None) -> Gateway:
     """A gateway process on its own config (a test's own lanes): `{port}` in the text becomes its
     listen port (or pass `port` for a text formatted already); the environment is `env()` (or
     `base_env`) plus `extra_env`; it returns once `ready(port, proc)` (default: /healthz answers)
-    holds. The caller stops it with `stop(gw.proc)` (or uses the `gateway_factory` fixture, which
-    does). Every test that runs `busbar serve` in a process starts it here."""
+    holds. `executable`: a built busbar to run instead of the source tree (busbar_argv). The
+    caller stops it with `stop(gw.proc)` (or uses the `gateway_factory` fixture, which does).
+    Every test that runs `busbar serve` in a process starts it here."""
     port = port or free_port()
     cfg = tmp_path / ("config-%d.yaml" % port)
     cfg.write_text(config_text.replace("{port}", str(port)))
     e = dict(base_env) if base_env is not None else env()
     if extra_env:
         e.update(extra_env)
-    proc = subprocess.Popen([PY, "-m", "busbar.cli", "serve", "--config", str(cfg), "--workers",
-                             str(workers)], cwd=ROOT, env=e, stdout=stdout, stderr=stderr)
+    proc = subprocess.Popen(busbar_argv(executable) + ["serve", "--config", str(cfg), "--workers", str(workers)],
+                            cwd=ROOT, env=_for_executable(e, executable), stdout=stdout, stderr=stderr)
     try:
         (ready or wait_http)(port, proc)
     except Exception:

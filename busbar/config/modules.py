@@ -4,10 +4,11 @@ it, never a ModuleNotFoundError traceback when the feature is first used.
 
     require(out, "store.kind", "store redis", "redis")      # False (and an error) when absent
 
-Every one is in pyproject.toml's `[project] dependencies`, so a pip install has them all; they are
-imported lazily because most configs never use them, and the single-file executable leaves some
-out (packaging/busbar.spec, EXCLUDES). The install line's pin is read from that same list (the
-source tree's pyproject.toml, else the installed package's metadata), never written twice.
+Every one is in pyproject.toml's `[project] dependencies`, so a pip install has them all, and so
+does the single-file executable (packaging/busbar.spec; tests/packaging/test_executable_features.py
+validates a config that needs each of them there); they are imported lazily because most configs
+never use them. The install line's pin is read from that same list (the source tree's
+pyproject.toml, else the installed package's metadata), never written twice.
 """
 from __future__ import annotations
 
@@ -71,8 +72,9 @@ def require(out: Problems, path: str, feature: str, module: str, offline: bool =
         return True
     dist = OPTIONAL.get(module, module)
     if getattr(sys, "frozen", False):
-        how = ("this single-file executable does not include it; run busbar from a pip install "
-               "of its source tree (pip install .) for this feature")
+        # Every OPTIONAL module is packed into the executable: only a broken build gets here.
+        how = ("this executable was built without it (a packaging error: packaging/busbar.spec "
+               "must carry every module busbar imports on demand); `pip install busbar` has it")
     else:
         how = "this install lacks it (pip install '%s')" % requirement(dist)
     message = "%s needs the Python package `%s`; %s" % (feature, dist, how)

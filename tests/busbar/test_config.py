@@ -876,12 +876,13 @@ def test_a_config_needing_a_package_this_install_lacks_is_one_line(monkeypatch):
     _, out = config.build(text=MINIMAL + valkey,
                           env=OfflineEnv(GOV_ENV), offline=True)
     assert not out.errors and any("`redis`" in w for w in out.warnings)
-    # the single-file executable: pip cannot add to it, so the line says what to run instead
+    # the single-file executable carries every one (pip cannot add to it): only a broken build
+    # lacks one, and the line says so
     monkeypatch.setattr("sys.frozen", True, raising=False)
     errs = problems(MINIMAL + valkey, GOV_ENV)
-    assert errs == ["store.module: store valkey needs the Python package `redis`; this single-file "
-                    "executable does not include it; run busbar from a pip install of its source "
-                    "tree (pip install .) for this feature"]
+    assert errs == ["store.module: store valkey needs the Python package `redis`; this executable was "
+                    "built without it (a packaging error: packaging/busbar.spec must carry every "
+                    "module busbar imports on demand); `pip install busbar` has it"]
 
 
 def _pinned(dist):

@@ -1,7 +1,8 @@
 """Loopback stand-ins for what busbar talks to besides model APIs, and a recording upstream:
 a fake STS (AssumeRole, AssumeRoleWithWebIdentity), an ECS-style container credentials endpoint,
-a Google OAuth2 token endpoint (JWT bearer grant, the assertion verified), and canned model
-replies per path. Every request is recorded (method, path, headers, body) for the tests to check.
+an EC2 instance metadata service (IMDSv2: a session token first, then the role's credentials), a
+Google OAuth2 token endpoint (JWT bearer grant, the assertion verified), and canned model replies
+per path. Every request is recorded (method, path, headers, body) for the tests to check.
 """
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class Fake:
                 self.end_headers()
                 self.wfile.write(out)
 
-            do_GET = do_POST = _handle
+            do_GET = do_POST = do_PUT = _handle
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
@@ -115,6 +116,8 @@ class Fake:
         path = req["path"]
         if req["method"] == "GET" and path.startswith("/creds"):
             return self.container_credentials(req)
+        if path.startswith("/latest/"):
+            return self.instance_metadata(req)
         if path == "/token":
             return self.oauth_token(req)
         if path.startswith("/sts") or path == "/":
@@ -140,6 +143,29 @@ class Fake:
         doc = {"AccessKeyId": "ASIACONTAINER%d" % n, "SecretAccessKey": "container-secret-%d" % n,
                "Token": "container-token-%d" % n, "Expiration": iso(self.creds_lifetime)}
         return 200, "application/json", json.dumps(doc).encode()
+
+    # IMDSv2 (what botocore's InstanceMetadataFetcher speaks): PUT /latest/api/token with a TTL
+    # header gives a session token; every GET must carry it.
+    IMDS_TOKEN = "imds-session-token"
+    IMDS_ROLE = "busbar-node-role"
+
+    def instance_metadata(self, req):
+        path, h = req["path"], req["headers"]
+        if path == "/latest/api/token":
+            if req["method"] != "PUT" or "x-aws-ec2-metadata-token-ttl-seconds" not in h:
+                return 400, "text/plain", b"bad token request"
+            return 200, "text/plain", self.IMDS_TOKEN.encode()
+        if h.get("x-aws-ec2-metadata-token") != self.IMDS_TOKEN:
+            return 401, "text/plain", b"unauthorized"
+        creds = "/latest/meta-data/iam/security-credentials/"
+        if path == creds:
+            return 200, "text/plain", self.IMDS_ROLE.encode()
+        if path == creds + self.IMDS_ROLE:
+            doc = {"Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": "ASIAIMDS",
+                   "SecretAccessKey": "imds-secret", "Token": "imds-token",
+                   "Expiration": iso(self.creds_lifetime), "LastUpdated": iso(0)}
+            return 200, "application/json", json.dumps(doc).encode()
+        return 404, "text/plain", b"not found"
 
     def sts(self, req):
         form = dict(urllib.parse.parse_qsl(req["body"].decode()))
