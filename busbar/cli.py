@@ -97,6 +97,10 @@ Environment:
   BUSBAR_LOG        log level: error, warning, info (default) or debug
   RUST_LOG          the same, as the Rust gateway reads it (`debug`, or `busbar=debug,...`);
                     BUSBAR_LOG wins when both are set
+  BUSBAR_LOOP       asyncio: one process on the standard library's event loop (how busbar runs
+                    on Windows); default uvloop with worker processes where uvloop exists
+  BUSBAR_LISTENER   inherit: worker processes accept on one socket bound before they fork (the
+                    macOS way); default on Linux: reuseport, each worker binds with SO_REUSEPORT
 """
 
 
@@ -508,12 +512,14 @@ def _setup_logging() -> None:
 
 
 def _guard(fn, prefix: str, *args, **kw) -> int:
-    """Runs a command; a config or listen error is its lines on stderr and exit 1, no traceback."""
+    """Runs a command; a config, listen or runtime error is its lines on stderr and exit 1, no
+    traceback."""
     from busbar.config import ConfigError
     from busbar.server.listen import ListenError
+    from busbar.server.runtime import RuntimeChoiceError
     try:
         return fn(*args, **kw)
-    except ListenError as e:
+    except (ListenError, RuntimeChoiceError) as e:
         print(prefix + str(e), file=sys.stderr)
         return 1
     except ConfigError as e:

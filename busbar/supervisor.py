@@ -1,8 +1,12 @@
 """The gateway's processes: binding the listen address, forking the workers, signals, draining.
 
-`serve()` binds the listen address with SO_REUSEPORT in each of N worker processes (default: one per
-core), so the kernel spreads connections across them. SIGTERM/SIGINT stop accepting, let in-flight
-requests finish (bounded by limits.drain_timeout_secs), then exit 0. This is the composition root:
+`serve()` runs N worker processes (default: one per core). On Linux each binds the listen address
+with SO_REUSEPORT, so the kernel spreads connections across them; where SO_REUSEPORT does not
+balance (macOS) the workers accept on the one socket bound before the fork; on the standard
+library's loop (Windows) busbar runs one process (busbar/server/runtime.py: the table, and the
+BUSBAR_LOOP / BUSBAR_LISTENER switches that run those paths on Linux too). SIGTERM/SIGINT (and
+Ctrl+Break on Windows) stop accepting, let in-flight requests finish (bounded by
+limits.drain_timeout_secs), then exit 0. This is the composition root:
 it wires the data plane (busbar/server/gateway.py), the control plane (busbar/admin/plane.py),
 governance (busbar/governance/plane.py) and observability into each worker; nothing imports it but
 the command line.
@@ -13,11 +17,11 @@ import asyncio
 import gc
 import logging
 import os
-import signal
 import sys
 
 from busbar import observability
 from busbar.engine.translate import CODECS
+from busbar.server import runtime
 from busbar.server.gateway import Gateway
 from busbar.server.listen import bind
 
@@ -85,11 +89,6 @@ def _trim_when_idle(gw):
     gw.loop.call_later(TRIM_SECS, tick)
 
 
-def _install_uvloop():
-    import uvloop
-    return uvloop.new_event_loop()
-
-
 def _import_serving(config):
     """Every codec is imported before the first request (~16 ms, ~2 MiB once): imported on first
     use, each protocol's first request paid ~4 ms, which showed as the p99.9 of the bench. Called
@@ -101,7 +100,8 @@ def _import_serving(config):
     for name in ("openai", "responses", "anthropic", "gemini", "cohere", "bedrock", "bedrock-invoke"):
         CODECS[name]
     import cbusbar.embed  # noqa: F401 (embeddings: the same first-request cost otherwise)
-    import uvloop  # noqa: F401
+    if runtime.current().loop == "uvloop":
+        import uvloop  # noqa: F401
     import cbusbar.sysmem  # noqa: F401
     import busbar.admin.live  # noqa: F401
     import busbar.reliability.health  # noqa: F401
@@ -118,7 +118,8 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
     process forwards the signal to its `children` (the other workers). `plane`: this process's
     part of the control plane (busbar/admin/plane.py: the admin listener, or a config channel)."""
     _return_large_allocations()
-    loop = _install_uvloop()
+    rt = runtime.current()
+    loop = rt.new_event_loop()
     asyncio.set_event_loop(loop)
     gw = Gateway(config, loop, shared)
     observability.install(gw)   # observe: hooks, access log, metrics, sinks, traces
@@ -140,8 +141,7 @@ def run_worker(config, sock, on_ready=None, extra=None, children=(), shared=None
                 pass
         stop.set()
 
-    loop.add_signal_handler(signal.SIGTERM, _signal, signal.SIGTERM)
-    loop.add_signal_handler(signal.SIGINT, _signal, signal.SIGINT)
+    runtime.on_signals(loop, rt, runtime.stop_signals(), _signal)
 
     async def main():
         # The admin listener and governance come up before the data listener, so once the data
@@ -197,10 +197,19 @@ def usable_cpus(cpu_max_path: str = CGROUP_CPU_MAX) -> int:
 
 
 def serve(config, workers: int | None = None, on_ready=None, extra=None, path=None) -> int:
-    """Binds and serves with N worker processes sharing the port through SO_REUSEPORT. `path`:
-    the config file (re-read by a reload). Raises busbar.server.listen.ListenError when an
-    address is taken (one busbar per address)."""
+    """Binds and serves with N worker processes sharing the port (busbar/server/runtime.py says
+    how, per platform). `path`: the config file (re-read by a reload). Raises
+    busbar.server.listen.ListenError when an address is taken (one busbar per address), and
+    busbar.server.runtime.RuntimeChoiceError for a BUSBAR_LOOP / BUSBAR_LISTENER this platform
+    cannot run."""
+    rt = runtime.choose()
+    runtime.use(rt)
     n = workers or config.workers or usable_cpus()
+    if n > 1 and not rt.fork:
+        log.warning("one process: busbar runs no worker processes on the standard library's "
+                    "event loop (%d asked for; %s)", n,
+                    "Windows" if sys.platform == "win32" else "%s=asyncio" % runtime.LOOP_ENV)
+        n = 1
     host, port = config.listen_host, config.listen_port
     # control hook: one instance per address, the admin listener, the workers' config channels.
     from busbar.admin.plane import ControlPlane
@@ -227,8 +236,10 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     gc.collect()
     gc.freeze()
     _trim()
-    # Every worker binds its own SO_REUSEPORT socket: the kernel balances new connections.
-    first = bind(host, port, reuse_port=True)
+    # Linux: every worker binds its own SO_REUSEPORT socket, and the kernel balances new
+    # connections. Elsewhere: one socket, bound here, that every forked worker accepts on.
+    reuse = rt.listener == "reuseport"
+    first = bind(host, port, reuse_port=reuse)
     port = first.getsockname()[1]
     # Lane permits shared by all workers, so max_concurrent is one limit for the whole gateway.
     from cbusbar.shared import SharedCounters
@@ -248,14 +259,17 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
         gov_channel = gov.channel() if gov is not None else None
         pid = os.fork()
         if pid == 0:
-            first.close()
             code = 1
             try:
+                if reuse:
+                    first.close()
+                    sock = bind(host, port, reuse_port=True)
+                else:
+                    sock = first
                 agent = control.child(channel)
                 if gov is not None:
                     gov.child(gov_channel)
-                code = run_worker(config, bind(host, port, reuse_port=True), None, None, (), shared,
-                                  agent, gov)
+                code = run_worker(config, sock, None, None, (), shared, agent, gov)
             finally:
                 os._exit(code)
         children.append(pid)

@@ -1,33 +1,39 @@
 # cython: language_level=3
-"""The allocator calls the gateway's workers make at start: glibc's mallopt and malloc_trim, called
-directly (the single-file executable carries no ctypes)."""
+"""The allocator calls the gateway's workers make at start: glibc's mallopt, malloc_trim and
+mallinfo2, called directly (the single-file executable carries no ctypes). They are glibc's own:
+elsewhere (macOS, Windows, musl) each is a no-op that says so (False, 0)."""
 
-cdef extern from "malloc.h" nogil:
-    int mallopt(int param, int value)
-    int malloc_trim(size_t pad)
-    int M_MMAP_THRESHOLD
+cdef extern from *:
+    """
+    #if defined(__GLIBC__)
+    #include <malloc.h>
+    static int bb_set_mmap_threshold(int n) { return mallopt(M_MMAP_THRESHOLD, n) == 1; }
+    static int bb_trim(void) { return malloc_trim(0) == 1; }
+    static size_t bb_heap_free(void) { return mallinfo2().fordblks; }
+    #else
+    static int bb_set_mmap_threshold(int n) { (void)n; return 0; }
+    static int bb_trim(void) { return 0; }
+    static size_t bb_heap_free(void) { return 0; }
+    #endif
+    """
+    int bb_set_mmap_threshold(int n) nogil
+    int bb_trim() nogil
+    size_t bb_heap_free() nogil
 
 
 cpdef bint set_mmap_threshold(int nbytes):
     """Allocations from `nbytes` up get their own mapping, returned to the system when freed; this
     also turns off glibc's adaptive threshold. True when glibc accepted it."""
-    return mallopt(M_MMAP_THRESHOLD, nbytes) == 1
+    return bb_set_mmap_threshold(nbytes)
 
 
 cpdef bint trim():
     """Gives the heap's free pages back to the system (glibc's malloc_trim(0): the top of the heap
     and every whole free page inside it). True when some memory was released."""
-    return malloc_trim(0) == 1
-
-
-cdef extern from "malloc.h" nogil:
-    struct mallinfo2:
-        size_t arena       # bytes the main heap took from the system (brk)
-        size_t fordblks    # bytes free in it
-    mallinfo2 c_mallinfo2 "mallinfo2"()
+    return bb_trim()
 
 
 cpdef size_t heap_free():
     """Bytes the heap holds free (glibc's mallinfo2().fordblks): what trim() could give back at
     most."""
-    return c_mallinfo2().fordblks
+    return bb_heap_free()

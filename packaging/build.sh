@@ -4,6 +4,10 @@
 #   packaging/build.sh           # reuses dist/busbar when its inputs are unchanged
 #   packaging/build.sh --force   # always rebuilds
 #
+# On macOS and Windows (the release workflow's runners: .github/workflows/release.yml) the same
+# script makes dist/busbar (dist/busbar.exe) with PyInstaller alone: those systems always have
+# their C library, so there is nothing for staticx to do, and there is no image.
+#
 # Also writes the container image around it (packaging/oci_image.py): dist/oci/ (an OCI image
 # layout) and dist/busbar-image.tar (`docker load -i dist/busbar-image.tar`).
 #
@@ -22,35 +26,54 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=${VENV:-.venv}
-PY="$VENV/bin/python"
-OUT=dist/busbar
+case "$(uname -s)" in
+    Linux) OS=linux ;;
+    Darwin) OS=macos ;;
+    MINGW* | MSYS* | CYGWIN*) OS=windows ;;
+    *) echo "build.sh: $(uname -s) is not a platform busbar is built for" >&2; exit 1 ;;
+esac
+if [[ $OS == windows ]]; then
+    PY="$VENV/Scripts/python.exe"
+    OUT=dist/busbar.exe
+    export PATH="$PWD/$VENV/Scripts:$PATH"
+else
+    PY="$VENV/bin/python"
+    OUT=dist/busbar
+    export PATH="$PWD/$VENV/bin:$PATH"
+fi
 WORK=build/pyinstaller
-export PATH="$PWD/$VENV/bin:$PATH"
 FORCE=0
 [[ "${1:-}" == "--force" ]] && FORCE=1
 
 say() { printf 'build.sh: %s\n' "$*" >&2; }
+size() { wc -c < "$1" | tr -d ' '; }
 
 # --- tools --------------------------------------------------------------------------------------
 need_apt=()
-for tool in objcopy strip readelf; do command -v "$tool" >/dev/null || need_apt+=(binutils); done
-command -v ldd >/dev/null || need_apt+=(libc-bin)
-[[ -f ${BUSBAR_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt} ]] || need_apt+=(ca-certificates)
-if ((${#need_apt[@]})); then
-    say "installing Debian packages: ${need_apt[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u)
+if [[ $OS == linux ]]; then
+    for tool in objcopy strip readelf; do command -v "$tool" >/dev/null || need_apt+=(binutils); done
+    command -v ldd >/dev/null || need_apt+=(libc-bin)
+    [[ -f ${BUSBAR_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt} ]] || need_apt+=(ca-certificates)
+    if ((${#need_apt[@]})); then
+        say "installing Debian packages: ${need_apt[*]}"
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${need_apt[@]}" | sort -u)
+    fi
 fi
 if [[ ! -x $PY ]]; then
     say "no $PY: run 'make build' first"
     exit 1
 fi
 if ! "$PY" - <<'EOF' 2>/dev/null
-import re, sys
+import sys
 from importlib import metadata
+from packaging.requirements import Requirement
 for line in open("packaging/requirements.txt"):
-    m = re.match(r"([\w.-]+)==(\S+)", line)
-    if m and metadata.version(m.group(1)) != m.group(2):
+    line = line.split("#", 1)[0].strip()
+    if not line:
+        continue
+    r = Requirement(line)
+    if (r.marker is None or r.marker.evaluate()) and not r.specifier.contains(metadata.version(r.name)):
         sys.exit(1)
 EOF
 then
@@ -62,7 +85,7 @@ fi
 # The one extension (cbusbar/_native, every compiled module linked together: setup.py) must exist and
 # be newer than every Cython source: an older one would be frozen as it is. Building it is `make
 # build`'s job (it compiles the whole tree).
-native=$(ls cbusbar/_native.cpython-*.so 2>/dev/null | head -n1 || true)
+native=$(ls cbusbar/_native.*.so cbusbar/_native.*.pyd 2>/dev/null | head -n1 || true)
 stale=()
 while IFS= read -r src; do
     if [[ -z $native || $native -ot $src ]]; then stale+=("$src"); fi
@@ -75,11 +98,11 @@ if ((${#stale[@]})); then
 fi
 
 # The container image around the executable (same as the Dockerfile's; seconds, reproducible).
-image() { "$PY" packaging/oci_image.py --executable "$OUT" >&2; }
+image() { [[ $OS != linux ]] || "$PY" packaging/oci_image.py --executable "$OUT" >&2; }
 
 digest=$("$PY" packaging/inputs.py)
 if ((!FORCE)) && [[ -x $OUT && -f dist/busbar.inputs && $(cat dist/busbar.inputs) == "$digest" ]]; then
-    say "$OUT is current ($(stat -c %s "$OUT") bytes)"
+    say "$OUT is current ($(size "$OUT") bytes)"
     image
     exit 0
 fi
@@ -95,7 +118,7 @@ for attempt in 1 2 3; do
     rm -rf "$SRC"
     mkdir -p "$SRC"
     find busbar cbusbar -not -path '*/__pycache__/*' \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.so' -o -path 'busbar/data/*.yaml' -o -path 'busbar/observability/status.html' \) -print0 \
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.pxd' -o -name '*.so' -o -name '*.pyd' -o -path 'busbar/data/*.yaml' -o -path 'busbar/observability/status.html' \) -print0 \
         | tar --null -T - -cf - | tar -xf - -C "$SRC"
     after=$("$PY" packaging/inputs.py)
     [[ $after == "$digest" ]] && break
@@ -105,6 +128,14 @@ done
 say "PyInstaller"
 BUSBAR_SRC="$PWD/$SRC" PYINSTALLER_ZLIB_COMPRESSION_LEVEL=9 "$PY" -m PyInstaller --noconfirm --log-level WARN \
     --distpath "$WORK/dist" --workpath "$WORK/work" packaging/busbar.spec
+if [[ $OS != linux ]]; then
+    # The result must run (Windows' Python needs SYSTEMROOT: no empty environment there).
+    version=$("$WORK/dist/$(basename "$OUT")" --version)
+    mv -f "$WORK/dist/$(basename "$OUT")" "$OUT"
+    echo "$digest" > dist/busbar.inputs
+    say "$OUT: $version, $(size "$OUT") bytes"
+    exit 0
+fi
 say "staticx"
 staticx --strip --no-compress "$WORK/dist/busbar" "$WORK/busbar.static"
 "$PY" packaging/sxpack.py "$WORK/busbar.static" >&2
@@ -118,5 +149,5 @@ fi
 version=$(env -i "$WORK/busbar.static" --version)
 mv -f "$WORK/busbar.static" "$OUT"
 echo "$digest" > dist/busbar.inputs
-say "$OUT: $version, $(stat -c %s "$OUT") bytes"
+say "$OUT: $version, $(size "$OUT") bytes"
 image

@@ -15,6 +15,7 @@ import signal
 import socket
 
 from busbar.config.control import Control
+from busbar.server import runtime
 from busbar.server.channel import recv_msg, send_msg
 from busbar.server.listen import ListenError, probe, protocol_factory, tls_options
 
@@ -79,7 +80,7 @@ class WorkerAgent:
     async def start(self, gw):
         loop = gw.loop
         # SIGHUP is the parent's to act on; a group-wide HUP must not kill a worker.
-        loop.add_signal_handler(signal.SIGHUP, lambda: None)
+        runtime.on_signals(loop, runtime.current(), (getattr(signal, "SIGHUP", None),), lambda s: None)
         self.task = loop.create_task(self._serve(gw))
 
     async def _serve(self, gw):
@@ -143,7 +144,9 @@ class ParentAgent:
         if ctl.admin_open and not ctl.admin_tokens:
             log.warning("the admin API on %s:%d is open (auth.admin_auth: [])",
                         ctl.admin_host, ctl.admin_port)
-        loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(self._sighup()))
+        # SIGHUP reloads (Windows has none: the admin API's config/reload does the same).
+        runtime.on_signals(loop, runtime.current(), (getattr(signal, "SIGHUP", None),),
+                           lambda s: loop.create_task(self._sighup()))
 
     async def _sighup(self):
         from busbar.config import ConfigError

@@ -125,7 +125,8 @@ and signatures are not verified.
 HTTP
 ----
 HTTP/1.1 with keep-alive and pipelining (answers in request order), ``Expect: 100-continue``;
-no framework: an asyncio.Protocol driving httptools, orjson, uvloop under ``main()``.
+no framework: an asyncio.Protocol driving httptools, orjson, uvloop (or the standard library's loop:
+``BUSBAR_LOOP``, busbar/server/runtime.py) under ``main()``.
 """
 
 from busbar.mock.server import main, start

@@ -11,7 +11,6 @@ import asyncio
 import collections
 import http
 import itertools
-import signal
 import sys
 from urllib.parse import parse_qsl, unquote
 
@@ -20,6 +19,7 @@ import orjson
 
 from busbar.mock.answer import BadRequest, new_id, plan as make_plan, read_directives
 from busbar.mock.dialects import Anthropic, Bedrock, Cohere, Gemini, OpenAIChat, OpenAIResponses
+from busbar.server import runtime
 
 # Bodies beyond this are refused with 413. Twice the reference gateway's default request cap
 # (32 MiB, SPEC 1.1) so that the mock never refuses what a default gateway forwards.
@@ -438,8 +438,7 @@ async def _run(host, port, require_auth):
     server = await loop.create_server(lambda: _Connection(state), host, port, backlog=1024)
     bound = server.sockets[0].getsockname()[1]
     stop = asyncio.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    runtime.on_signals(loop, runtime.current(), runtime.stop_signals(), lambda s: stop.set())
     print("busbar mock listening on http://%s:%d%s" % (host, bound,
                                                         " (require_auth)" if require_auth else ""),
           file=sys.stderr, flush=True)
@@ -453,6 +452,10 @@ async def _run(host, port, require_auth):
 
 
 def main(host="127.0.0.1", port=8089, require_auth=False):
-    """Serve forever on uvloop; return after SIGINT or SIGTERM."""
-    import uvloop
-    uvloop.run(_run(host, port, require_auth))
+    """Serve forever on the gateway's event loop (uvloop, or the standard library's: busbar/server/
+    runtime.py); return after SIGINT or SIGTERM."""
+    loop = runtime.current().new_event_loop()
+    try:
+        loop.run_until_complete(_run(host, port, require_auth))
+    finally:
+        loop.close()

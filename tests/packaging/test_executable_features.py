@@ -8,7 +8,6 @@ finds each of them in the executable."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,30 +15,14 @@ import time
 
 import openai
 
+from tests import sdk_suites
 from tests.conftest import free_port, start_gateway, stop
 from tests.integration.fakes import Fake, service_account
 from tests.integration.test_credentials import check_sigv4
 from tests.packaging.conftest import ROOT
 
-SDK_SUITES = ["tests/integration/test_sdk_openai_anthropic.py", "tests/integration/test_sdk_more.py"]
-
-
-def run_sdk_suites(executable: str, timeout: float = 600, extra_env=None) -> str:
-    """The SDK suites in a pytest of their own whose gateway and mock are `executable`
-    (tests/conftest.py, BUSBAR_TEST_EXECUTABLE); its output. Fails unless every test passed."""
-    env = dict(os.environ, BUSBAR_TEST_EXECUTABLE=executable, **(extra_env or {}))
-    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-x",
-                        "--timeout", str(int(timeout)), *SDK_SUITES], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=timeout + 60)
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
-    summary = out.strip().splitlines()[-1]
-    assert re.search(r"\b\d+ passed\b", summary) and not re.search(r"skipped|xfail|error", summary), summary
-    return out
-
-
 def test_sdk_suites_through_the_executable(exe):
-    run_sdk_suites(exe)
+    sdk_suites.run({"BUSBAR_TEST_EXECUTABLE": exe})
 
 
 def aws_env(tmp_path, **extra):
