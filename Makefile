@@ -4,11 +4,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: build demo test lint dist bench soak-memory bench-readme clean chromium redis
+.PHONY: build demo test lint dist bench soak-memory bench-readme clean chromium redis shellcheck
 
 # The runtime dependencies are pyproject.toml's `[project] dependencies` (the one list), written
 # out as a requirements file; then the build tools and the test-only SDKs.
-$(STAMP): pyproject.toml packaging/runtime_deps.py requirements-build.txt requirements-dev.txt
+$(STAMP): pyproject.toml packaging/runtime_deps.py requirements-build.txt requirements-sdk.txt requirements-dev.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/python packaging/runtime_deps.py > $(VENV)/requirements-runtime.txt
 	$(BIN)/pip install -q --disable-pip-version-check -r $(VENV)/requirements-runtime.txt \
@@ -38,14 +38,16 @@ test: lint build chromium redis
 	$(BIN)/python -m pytest
 
 # ruff over the Python tree and cython-lint over the Cython sources (cbusbar's .pyx and .pxd,
-# busbar's augmenting .pxd), each with its settings in pyproject.toml; both run, and either
-# failing fails the target; `make test` runs it first (#35). cython-lint runs pycodestyle, which it
-# finds on PATH: hence the venv's bin first.
+# busbar's augmenting .pxd), each with its settings in pyproject.toml, and actionlint over the
+# GitHub Actions workflows (the release matrix runs only on a tag: a mistake in it would show
+# on release day otherwise); all run, and any failing fails the target; `make test` runs it first
+# (#35). cython-lint runs pycodestyle, which it finds on PATH: hence the venv's bin first.
 CYTHON_LINTED := $(sort $(shell find cbusbar -name '*.pyx' -o -name '*.pxd') $(shell find busbar -name '*.pxd'))
-lint: $(STAMP)
+lint: $(STAMP) shellcheck
 	@rc=0; \
 	$(BIN)/ruff check . || rc=1; \
 	PATH=$(BIN):$$PATH $(BIN)/cython-lint $(CYTHON_LINTED) || rc=1; \
+	$(BIN)/actionlint .github/workflows/*.yml || rc=1; \
 	exit $$rc
 
 # Headless Chromium for the status-page test (Debian's package, without its recommended packages:
@@ -56,6 +58,14 @@ chromium:
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
 	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends chromium; } \
 	  || echo "chromium could not be installed; the status-page test will skip"; }
+
+# shellcheck for actionlint, which checks the workflows' `run:` scripts with it when it is on PATH
+# (Debian's package; installed when missing, as root or through passwordless sudo).
+shellcheck:
+	@command -v shellcheck >/dev/null 2>&1 || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends shellcheck; } \
+	  || echo "shellcheck could not be installed; actionlint checks the workflows without it"; }
 
 # redis-server for the Redis store's tests (Debian's package; tests/redis_server.py starts one per
 # test session on a free loopback port and stops it). Installed when missing, as root or through

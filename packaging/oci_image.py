@@ -3,7 +3,14 @@ makes (`FROM scratch`, one layer), written as an OCI image layout and as a tarba
 and `podman load` accept. Standard library only.
 
     python packaging/oci_image.py                         # dist/busbar -> dist/oci/, dist/busbar-image.tar
+    python packaging/oci_image.py --executable dist/busbar --executable dist/arm64/busbar
+                                                          # one image index for both architectures
     python packaging/oci_image.py --rootfs /rootfs        # the layer's files into a directory (Dockerfile)
+
+Each executable's architecture is read from its ELF header. With several, dist/oci/ is one OCI
+image index naming an image per architecture (`skopeo copy --all oci:dist/oci:TAG docker://...`
+pushes them under one tag, and a runtime pulls its own), and the `docker load` tarball holds the
+first executable's image only (what one Docker engine runs).
 
 Reproducible: the same inputs give byte-identical output and so the same digests. Every entry has
 mtime SOURCE_DATE_EPOCH (default 0), uid/gid 0 with no user or group names, a fixed mode, and the
@@ -126,20 +133,29 @@ def version() -> str:
     return __version__
 
 
-def build(executable: str, ca_bundle: str = DEFAULT_CA, tag: str | None = None,
-          mtime: int | None = None) -> dict:
-    """The image's blobs and top-level files: {"blobs": {digest: bytes}, "index": bytes,
-    "manifest_json": bytes, "manifest": digest, "config": digest, "layer": digest, "diff_id": ...}."""
-    if mtime is None:
-        mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    tag = tag or "busbar:" + version()
-    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
+# ELF e_machine -> the OCI platform's architecture
+ELF_ARCH = {62: "amd64", 183: "arm64"}
 
+
+def elf_arch(path: str) -> str:
+    """The OCI architecture of the ELF executable at `path` (amd64 or arm64)."""
+    with open(path, "rb") as f:
+        head = f.read(20)
+    if head[:4] != b"\x7fELF":
+        raise ValueError("%s is not an ELF executable" % path)
+    machine = int.from_bytes(head[18:20], "little" if head[5] == 1 else "big")
+    if machine not in ELF_ARCH:
+        raise ValueError("%s is for ELF machine %d, not amd64 or arm64" % (path, machine))
+    return ELF_ARCH[machine]
+
+
+def _platform_image(executable: str, ca_bundle: str, mtime: int, created: str) -> dict:
+    arch = elf_arch(executable)
     tar = layer_tar(layer_files(executable, ca_bundle), mtime)
     layer = gzip_bytes(tar)
     config = canonical_json({
         "created": created,
-        "architecture": "amd64",
+        "architecture": arch,
         "os": "linux",
         "config": {
             "User": USER,
@@ -159,30 +175,56 @@ def build(executable: str, ca_bundle: str = DEFAULT_CA, tag: str | None = None,
         "config": descriptor(MT_CONFIG, config),
         "layers": [descriptor(MT_LAYER, layer)],
     })
-    index = canonical_json({
-        "schemaVersion": 2,
-        "mediaType": MT_INDEX,
-        "manifests": [descriptor(MT_MANIFEST, manifest,
-                                 platform={"architecture": "amd64", "os": "linux"},
-                                 annotations={"org.opencontainers.image.ref.name": tag.rpartition(":")[2],
-                                              "io.containerd.image.name": tag})],
-    })
+    return {"arch": arch, "tar": tar, "layer": layer, "config": config, "manifest": manifest}
+
+
+def build(executable, ca_bundle: str = DEFAULT_CA, tag: str | None = None,
+          mtime: int | None = None) -> dict:
+    """The image's blobs and top-level files: {"blobs": {digest: bytes}, "index": bytes,
+    "manifest_json": bytes, "manifest": digest, "config": digest, "layer": digest, "diff_id": ...,
+    "archs": [...]}. `executable`: one path, or a list of them (one per architecture): then
+    index.json names an image index of them all, and "manifest", "config", "layer",
+    "manifest_json" are the first one's."""
+    if mtime is None:
+        mtime = int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
+    tag = tag or "busbar:" + version()
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(mtime))
+    paths = [executable] if isinstance(executable, str) else list(executable)
+    images = [_platform_image(p, ca_bundle, mtime, created) for p in paths]
+    archs = [i["arch"] for i in images]
+    if len(set(archs)) != len(archs):
+        raise ValueError("two executables for one architecture: %s" % ", ".join(archs))
+    ref = {"org.opencontainers.image.ref.name": tag.rpartition(":")[2], "io.containerd.image.name": tag}
+    blobs = {}
+    for i in images:
+        blobs.update({sha256(b): b for b in (i["layer"], i["config"], i["manifest"])})
+    platform_descriptors = [descriptor(MT_MANIFEST, i["manifest"], platform={"architecture": i["arch"], "os": "linux"})
+                            for i in images]
+    if len(images) == 1:
+        top = [dict(platform_descriptors[0], annotations=ref)]
+    else:
+        inner = canonical_json({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": platform_descriptors})
+        blobs[sha256(inner)] = inner
+        top = [descriptor(MT_INDEX, inner, annotations=ref)]
+    index = canonical_json({"schemaVersion": 2, "mediaType": MT_INDEX, "manifests": top})
+    first = images[0]
     # docker load before Docker 25 reads only this file; later ones read index.json.
     docker_manifest = canonical_json([{
-        "Config": "blobs/sha256/" + sha256(config)[7:],
+        "Config": "blobs/sha256/" + sha256(first["config"])[7:],
         "RepoTags": [tag],
-        "Layers": ["blobs/sha256/" + sha256(layer)[7:]],
+        "Layers": ["blobs/sha256/" + sha256(first["layer"])[7:]],
     }])
     return {
-        "blobs": {sha256(b): b for b in (layer, config, manifest)},
+        "blobs": blobs,
         "index": index,
         "manifest_json": docker_manifest,
-        "manifest": sha256(manifest),
-        "config": sha256(config),
-        "layer": sha256(layer),
-        "diff_id": sha256(tar),
+        "manifest": sha256(first["manifest"]),
+        "config": sha256(first["config"]),
+        "layer": sha256(first["layer"]),
+        "diff_id": sha256(first["tar"]),
         "tag": tag,
         "mtime": mtime,
+        "archs": archs,
     }
 
 
@@ -243,7 +285,9 @@ def write_rootfs(files, directory: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--executable", default=os.path.join(ROOT, "dist", "busbar"))
+    ap.add_argument("--executable", action="append",
+                    help="the executable (default dist/busbar); repeat it for one index of several "
+                         "architectures")
     ap.add_argument("--ca-bundle", default=DEFAULT_CA)
     ap.add_argument("--layout", default=os.path.join(ROOT, "dist", "oci"),
                     help="OCI image layout directory to write")
@@ -252,18 +296,27 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", help="image name (default busbar:VERSION)")
     ap.add_argument("--rootfs", help="only write the layer's files into this directory")
     args = ap.parse_args(argv)
-    for path in (args.executable, args.ca_bundle):
+    executables = args.executable or [os.path.join(ROOT, "dist", "busbar")]
+    for path in executables + [args.ca_bundle]:
         if not os.path.isfile(path):
             ap.error("%s not found" % path)
     if args.rootfs:
-        write_rootfs(layer_files(args.executable, args.ca_bundle), args.rootfs)
+        if len(executables) > 1:
+            ap.error("--rootfs takes one executable")
+        write_rootfs(layer_files(executables[0], args.ca_bundle), args.rootfs)
         return 0
-    image = build(args.executable, args.ca_bundle, args.tag)
+    try:
+        image = build(executables, args.ca_bundle, args.tag)
+    except ValueError as e:
+        ap.error(str(e))
     write_layout(image, args.layout)
-    write_archive(image, args.archive)
+    # the docker-load tarball: the first architecture's image alone
+    write_archive(build(executables[0], args.ca_bundle, args.tag) if len(executables) > 1 else image,
+                  args.archive)
     layer = image["blobs"][image["layer"]]
-    print("%s %s\n  layer %s: %d bytes compressed\n  %s, %s" % (
-        image["tag"], image["manifest"], image["layer"], len(layer), args.layout, args.archive))
+    print("%s %s (%s)\n  layer %s: %d bytes compressed\n  %s, %s" % (
+        image["tag"], image["manifest"], ", ".join("linux/" + a for a in image["archs"]), image["layer"],
+        len(layer), args.layout, args.archive))
     return 0
 
 

@@ -27,10 +27,17 @@ def digest(b: bytes) -> str:
     return "sha256:" + hashlib.sha256(b).hexdigest()
 
 
+def stand_in(path, machine: int = 62):
+    """An ELF header for `machine` (62: x86-64, 183: AArch64), then filler: what the image reads
+    of an executable is its bytes and its architecture."""
+    header = b"\x7fELF\x02\x01\x01" + b"\0" * 9 + (2).to_bytes(2, "little") + machine.to_bytes(2, "little")
+    path.write_bytes(header + b"stand-in executable\n" * 100)
+
+
 @pytest.fixture()
 def inputs(tmp_path):
     exe = tmp_path / "busbar"
-    exe.write_bytes(b"\x7fELF stand-in executable\n" * 100)
+    stand_in(exe)
     ca = tmp_path / "ca.crt"
     ca.write_bytes(b"-----BEGIN CERTIFICATE-----\nstand-in\n-----END CERTIFICATE-----\n")
     return str(exe), str(ca)
@@ -198,3 +205,40 @@ def test_dockerfile_final_stage_matches():
     pairs = sorted(p for p in re.split(r"[\s\\]+", env) if p)
     assert pairs == sorted(oci_image.ENV)
     assert "oci_image.py --rootfs /rootfs" in text
+
+
+def test_one_index_for_two_architectures(inputs, tmp_path):
+    """amd64 and arm64 executables: index.json names one image index (the tag's), which names an
+    image per platform, each with its own layer and config; the docker-load tarball holds the
+    first one's image alone."""
+    exe, ca = inputs
+    arm = tmp_path / "arm64" / "busbar"
+    arm.parent.mkdir()
+    stand_in(arm, 183)
+    layout, archive = tmp_path / "multi", tmp_path / "multi.tar"
+    assert oci_image.main(["--executable", exe, "--executable", str(arm), "--ca-bundle", ca,
+                           "--layout", str(layout), "--archive", str(archive)]) == 0
+    [top] = json.loads((layout / "index.json").read_text())["manifests"]
+    assert top["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    assert top["annotations"]["org.opencontainers.image.ref.name"] == oci_image.version()
+    inner = json.loads(blob(layout, top["digest"]))
+    by_arch = {}
+    for desc in inner["manifests"]:
+        manifest = json.loads(blob(layout, desc["digest"]))
+        config = json.loads(blob(layout, manifest["config"]["digest"]))
+        assert desc["platform"] == {"architecture": config["architecture"], "os": "linux"}
+        layer = blob(layout, manifest["layers"][0]["digest"])
+        with tarfile.open(fileobj=io.BytesIO(gzip.decompress(layer))) as tar:
+            by_arch[config["architecture"]] = tar.extractfile("busbar").read()
+    with open(exe, "rb") as f:
+        assert by_arch == {"amd64": f.read(), "arm64": arm.read_bytes()}
+    with tarfile.open(archive) as tar:
+        [entry] = json.loads(tar.extractfile("manifest.json").read())
+        assert json.loads(tar.extractfile(entry["Config"]).read())["architecture"] == "amd64"
+    # one executable per architecture, and only ELF executables for amd64 or arm64
+    with pytest.raises(ValueError, match="two executables for one architecture"):
+        oci_image.build([exe, exe], ca)
+    other = tmp_path / "riscv"
+    stand_in(other, 243)
+    with pytest.raises(ValueError, match="ELF machine 243"):
+        oci_image.build(str(other), ca)
