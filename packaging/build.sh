@@ -39,7 +39,7 @@ if [[ $OS == windows ]]; then
 else
     PY="$VENV/bin/python"
     OUT=dist/busbar
-    export PATH="$PWD/$VENV/bin:$PATH"
+    case "$VENV" in /*) export PATH="$VENV/bin:$PATH" ;; *) export PATH="$PWD/$VENV/bin:$PATH" ;; esac
 fi
 WORK=build/pyinstaller
 FORCE=0

@@ -137,6 +137,17 @@ def env():
     return e
 
 
+def pytest_collection_modifyitems(config, items):
+    """`slow` tests (another architecture's executable under emulation: minutes) run only when the
+    run asks for them by name, `-m slow` (`make test-arm64`); any other run skips them."""
+    if (config.option.markexpr or "").strip() == "slow":
+        return
+    skip = pytest.mark.skip(reason="slow (emulated): run with -m slow, as `make test-arm64` does")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def mock_port():
     port = free_port()
