@@ -100,7 +100,7 @@ def gateway(exe, tmp_path):
                     p.wait()
 
 
-# What the executable may weigh (docs/deployment.md, "The executable", has the measured figure and
+# What the executable may weigh (docs/operations.md, "Figures", has the measured figure and
 # what it is made of): a build that grows past it fails here instead of shipping.
 SIZE_LIMIT = 21 * 1000 * 1000
 
