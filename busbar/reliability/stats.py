@@ -11,14 +11,39 @@ Shape:
                 "max_concurrent": n|null, "limit": n|"unbounded", "inflight", "free_slots": n|null,
                 "available": n|"unbounded", "at_capacity": bool,
                 "availability": available|breaker_open|at_capacity|budget_exhausted|probe_in_flight,
-                "recovery_hint_ms", "breaker_state": closed|half_open|open, "ok", "err",
+                "recovery_hint_ms": ms|null, "breaker_state": closed|half_open|open, "ok", "err",
                 "client_fault", "usable": bool, "dead": bool, "dead_reason": str|null,
                 "cooldown_remaining_s", "streak", "trips", "budget": n|"unbounded",
                 "probes_ok", "probes_failed", "queued"}, ...]}
 """
 from __future__ import annotations
 
-from busbar.reliability.breaker import HALF_OPEN, L_PROBE_FAIL, L_PROBE_OK, L_WAITING, OPEN
+from busbar.reliability.breaker import HALF_OPEN, L_PROBE_FAIL, L_PROBE_OK, L_WAITING
+
+
+# The least a caller should wait for a lane that has no cooldown to count down (the Rust
+# gateway's floors, which feed its Retry-After and /stats): one request's time for a lane whose
+# half-open probe is in flight, 2 s for a lane at its concurrency cap (no drain estimate).
+PROBE_RETRY_FLOOR_MS = 250
+AT_CAPACITY_FLOOR_MS = 2000
+
+
+def availability(lane, cell):
+    """(what keeps the lane from taking a request through `cell` now, or "available"; the least
+    milliseconds until it could, or None when it can now or nothing but an operator brings it
+    back). One reading for /stats and the busbar_lane_available / _recovery_hint_ms gauges."""
+    bud = cell.budget
+    cooling = cell.cooldown_remaining()
+    state = cell.state()
+    if bud.limit is not None and not bud.left():
+        return "budget_exhausted", None
+    if state == HALF_OPEN and cooling > 0:
+        return "probe_in_flight", PROBE_RETRY_FLOOR_MS
+    if cooling > 0:
+        return "breaker_open", int(cooling * 1000)
+    if lane.limit is not None and not lane.has_permit():
+        return "at_capacity", AT_CAPACITY_FLOOR_MS
+    return "available", None
 
 
 def lane_stats(pool: str, lane, cell) -> dict:
@@ -30,25 +55,15 @@ def lane_stats(pool: str, lane, cell) -> dict:
     at_capacity = limit is not None and not lane.has_permit()
     left = bud.left()
     cooling = snap["cooldown_remaining_s"]
-    state = cell.state()
-    if bud.limit is not None and not left:
-        availability = "budget_exhausted"
-    elif state == HALF_OPEN and cooling > 0:
-        availability = "probe_in_flight"
-    elif cooling > 0 or state == OPEN:
-        availability = "breaker_open" if cooling > 0 else "available"
-    elif at_capacity:
-        availability = "at_capacity"
-    else:
-        availability = "available"
+    availability_, hint = availability(lane, cell)
     return {
         "pool": pool, "model": lane.name, "provider": lane.model.provider.name,
         "max_concurrent": limit, "limit": "unbounded" if limit is None else limit,
         "inflight": inflight, "free_slots": free,
         "available": "unbounded" if limit is None else free, "at_capacity": at_capacity,
-        "availability": availability, "recovery_hint_ms": int(cooling * 1000),
+        "availability": availability_, "recovery_hint_ms": hint,
         "breaker_state": snap["state"], "ok": snap["ok"], "err": snap["err"],
-        "client_fault": snap["client_fault"], "usable": availability == "available",
+        "client_fault": snap["client_fault"], "usable": availability_ == "available",
         "dead": snap["hard_down"] and cooling > 0,
         "dead_reason": "hard_down: the provider refused busbar's credentials"
         if snap["hard_down"] and cooling > 0 else None,
