@@ -29,4 +29,5 @@ cdef class Relay(Mode):
 cdef class TranslateStream(Mode):
     pass
 
+cdef _billing_lost(Exchange ex)
 cdef _tap_events(Exchange ex, events)

@@ -132,6 +132,7 @@ class Relay(Mode):
                     return
                 ex.tap = None       # the tap never breaks a relay it cannot read
                 events = None
+                _billing_lost(ex)
             if events:
                 _tap_events(ex, events)
                 if ex.tap_error:
@@ -154,6 +155,7 @@ class Relay(Mode):
             except Exception:
                 events = None
                 ex.tap = None
+                _billing_lost(ex)
             if events:
                 _tap_events(ex, events)
             if ex.tap is not None:
@@ -217,6 +219,15 @@ class TranslateStream(Mode):
 
     def end_event(self, ex, kind, message):
         return ex.tx.error(kind, message)
+
+
+def _billing_lost(ex):
+    """The usage of an answer relayed to the client cannot be read: it is billed zero, and
+    busbar_billing_truncated_total says so (the rare path reads the gateway's observability
+    objects; a callback of its own on the gateway would slow every other attribute read there)."""
+    st = ex.site.observability
+    if st is not None and st.metrics is not None:
+        st.metrics.billing_lost()
 
 
 def _tap_events(ex, events):

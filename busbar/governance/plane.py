@@ -30,7 +30,7 @@ from .model import (bucket_key, ledger_buckets, limit_value, rust_bucket, spend_
                     window_deltas, window_start)
 
 log = logging.getLogger("busbar.governance")
-# How often the parent recomputes the spend series of /metrics from the stored usage.
+# How often the parent recomputes the governance series of /metrics from the stored usage.
 SPEND_REFRESH_SECS = 5.0
 
 
@@ -150,19 +150,20 @@ class GovBoot:
         self.spender = gw.loop.create_task(self._spend_loop(gw))
 
     async def _spend_loop(self, gw):
-        """busbar_key_spend_usd_total: spend per (key, group) from the stored usage and the
-        current rate card, every SPEND_REFRESH_SECS (a scrape reads the last figure)."""
+        """The governance gauges of /metrics: every SPEND_REFRESH_SECS, the figures of every key
+        and enforcement bucket (busbar/governance/figures.py) from the stored usage and the
+        current rate card, into gw.gov_figures (a scrape shows the last ones)."""
+        from .figures import compute
         while True:
             try:
                 gov = gw.snapshot.governance
-                if gov is not None and gov.rate_card:
-                    spend = {}
-                    for row in await self.store.usage_totals():
-                        k = (row["key_id"], row["group"])
-                        spend[k] = spend.get(k, 0) + spend_nano(gov, row)
-                    gw.gov_spend = {k: usd(v) for k, v in spend.items()}
+                if gov is not None:
+                    groups = {g.name: g for g in await self.store.list_groups()}
+                    groups.update(gov.groups)
+                    gw.gov_figures = await compute(gov, self.store, await self.store.list_keys(),
+                                                   groups)
             except Exception:
-                log.debug("governance: spend figures not refreshed", exc_info=True)
+                log.debug("governance: the /metrics figures were not refreshed", exc_info=True)
             await asyncio.sleep(SPEND_REFRESH_SECS)
 
     async def _read_usage(self, loop, sock):

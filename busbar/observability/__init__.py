@@ -6,7 +6,7 @@ Everything here hangs off the lifecycle's two exits (`Gateway.attempt_hooks`,
 costs nothing. The gateway calls three functions:
 
 - `prepare(config, workers)` in the parent before the workers fork: the shared-memory metrics
-  mapping every worker will count into;
+  mapping every worker will count into, and the board the governance gauges are written to;
 - `install(gw)` in each worker once its Gateway exists: the hooks, the sinks' writers, the OTLP
   exporter, the periodic gauge publisher, and the routes (busbar/observability/routes.py: the
   status page, /metrics, /status.json and /stats in the admin listener's table, and `/metrics` in
@@ -19,7 +19,7 @@ import logging
 
 from busbar.observability.settings import Observability
 
-_prepared = None      # (config, Layout, SharedCounters) made by prepare() before the fork
+_prepared = None      # (config, Layout, SharedCounters, GovBoard) made by prepare() before the fork
 
 
 def settings(config) -> Observability:
@@ -34,9 +34,10 @@ def prepare(config, workers: int):
         _prepared = None
         return
     from cbusbar.shared import SharedCounters
-    from busbar.observability.metrics import Layout
-    layout = Layout(config, max(1, workers), _sink_names(obs))
-    _prepared = (config, layout, SharedCounters(layout.size))
+    from busbar.observability.metrics import BOARD_BYTES, GovBoard, Layout
+    layout = Layout(config, max(1, workers), _sink_names(obs), obs.buffer_seconds)
+    board = GovBoard(BOARD_BYTES) if config.governance is not None else None
+    _prepared = (config, layout, SharedCounters(layout.size), board)
 
 
 def preload(config):
@@ -92,7 +93,7 @@ def install(gw):
         if prepared is None or prepared[0] is not gw.config:
             prepare(gw.config, 1)
             prepared = _prepared
-        m = state.metrics = Metrics(prepared[1], prepared[2])
+        m = state.metrics = Metrics(prepared[1], prepared[2], prepared[3], obs.key_gauge_limit)
         m.attach(gw)
         gw.finish_hooks.append(m.hook)     # a RecordHook: called in C by the exchange
         _every(gw.loop, _publish_period(), m.publish)
@@ -151,6 +152,10 @@ class State:
     def dropped(self, sink, n=1):
         if self.metrics is not None:
             self.metrics.dropped(sink, n)
+
+    def shed(self, gate, n=1):
+        if self.metrics is not None:
+            self.metrics.shed(gate, n)
 
 
 def _level() -> int:

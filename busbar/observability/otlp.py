@@ -21,7 +21,7 @@ import time
 
 import orjson
 
-from busbar.observability.metrics import disposition
+from busbar.observability.metrics import failover_reason
 
 log = logging.getLogger("busbar")
 
@@ -147,7 +147,7 @@ class Tracer:
                 aattrs.append(_attr("gen_ai.request.model", lane.model.upstream_model))
             if a.fault is not None:
                 aattrs.append(_attr("error.type", a.fault))
-                aattrs.append(_attr("busbar.failover_reason", disposition(a)))
+                aattrs.append(_attr("busbar.failover_reason", failover_reason(a)))
                 if a.reason:
                     aattrs.append(_attr("busbar.fault_reason", a.reason[:200]))
             spans.append({"traceId": c.trace_id, "spanId": sid, "parentSpanId": c.span_id,

@@ -11,8 +11,9 @@ export:
   access:  {module: access-log, settings: {path: stderr}}       # busbar's: stderr | <path> | off
 ```
 `prometheus` serves /metrics (on the data listener behind the data plane's key chain, as the Rust
-gateway does, and on the admin listener); `otlp` exports a span per request and attempt; the two
-request-log modules send the request record to a file or a webhook, `fields:` projecting it;
+gateway does, and on the admin listener), its `buffer_seconds` the window of the latency
+quantiles; `otlp` exports a span per request and attempt; the two request-log modules send the
+request record to a file or a webhook, `fields:` projecting it;
 `access-log` is busbar's own line per request (to stderr when no instance names it). busbar reads
 two settings of its own on `otlp`: `sample_ratio` (0-1) and `headers` ({name: secret reference}).
 Parsed with the loader's own checks (every problem with its key path); frozen like the rest of
@@ -85,6 +86,11 @@ class Observability:
     metrics: bool = False
     request_logs: tuple = ()
     otlp: Otlp | None = None
+    # prometheus: the seconds of requests the end-to-end latency quantiles cover (its required
+    # `buffer_seconds`), and the most per-key governance series one scrape shows (the Rust
+    # gateway's default, 2000).
+    buffer_seconds: int = 60
+    key_gauge_limit: int = 2000
 
 
 def _fields(raw, where, out):
@@ -178,6 +184,9 @@ EXPORT_SETTINGS = {
 # The streams an instance may name (the Rust vocabulary); `audit` is refused there too.
 STREAMS = ("metrics", "logs", "traces", "costs", "decisions", "events", "identity", "prompts",
            "completions")
+# What each module carries (a stream it cannot is refused rather than delivering nothing).
+MODULE_STREAMS = {"prometheus": ("metrics",), "otlp": ("traces",), "request-log-webhook": ("logs",),
+                  "request-log-file": ("logs",), "access-log": ("logs",)}
 
 
 def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Observability:
@@ -187,6 +196,7 @@ def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Obs
         return Observability()
     access = "stderr"
     metrics = False
+    buffer_seconds, key_gauge_limit = 60, 2000
     sinks = []
     otlp = None
     seen = {}
@@ -216,7 +226,15 @@ def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Obs
             for i, s in enumerate(streams):
                 if s not in STREAMS:
                     out.error(f"{where}.streams[{i}]", "expected one of %s" % ", ".join(STREAMS))
-        fields = _fields(inst.get("fields"), join(where, "fields"), out)
+                elif s not in MODULE_STREAMS[module]:
+                    out.error(f"{where}.streams[{i}]", "module %s carries %s, not %s" % (
+                        module, " and ".join(MODULE_STREAMS[module]), s))
+        if "fields" in inst and module in ("prometheus", "otlp"):
+            out.error(join(where, "fields"), "the %s stream has no record fields to choose" % (
+                MODULE_STREAMS[module][0]))
+            fields = None
+        else:
+            fields = _fields(inst.get("fields"), join(where, "fields"), out)
         settings = inst.get("settings") or {}
         if not isinstance(settings, dict):
             out.error(join(where, "settings"), f"expected a mapping, got {describe(settings)}")
@@ -224,10 +242,15 @@ def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Obs
         sw = join(where, "settings")
         check_keys(settings, sw, EXPORT_SETTINGS[module], out)
         if module == "prometheus":
-            if settings.get("buffer_seconds") is None:
+            buf = settings.get("buffer_seconds")
+            if buf is None:
                 out.error(sw, "missing required key 'buffer_seconds'")
-            get_int(settings, "buffer_seconds", sw, out, 1)
-            get_int(settings, "key_gauge_limit", sw, out, 0)
+            elif buf == 0 and not isinstance(buf, bool):
+                out.error(join(sw, "buffer_seconds"), "0 would keep nothing while still counting; "
+                          "omit the prometheus instance to turn metrics off")
+            else:
+                buffer_seconds = get_int(settings, "buffer_seconds", sw, out, 1, buffer_seconds)
+            key_gauge_limit = get_int(settings, "key_gauge_limit", sw, out, 0, key_gauge_limit)
             metrics = True
         elif module == "otlp":
             otlp = _otlp(settings, sw, env, base_dir, out)
@@ -243,4 +266,5 @@ def parse_export(section: dict | None, env, base_dir: str, out: Problems) -> Obs
                 out.error(join(sw, "path"), f"expected stderr, off or a file path, got {describe(where_to)}")
             else:
                 access = where_to
-    return Observability(access, metrics, tuple(s for s in sinks if s is not None), otlp)
+    return Observability(access, metrics, tuple(s for s in sinks if s is not None), otlp,
+                         buffer_seconds, key_gauge_limit)

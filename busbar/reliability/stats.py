@@ -77,7 +77,10 @@ def lane_stats(pool: str, lane, cell) -> dict:
     }
 
 
-def stats_snapshot(site) -> dict:
+def stats_snapshot(site, allowed=None) -> dict:
+    """`allowed`: the names a virtual key may call (its allowed_pools), or None for all: then only
+    those pools and their cells, and the direct routes of the models it names, are shown, so a
+    key cannot read the topology it cannot reach."""
     rel = site.reliability
     config = site.snapshot.config
     router = site.snapshot.router
@@ -86,6 +89,9 @@ def stats_snapshot(site) -> dict:
         lane = router.lanes.get(name)
         if lane is None or (pool and pool not in config.pools):
             continue    # a cell a reload left behind
+        if allowed is not None and (pool or name) not in allowed:
+            continue
         lanes.append(lane_stats(pool, lane, cell))
-    return {"pools": {name: [m.model.name for m in p.members] for name, p in config.pools.items()},
+    return {"pools": {name: [m.model.name for m in p.members] for name, p in config.pools.items()
+                      if allowed is None or name in allowed},
             "lanes": lanes}

@@ -123,11 +123,12 @@ class Gateway:
         self._debug = log.isEnabledFor(logging.DEBUG)
         # governance: keys, admission, settlement (busbar/governance/gate.py); None = no
         # governance section at start. gov_boot: the process's GovBoot (busbar/governance/plane.py:
-        # the store, the usage channels), and gov_spend: {(key id, group): USD} the parent
-        # recomputes every few seconds for busbar_key_spend_usd_total (None: not computed).
+        # the store, the usage channels), and gov_figures: the per-key and per-bucket figures the
+        # parent recomputes every few seconds for /metrics (busbar/governance/figures.py; None:
+        # not computed).
         self.gate = None
         self.gov_boot = None
-        self.gov_spend = None
+        self.gov_figures = None
         # control: the live config (busbar/admin/live.py LiveConfig: reload, apply, rollback, and
         # the channels to the other workers), in the parent process (worker 0) only; None in the
         # others. (The admin listener's site is the control plane's own, busbar/admin/plane.py; it

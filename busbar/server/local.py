@@ -3,7 +3,8 @@ table (busbar/server/routes.py), which `mount(gw)` registers when the Gateway is
 
 - `/healthz` (any method): 200 "ok" while some lane is usable, else 503.
 - `GET /stats`: SPEC §7's lane table, `busbar.reliability.stats.stats_snapshot` (the one
-  producer: the admin listener's `/stats` is this same handler).
+  producer; the admin listener's `/stats` shows it whole): behind the caller's key when keys
+  exist, and then only the pools that key may call.
 - `GET /v1/models`, `/v1beta/models`: the model list; `GET /v1/models/{id}`,
   `/v1beta/models/{name}`: one model's entry. Both in the shape of whoever asks (OpenAI,
   Anthropic or Gemini, from the path and headers), behind the governance gate when keys exist.
@@ -33,7 +34,7 @@ def mount(gw):
     """Registers the data listener's own answers in `gw.routes`."""
     r = gw.routes
     r.add("*", "/healthz", health, summary="any lane usable")
-    r.add("GET", "/stats", functools.partial(stats, gw), summary="lanes and breaker cells")
+    r.add("GET", "/stats", caller_stats, summary="lanes and breaker cells")
     r.add("GET", "/v1/models", models, summary="the model list")
     r.add("GET", "/v1beta/models", models, summary="the model list (Gemini)")
     r.add("GET", "/v1/models/{model...}", model, summary="one model")
@@ -50,9 +51,22 @@ def health(ex):
 
 
 def stats(gw, req):
-    """SPEC §7's lane table, on either listener."""
+    """SPEC §7's lane table, every pool's (the admin listener's)."""
     from busbar.reliability.stats import stats_snapshot
     return Response(200, orjson.dumps(stats_snapshot(gw)), JSON)
+
+
+def caller_stats(ex):
+    """SPEC §7's lane table for the caller: with keys, a key is needed, and one with
+    allowed_pools sees those pools only (the Rust gateway's /stats, THREAT_MODEL T2)."""
+    gated(ex, functools.partial(_caller_stats, ex))
+
+
+def _caller_stats(ex):
+    from busbar.reliability.stats import stats_snapshot
+    key = ex.principal
+    ex.respond(200, JSON, orjson.dumps(stats_snapshot(
+        ex.site, key.allowed_pools if key is not None else None)))
 
 
 def gated(ex, answer):

@@ -461,7 +461,7 @@ def test_metrics_count_refusals_by_gate_and_spend_by_key(gw):
         return out
 
     def denied(m, gate):
-        return m.get(("busbar_admission_denied_total", (("gate", gate),)), 0)
+        return m.get(("busbar_governance_denied_total", (("gate", gate),)), 0)
 
     before = scrape()
     for _ in range(3):
@@ -472,13 +472,13 @@ def test_metrics_count_refusals_by_gate_and_spend_by_key(gw):
     deadline = time.monotonic() + 8         # spend is refreshed every 5 s from stored usage
     while True:
         after = scrape()
-        spend = after.get(("busbar_key_spend_usd_total", (("group", "team"), ("key", k["id"]))))
+        spend = after.get(("busbar_key_spend_cents", (("key", k["id"]),)))
         if spend or time.monotonic() > deadline:
             break
         time.sleep(0.5)
     assert denied(after, "auth") - denied(before, "auth") == 3
     assert denied(after, "pool_acl") - denied(before, "pool_acl") == 1
-    assert spend == pytest.approx(10 * 1000 / 1e6)
+    assert spend == 1       # 10 tokens at 1000 per million: a hundredth of the unit, one cent
 
 
 def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):

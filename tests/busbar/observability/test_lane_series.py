@@ -1,7 +1,9 @@
 """Breaker series and reloaded pools through the real server with `--workers 2`, read with
-prometheus_client's own parser: a lane that trips shows busbar_lane_state 1 and one trip, a lane
-refusing busbar's key is benched (3), a probe that succeeds closes it again (0), each with one
-operational line; a pool added by POST config/apply is counted by both workers into the same
+prometheus_client's own parser, with the Rust gateway's meanings: a lane that trips in one pool
+while its direct route still admits shows busbar_lane_state 1 (half-open), a lane refusing
+busbar's key is benched: 2 (open), a probe that succeeds closes it again (0), each with one trip
+and one operational line; busbar_lane_available and busbar_lane_recovery_hint_ms read the same
+verdict routing does; a pool added by POST config/apply is counted by both workers into the same
 slots (exactly N requests), and its breaker works there too."""
 from __future__ import annotations
 
@@ -129,26 +131,50 @@ def test_lane_state_and_trips_over_two_workers(hostile, tmp_path):
     gw = launch(tmp_path, CONFIG.replace("{h}", str(hostile.port)))
     try:
         fams, s = scrape(gw)
-        assert fams["busbar_lane_state"].type == "gauge"
+        for name in ("busbar_lane_state", "busbar_lane_available", "busbar_lane_recovery_hint_ms",
+                     "busbar_lane_inflight"):
+            assert fams[name].type == "gauge"
         assert fams["busbar_breaker_trips"].type == "counter"
         # Every cell of the config, closed, no trip: pools' members and each model's direct route.
         cells = {dict(ls)["pool"] + "/" + dict(ls)["lane"] for (n, ls) in s if n == "busbar_lane_state"}
         assert cells == {"trippy/flaky", "trippy/fine", "benchy/refused", "benchy/fine",
                          "flaky/flaky", "refused/refused", "fine/fine"}
         assert value(s, "busbar_lane_state") == 0 and value(s, "busbar_breaker_trips_total") == 0
+        assert value(s, "busbar_lane_available") == len(cells)
+        assert value(s, "busbar_lane_recovery_hint_ms") == 0
+        # No lane is bounded here: no permit series at all; every pool's queue reads 0.
+        assert not any(n == "busbar_lane_available_permits" for (n, _) in s)
+        assert {dict(ls)["pool"] for (n, ls) in s if n == "busbar_pool_queued"} == {"trippy", "benchy"}
 
         # The flaky lane fails once: consecutive_n 1 trips it; the request fails over to fine.
         assert chat(gw.port, "trippy") == 200
         # A lane refusing busbar's key is benched at once (hard_down).
         assert chat(gw.port, "benchy") == 200
+        # A request is counted just after its answer is written: wait for its worker.
+        deadline = time.monotonic() + 5
+        while value(scrape(gw)[1], "busbar_requests_total") < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         for _ in range(6):      # fresh connections: whichever worker answers, the same figures
             _, s = scrape(gw)
+            # Cooling in trippy, while its direct route's cell still admits: half-open (1).
             assert value(s, "busbar_lane_state", pool="trippy", lane="flaky") == 1
+            assert value(s, "busbar_lane_available", pool="trippy", lane="flaky") == 0
+            assert 0 < value(s, "busbar_lane_recovery_hint_ms", pool="trippy", lane="flaky") <= 550
             assert value(s, "busbar_breaker_trips_total", pool="trippy", lane="flaky") == 1
-            assert value(s, "busbar_lane_state", pool="benchy", lane="refused") == 3
+            # Benched: open (2), whatever the other cells say, its hint the sticky cooldown.
+            assert value(s, "busbar_lane_state", pool="benchy", lane="refused") == 2
+            assert value(s, "busbar_lane_available", pool="benchy", lane="refused") == 0
+            assert value(s, "busbar_lane_recovery_hint_ms", pool="benchy", lane="refused") > 60_000
             assert value(s, "busbar_breaker_trips_total", pool="benchy", lane="refused") == 1
             assert value(s, "busbar_lane_state", pool="flaky", lane="flaky") == 0
+            assert value(s, "busbar_lane_available", pool="flaky", lane="flaky") == 1
             assert value(s, "busbar_breaker_trips_total") == 2
+            assert value(s, "busbar_upstream_failures_total", pool="benchy", lane="refused",
+                         disposition="hard_down") == 1
+            assert value(s, "busbar_failovers_total", pool="benchy", reason="hard_down") == 1
+            assert value(s, "busbar_failovers_total", pool="trippy",
+                         reason="transient_upstream") == 1
         # While open, both workers skip it: more requests, no more failures or trips.
         for _ in range(10):
             assert chat(gw.port, "trippy") == 200
@@ -214,6 +240,10 @@ def test_a_pool_added_by_apply_is_counted_by_both_workers(hostile, tmp_path):
         n = 40
         for _ in range(n):      # fresh connections: the kernel spreads them over both workers
             assert chat(gw.port, "added") == 200
+        deadline = time.monotonic() + 5
+        while value(scrape(gw)[1], "busbar_requests_total", pool="added") < n:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
         seen = set()
         for _ in range(6):
             _, s = scrape(gw)
@@ -227,9 +257,10 @@ def test_a_pool_added_by_apply_is_counted_by_both_workers(hostile, tmp_path):
         # once, tripped once, and neither worker tried it again.
         assert value(s, "busbar_upstream_failures_total", pool="added", lane="down") == 1
         assert value(s, "busbar_breaker_trips_total", pool="added", lane="down") == 1
+        # Cooling for a minute, its direct route's cell untouched: half-open (1).
         assert value(s, "busbar_lane_state", pool="added", lane="down") == 1
         assert value(s, "busbar_lane_state", pool="added", lane="fine2") == 0
-        assert ("busbar_lane_inflight", (("lane", "fine2"),)) in s
+        assert ("busbar_lane_inflight", (("lane", "fine2"), ("pool", "added"))) in s
         # The direct route of a model added by the reload is a pool label of its own.
         assert chat(gw.port, "fine2") == 200
         _, s = scrape(gw)

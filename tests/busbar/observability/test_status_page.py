@@ -28,10 +28,10 @@ def _chromium():
     return None
 
 
-def _get(port, path):
+def _get(port, path, token=None):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        c.request("GET", path)
+        c.request("GET", path, headers={"authorization": "Bearer " + token} if token else {})
         r = c.getresponse()
         return r.status, r.read()
     finally:
@@ -118,9 +118,11 @@ def test_status_page_in_chromium(mock_port, tmp_path):
         for _ in range(3):
             assert _post(port, "failover", loner) == 200
         assert _get(admin, "/")[0] == 200
-        # Both listeners' /stats are one producer's: the tripped lane is open in each.
+        # Both listeners' /stats are one producer's: the tripped lane is open in each (the data
+        # listener's behind a key, as every call there).
         on_admin = json.loads(_get(admin, "/stats")[1])
-        on_data = json.loads(_get(port, "/stats")[1])
+        assert _get(port, "/stats")[0] == 401
+        on_data = json.loads(_get(port, "/stats", loner)[1])
         assert _steady(on_admin) == _steady(on_data)
         cell = {(l["pool"], l["model"]): l for l in on_admin["lanes"]}
         dead = cell[("failover", "dead-model")]
