@@ -13,7 +13,8 @@ export:
 `prometheus` serves /metrics (on the data listener behind the data plane's key chain, as the Rust
 gateway does, and on the admin listener), its `buffer_seconds` the window of the latency
 quantiles; `otlp` exports a span per request and attempt; the two request-log modules send the
-request record to a file or a webhook, `fields:` projecting it;
+Rust gateway's request record (LOG_FIELDS) to a file or a webhook, a `fields:` list choosing
+among those and busbar's own (RECORD_FIELDS) instead;
 `access-log` is busbar's own line per request (to stderr when no instance names it). busbar reads
 two settings of its own on `otlp`: `sample_ratio` (0-1) and `headers` ({name: secret reference}).
 Parsed with the loader's own checks (every problem with its key path); frozen like the rest of
@@ -29,12 +30,16 @@ from busbar.config.modules import require
 from busbar.config.secrets import resolve_secret
 from busbar.config.urls import parse_sink_url
 
-# What a request-log record holds (busbar/observability/records.py), for `fields:` projections.
-RECORD_FIELDS = (
-    "time", "request_id", "ingress_protocol", "egress_protocol", "pool", "lane", "upstream_model",
-    "stream", "status", "outcome", "attempts", "busbar_us", "upstream_ms", "input_tokens",
-    "output_tokens", "cached_tokens", "reasoning_tokens", "key_id", "group", "client", "bytes_out",
-    "failures", "hooks", "hook_ms",
+# The request-log record (busbar/observability/sinks.py): the Rust gateway's `logs` fields, what
+# a sink gets when its instance names no `fields:` ...
+LOG_FIELDS = ("ts", "ingress_protocol", "pool", "outcome", "latency_ms")
+# ... and busbar's own fields a `fields:` list may name besides them (a Rust config never does:
+# the Rust gateway refuses `fields:` on the logs stream).
+RECORD_FIELDS = LOG_FIELDS + (
+    "time", "request_id", "egress_protocol", "lane", "upstream_model", "stream", "status",
+    "busbar_outcome", "attempts", "busbar_us", "upstream_ms", "input_tokens", "output_tokens",
+    "cached_tokens", "reasoning_tokens", "key_id", "group", "client", "bytes_out", "failures",
+    "hooks", "hook_ms",
 )
 
 # A rotated request-log file: 100 MiB, logrotate's common `size 100M`; 0 turns rotation off.

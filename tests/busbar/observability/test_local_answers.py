@@ -54,11 +54,12 @@ def test_local_answers_are_not_request_records(mock_port, tmp_path):
         assert _wait(lambda: f.exists() and len(f.read_text().splitlines()) >= 2)
         assert _wait(lambda: len(hook.got) >= 2)
         assert _wait(lambda: log.exists() and len(log.read_text().splitlines()) >= 2)
-        for lines in (f.read_text().splitlines(), log.read_text().splitlines(),
-                      [b.decode() for _, _, b in hook.got]):
+        recs = [json.loads(x) for x in log.read_text().splitlines()]
+        assert sorted((r["pool"], r["status"]) for r in recs) == [("oai", 200), ("unresolved", 404)]
+        for lines in (f.read_text().splitlines(), [b.decode() for _, _, b in hook.got]):
             recs = [json.loads(x) for x in lines]
-            assert sorted((r["pool"], r["status"]) for r in recs) == [("oai", 200),
-                                                                       ("unresolved", 404)]
+            assert sorted((r["pool"], r["outcome"]) for r in recs) == [("oai", "ok"),
+                                                                        ("unresolved", "client_error")]
     finally:
         stop(gw.proc)
         hook.close()

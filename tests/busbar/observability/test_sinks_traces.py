@@ -1,6 +1,9 @@
 """OTLP traces, request-log sinks (file and webhook) and the sink SSRF rules, through the real
 server: a small OTLP/HTTP receiver, a webhook receiver and a recording OpenAI upstream, all written
-here on 127.0.0.1."""
+here on 127.0.0.1. A request-log record is the Rust gateway's ({ts, ingress_protocol, pool,
+outcome, latency_ms}) unless the instance's `fields:` chooses busbar's own; a sink that is full
+drops and counts (busbar_webhook_logs_dropped_total, busbar_file_logs_dropped_total and
+busbar_admission_denied_total{gate}), a delivery that fails is counted as a dropped record."""
 from __future__ import annotations
 
 import http.client
@@ -87,15 +90,14 @@ pools:
       - {model: good, weight: 1}
 export:
   access: {module: access-log, settings: {path: "off"}}
-  metrics: {module: prometheus, settings: {buffer_seconds: 60}}
-  traces:
-    module: otlp
-    settings: {url: "http://127.0.0.1:%(otlp)d/v1/traces", headers: {x-otlp-token: {env: MOCK_KEY}}}
-  file: {module: request-log-file, settings: {path: "%(file)s", rotate_mb: 1}}
-  hook:
-    module: request-log-webhook
-    settings: {url: "http://127.0.0.1:%(hook)d/hook", auth_header: {name: authorization, value: "${MOCK_KEY}"}}
-  projected: {module: request-log-file, settings: {path: "%(proj)s"}, fields: [request_id, pool, outcome]}
+  prom:   {module: prometheus, settings: {buffer_seconds: 10}}
+  traces: {module: otlp, settings: {url: "http://127.0.0.1:%(otlp)d/v1/traces",
+           headers: {x-otlp-token: {env: MOCK_KEY}}}}
+  file:   {module: request-log-file, settings: {path: "%(file)s", rotate_mb: 1}}
+  hook:   {module: request-log-webhook, settings: {url: "http://127.0.0.1:%(hook)d/hook",
+           auth_header: {name: authorization, value: "${MOCK_KEY}"}%(hook_more)s}}
+  proj:   {module: request-log-file, settings: {path: "%(proj)s"},
+           fields: [request_id, pool, outcome, busbar_outcome, attempts, failures, input_tokens]}
 """
 
 
@@ -106,7 +108,8 @@ def test_traces_sinks_and_traceparent(tmp_path):
     hook = Receiver()
     f, proj = tmp_path / "req.jsonl", tmp_path / "proj.jsonl"
     text = CONFIG % {"up": up.port, "dead": free_port(), "otlp": otlp.port, "hook": hook.port,
-                     "file": f, "proj": proj}
+                     "file": f, "proj": proj, "hook_more": ""}
+    t0 = time.time()
     gw = start_gateway(tmp_path, text)
     try:
         trace = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -136,16 +139,28 @@ def test_traces_sinks_and_traceparent(tmp_path):
         # The upstream's traceparent names the good attempt's span.
         ok_kid = next(k for k in kids if k["status"]["code"] == 1)
         assert tps[0].split("-")[2] == ok_kid["spanId"]
-        # Sinks: file (full record), webhook (with its auth header), projected file.
+        # Sinks: file and webhook (with its auth header) the Rust gateway's record, the
+        # projected file the fields it names.
         assert _wait(lambda: f.exists() and len(f.read_text().splitlines()) >= 2)
         recs = [json.loads(x) for x in f.read_text().splitlines()]
+        for r in recs:
+            assert list(r) == ["ts", "ingress_protocol", "pool", "outcome", "latency_ms"], r
+            assert isinstance(r["ts"], int) and int(t0) <= r["ts"] <= time.time()
+            assert isinstance(r["latency_ms"], int) and 0 <= r["latency_ms"] < 20_000
         r = next(r for r in recs if r["pool"] == "p")
-        assert r["failures"][0]["lane"] == "gone" and r["attempts"] == 2 and r["input_tokens"] == 11
+        assert r["ingress_protocol"] == "openai" and r["outcome"] == "ok"
         assert _wait(lambda: len(hook.got) >= 2)
         assert hook.got[0][1]["authorization"] == "sk-test-key"
-        assert {json.loads(b)["pool"] for _, _, b in hook.got} >= {"p", "good"}
+        hooked = [json.loads(b) for _, _, b in hook.got]
+        assert {h["pool"] for h in hooked} >= {"p", "good"}
+        assert all(set(h) == set(recs[0]) for h in hooked)
         assert _wait(lambda: proj.exists() and len(proj.read_text().splitlines()) >= 2)
-        assert set(json.loads(proj.read_text().splitlines()[0])) == {"request_id", "pool", "outcome"}
+        pr = [json.loads(x) for x in proj.read_text().splitlines()]
+        assert [list(x) for x in pr] == [["request_id", "pool", "outcome", "busbar_outcome",
+                                         "attempts", "failures", "input_tokens"]] * len(pr)
+        x = next(x for x in pr if x["pool"] == "p")
+        assert x["failures"][0]["lane"] == "gone" and x["attempts"] == 2 and x["input_tokens"] == 11
+        assert x["outcome"] == x["busbar_outcome"] == "ok" and x["request_id"].startswith("req_")
         for text_ in (f.read_text(), proj.read_text()) + tuple(b.decode() for _, _, b in hook.got + otlp.got):
             assert "secret prompt text" not in text_ and "hello" not in text_
     finally:
@@ -163,24 +178,84 @@ def test_webhook_drops_are_counted(tmp_path):
     from tests.conftest import free_port
     up = Receiver((200, json.dumps(CHAT).encode()))
     text = CONFIG % {"up": up.port, "dead": free_port(), "otlp": free_port(), "hook": free_port(),
-                     "file": tmp_path / "a", "proj": tmp_path / "b"}
+                     "file": tmp_path / "a", "proj": tmp_path / "b", "hook_more": ""}
     gw = start_gateway(tmp_path, text)
     try:
         for _ in range(3):
             assert _post(gw.port, "good")[0] == 200
-        # Nothing listens on the webhook's port: each delivery fails and is counted.
-        def dropped():
-            c = http.client.HTTPConnection("127.0.0.1", gw.port, timeout=5)
-            c.request("GET", "/metrics")
-            body = c.getresponse().read().decode()
-            c.close()
-            for line in body.splitlines():
-                if line.startswith('busbar_records_dropped_total{sink="request_log_1_webhook"}'):
-                    return int(float(line.split()[-1]))
-            return 0
-        assert _wait(lambda: dropped() >= 3)
+        # Nothing listens on the webhook's port: each delivery fails and is counted as a dropped
+        # record; none was shed for a full sink.
+        assert _wait(lambda: _metric(gw.port, 'busbar_records_dropped_total{sink="request_log_1_webhook"}') >= 3)
+        assert _metric(gw.port, "busbar_webhook_logs_dropped_total") == 0
+        assert _metric(gw.port, 'busbar_admission_denied_total{gate="webhook"}') == 0
     finally:
         stop(gw.proc)
+        up.close()
+
+
+def _metric(port, head):
+    """The value of the series whose line starts with `head` in the data listener's /metrics."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    c.request("GET", "/metrics")
+    body = c.getresponse().read().decode()
+    c.close()
+    for line in body.splitlines():
+        if line.startswith(head + " "):
+            return int(float(line.split()[-1]))
+    return None
+
+
+def test_a_full_webhook_sink_sheds_and_counts(tmp_path):
+    import socket
+
+    from tests.conftest import free_port
+    up = Receiver((200, json.dumps(CHAT).encode()))
+    # A receiver that takes the connection and never answers: the one delivery allowed in flight
+    # stays there, and every record after it finds the sink full.
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    text = CONFIG % {"up": up.port, "dead": free_port(), "otlp": free_port(),
+                     "hook": silent.getsockname()[1], "file": tmp_path / "a", "proj": tmp_path / "b",
+                     "hook_more": ", max_inflight_deliveries: 1, delivery_timeout_secs: 5"}
+    gw = start_gateway(tmp_path, text)
+    try:
+        for _ in range(5):
+            assert _post(gw.port, "good")[0] == 200
+        assert _wait(lambda: _metric(gw.port, "busbar_webhook_logs_dropped_total") == 4)
+        assert _metric(gw.port, 'busbar_admission_denied_total{gate="webhook"}') == 4
+        assert _metric(gw.port, 'busbar_records_dropped_total{sink="request_log_1_webhook"}') == 4
+        assert _metric(gw.port, "busbar_file_logs_dropped_total") == 0
+    finally:
+        stop(gw.proc)
+        up.close()
+        silent.close()
+
+
+def test_a_full_file_sink_sheds_and_counts(inproc_gateway, monkeypatch, tmp_path):
+    from busbar import observability
+    from busbar.observability import lines
+    from tests.conftest import free_port
+    # A writer that holds no more than what is pending: while its thread waits out a flush
+    # period, every line after the first finds it full.
+    monkeypatch.setattr(lines, "MAX_BUFFERED", 0)
+    up = Receiver((200, json.dumps(CHAT).encode()))
+    f = tmp_path / "a"
+    text = CONFIG % {"up": up.port, "dead": free_port(), "otlp": free_port(), "hook": free_port(),
+                     "file": f, "proj": tmp_path / "b", "hook_more": ""}
+    g = inproc_gateway(text, setup=observability.install)
+    try:
+        n = 6
+        for _ in range(n):
+            assert _post(g.port, "good")[0] == 200
+        # Two file sinks (this one and the projected one): the counter is theirs together.
+        shed = _metric(g.port, "busbar_file_logs_dropped_total")
+        assert _metric(g.port, 'busbar_admission_denied_total{gate="request-log-file"}') == shed
+        mine = _metric(g.port, 'busbar_records_dropped_total{sink="request_log_0_file"}')
+        other = _metric(g.port, 'busbar_records_dropped_total{sink="request_log_2_file"}')
+        assert mine >= 1 and other >= 1 and mine + other == shed
+        assert _wait(lambda: f.exists() and len(f.read_text().splitlines()) == n - mine)
+    finally:
         up.close()
 
 
