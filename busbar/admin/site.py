@@ -22,6 +22,8 @@ import logging
 
 import orjson
 
+from cbusbar.clock import now_ns
+
 from busbar.engine.status import status_line
 from busbar.server.routes import PUBLIC, Response  # noqa: F401 (the admin API's vocabulary too)
 
@@ -240,6 +242,11 @@ class AdminExchange:
         if conn.closed:
             return
         ka = self.req.keep_alive
+        if self.site.snapshot.server_timing:
+            # advanced.response_headers.server_timing: on every answer, the admin listener's too
+            # (nothing went upstream: the whole time is busbar's).
+            resp.headers += b"Server-Timing: busbar;dur=%.3f\r\n" % (
+                (now_ns() - self.req.t0) / 1e6)
         _write(conn, resp, ka, head_only=self.req.method == b"HEAD")
         conn.exchange_done(ka)
 

@@ -118,6 +118,17 @@ def test_metrics_and_stats_need_a_key_and_stats_shows_its_pools(gw):
     assert s == 200 and mine["pools"] == {"mixed": ["oai-model", "ant-model"]}
     assert {(x["pool"], x["model"]) for x in mine["lanes"]} == {("mixed", "oai-model"),
                                                                 ("mixed", "ant-model")}
+    # advanced.response_headers.server_timing (on in this config) reaches every answer, the
+    # data listener's own and the admin listener's.
+    for port, token in ((gw.port, k["token"]), (gw.admin, ADMIN)):
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/stats", headers={"authorization": "Bearer " + token})
+        r = c.getresponse()
+        r.read()
+        c.close()
+        timing = r.getheader("server-timing") or ""
+        assert r.status == 200 and timing.startswith("busbar;dur="), (port, timing)
+        assert 0 < float(timing.split("=")[1]) < 5000
     # The operator's view on the admin listener is whole.
     s, body = call(gw.admin, "GET", "/stats", token=ADMIN)
     ops = json.loads(body)
