@@ -4,6 +4,8 @@
         abstain | order | restrict | reject | rewrite, its error | timeout (then on_error ran),
         a tap's delivered | error | timeout, and dropped (a tap not sent: too many under way)
     busbar_hook_duration_seconds{hook}       how long a gate took to answer (or to fail)
+    busbar_tap_notifications_dropped_total   the taps' dropped, summed: the Rust gateway's
+        counter of tap notifications not sent for its in-flight cap
 
 Counters in shared memory like the rest of busbar's metrics (a mapping made before the workers
 fork, `prepare`; local memory in one process), with a fixed slot per (hook, outcome): every hook
@@ -77,6 +79,12 @@ class HookStats:
                 if v[base + i]:
                     out.append('busbar_hook_calls_total{hook="%s",outcome="%s"} %d'
                                % (_esc(name), o, v[base + i]))
+        dropped = OUTCOMES.index("dropped")
+        out.append("# HELP busbar_tap_notifications_dropped_total Tap notifications not sent: too "
+                   "many under way.")
+        out.append("# TYPE busbar_tap_notifications_dropped_total counter")
+        out.append("busbar_tap_notifications_dropped_total %d" % sum(
+            v[k * _PER_HOOK + dropped] for k in range(len(self.names))))
         out.append("# HELP busbar_hook_duration_seconds How long each gate took to answer (or fail).")
         out.append("# TYPE busbar_hook_duration_seconds histogram")
         for k, name in enumerate(self.names):

@@ -398,6 +398,13 @@ def test_a_stalled_tap_sidecar_drops_taps_never_requests(mock_port, inproc_gatew
         assert chat(g).status_code == 200
     time.sleep(0.2)
     assert len(sc.messages("/tap")) == 3        # three under way, three dropped
+    # ... counted as such, and in the Rust gateway's counter of them
+    from prometheus_client.parser import text_string_to_metric_families
+    shown = g.gw.snapshot.routing.hooks.stats.prometheus().decode()
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for f in text_string_to_metric_families(shown) for s in f.samples}
+    assert got[("busbar_hook_calls_total", (("hook", "t"), ("outcome", "dropped")))] == 3
+    assert got[("busbar_tap_notifications_dropped_total", ())] == 3
     release.set()
 
 
