@@ -166,7 +166,7 @@ def test_otlp_and_webhook_export(exe, tmp_path):
         hook = fake.find("/hook")
         assert hook and hook[0]["headers"]["authorization"] == "Bearer hook-secret"
         record = json.loads(hook[0]["body"])
-        assert record["pool"] == "m" and record["status"] == 200
+        assert record["pool"] == "m" and record["outcome"] == "ok"
     finally:
         fake.close()
 
