@@ -22,6 +22,7 @@ from .checks import Problems
 # module -> distribution (pip's name), for the ones busbar imports only when a config asks.
 OPTIONAL = {
     "redis": "redis",                   # store: {module: valkey}
+    "asyncpg": "asyncpg",               # store: {module: postgres}
     "aiohttp": "aiohttp",               # export: otlp, request-log-webhook
     "botocore": "botocore",             # Bedrock credentials from the AWS chain (no api_key)
     "cryptography": "cryptography",     # Vertex service-account credentials (RS256)

@@ -29,9 +29,12 @@ CHAINS = ("keys",)
 # `store: {module, settings}`: the module names and aliases busbar has built in, each to busbar's
 # store kind; the settings each reads (`fail_mode` and `socket_timeout_ms` are busbar's own).
 STORE_MODULES = {"memory": "memory", "sqlite": "sqlite", "busbar-store-sqlite": "sqlite",
-                 "valkey": "redis", "busbar-store-valkey-plugin": "redis"}
+                 "valkey": "redis", "busbar-store-valkey-plugin": "redis",
+                 "postgres": "postgres", "busbar-store-postgres": "postgres",
+                 "busbar-store-postgres-plugin": "postgres"}
 STORE_SETTINGS = {"memory": (), "sqlite": ("db_path", "busy_timeout_ms"),
-                  "redis": ("url", "fail_mode", "socket_timeout_ms")}
+                  "redis": ("url", "fail_mode", "socket_timeout_ms"),
+                  "postgres": ("url", "timeout_ms", "pool_size")}
 FAIL_MODES = ("closed", "open")
 GROUP_KEYS = ("parent", "limits", "enabled", "child_default")
 # Rates: micro-units per token (= units per million tokens), each optional (0).
@@ -59,11 +62,11 @@ DEFAULT_BUCKETS = 16384
 
 class StoreConfig:
     __slots__ = ("kind", "path", "url", "fail_mode", "flush_secs", "socket_timeout_secs",
-                 "busy_timeout_ms")
+                 "busy_timeout_ms", "pool_size")
 
     def __init__(self, kind="memory", path=None, url=None, fail_mode="closed",
                  flush_secs=DEFAULT_FLUSH_MS / 1000, socket_timeout_secs=DEFAULT_REDIS_TIMEOUT_MS / 1000,
-                 busy_timeout_ms=None):
+                 busy_timeout_ms=None, pool_size=None):
         self.kind = kind
         self.path = path
         self.url = url
@@ -72,6 +75,8 @@ class StoreConfig:
         self.socket_timeout_secs = socket_timeout_secs
         # sqlite: how long a write waits for a lock another process holds
         self.busy_timeout_ms = DEFAULT_BUSY_TIMEOUT_MS if busy_timeout_ms is None else busy_timeout_ms
+        # postgres: connections per worker (busbar/governance/postgres_store.py DEFAULT_POOL_SIZE)
+        self.pool_size = pool_size
 
     def __eq__(self, other):
         return isinstance(other, StoreConfig) and all(
@@ -342,21 +347,17 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
     if raw is None:
         return StoreConfig()
     if not isinstance(raw, dict):
-        out.error("store", "expected {module: memory|sqlite|valkey, settings}, got %s" % describe(raw))
+        out.error("store", "expected {module: memory|sqlite|valkey|postgres, settings}, got %s" % describe(raw))
         return StoreConfig()
     check_keys(raw, "store", ("module", "settings"), out)
     module = raw.get("module")
     if module is None:
-        out.error("store", "missing required key 'module' (memory, sqlite or valkey)")
-        return StoreConfig()
-    if module in ("postgres", "busbar-store-postgres"):
-        out.error("store.module", "the postgres store is not built into this busbar version "
-                  "(built in: memory, sqlite, valkey)")
+        out.error("store", "missing required key 'module' (memory, sqlite, valkey or postgres)")
         return StoreConfig()
     kind = STORE_MODULES.get(module) if isinstance(module, str) else None
     if kind is None:
         out.error("store.module", "store module %s is not built into busbar (built in: memory, "
-                  "sqlite, valkey); busbar loads no plugins" % (
+                  "sqlite, valkey, postgres); busbar loads no plugins" % (
                       "'%s'" % module if isinstance(module, str) else describe(module)))
         return StoreConfig()
     settings = raw.get("settings") or {}
@@ -396,7 +397,58 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
                                                                         "unix://")):
                 out.error("store.settings.url", "expected a redis://, rediss:// or unix:// URL")
             sc.url = url
+    elif kind == "postgres":
+        _postgres(settings, sc, env, base_dir, out)
     return sc
+
+
+# Postgres store defaults (busbar/governance/postgres_store.py says why): a statement's deadline
+# and the connections each worker keeps.
+DEFAULT_POSTGRES_TIMEOUT_MS = 5000
+DEFAULT_POSTGRES_POOL = 4
+
+
+def _postgres(settings: dict, sc: StoreConfig, env, base_dir: str, out: Problems) -> None:
+    """`store: {module: postgres, settings: {url, timeout_ms?, pool_size?}}`: `url` a libpq URL
+    (postgres:// or postgresql://), from a reference when it carries a password."""
+    offline = getattr(env, "offline", False)
+    require(out, "store.module", "store postgres", "asyncpg", offline)
+    sc.socket_timeout_secs = _ms(settings, "timeout_ms", DEFAULT_POSTGRES_TIMEOUT_MS, out)
+    pool = settings.get("pool_size", DEFAULT_POSTGRES_POOL)
+    if isinstance(pool, bool) or not isinstance(pool, int) or not 1 <= pool <= 64:
+        out.error("store.settings.pool_size", "expected an integer between 1 and 64")
+        pool = DEFAULT_POSTGRES_POOL
+    sc.pool_size = pool
+    if "url" not in settings:
+        out.error("store.settings", "module postgres needs url (postgres://user@host:5432/db)")
+        return
+    raw = settings["url"]
+    if isinstance(raw, str):
+        url = _inline_postgres_url(raw, out)
+    else:
+        url = resolve_secret(raw, "store.settings.url", env, base_dir, out)
+    if url is not None and not offline and not url.startswith(("postgres://", "postgresql://")):
+        out.error("store.settings.url", "expected a postgres:// or postgresql:// URL")
+    sc.url = url
+
+
+def _inline_postgres_url(url: str, out: Problems) -> str | None:
+    """A Postgres URL written in the config itself: the address is not a secret, a password
+    (user info `user:pass@`, or a `password=` parameter) must come from a reference."""
+    from urllib.parse import parse_qsl, urlsplit
+    try:
+        parts = urlsplit(url)
+        query = parse_qsl(parts.query)
+    except ValueError:
+        out.error("store.settings.url", "expected a postgres:// or postgresql:// URL")
+        return None
+    userinfo = parts.netloc.rpartition("@")[0] if "@" in parts.netloc else ""
+    if ":" in userinfo or any(k.lower() in ("password", "passfile") for k, _ in query):
+        # The message never quotes the URL: it holds the password.
+        out.error("store.settings.url", "this URL carries a password, and inline secrets are not "
+                  "allowed; put the whole URL in a reference, e.g. url: {env: BUSBAR_POSTGRES_URL}")
+        return None
+    return url
 
 
 def _inline_redis_url(url: str, out: Problems) -> str | None:

@@ -16,6 +16,8 @@ busbar's limits where they were). Afterwards:
 
 Redis: nothing is shared in the process; each worker connects after the fork (busbar/governance/
 redis_store.py): its own policy cache with pub/sub invalidation, admission and settlement scripts.
+Postgres the same way (busbar/governance/postgres_store.py): LISTEN/NOTIFY invalidation, admission
+and settlement one statement each.
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class GovBoot:
         gov = config.governance
         self.gov = gov
         self.kind = gov.store.kind
-        self.local = self.kind != "redis"
+        self.local = self.kind not in ("redis", "postgres")
         self.store = None
         self.table = None
         self.keys = []
@@ -72,6 +74,8 @@ class GovBoot:
         from . import admin, gate  # noqa: F401
         if not self.local:
             from . import redis_store  # noqa: F401
+            if self.kind == "postgres":
+                from . import postgres_store  # noqa: F401
 
     def channel(self):
         if not self.local:
@@ -118,6 +122,12 @@ class GovBoot:
             else:
                 sink = lambda rows: loop.create_task(self.add_usage(rows))  # noqa: E731
             batcher = UsageBatcher(loop, flush, sink)
+        elif self.kind == "postgres":
+            from .postgres_store import DEFAULT_POOL_SIZE, PostgresDirectory, PostgresLedger
+            sc = self.gov.store
+            directory = PostgresDirectory(sc.url, sc.socket_timeout_secs)
+            ledger = PostgresLedger(sc.url, sc.socket_timeout_secs, sc.pool_size or DEFAULT_POOL_SIZE)
+            batcher = None
         else:
             from .redis_store import RedisDirectory, RedisLedger
             sc = self.gov.store

@@ -1,6 +1,7 @@
 """Where keys, groups and usage live: the store contract, and the stores of one node, `memory`
 (tests; gone at exit) and `sqlite` (the default: one file, WAL, in the Rust gateway's schema). The
-shared stores implement the same contract: Valkey/Redis in busbar/governance/redis_store.py.
+shared stores implement the same contract: Valkey/Redis in busbar/governance/redis_store.py,
+PostgreSQL in busbar/governance/postgres_store.py.
 
 The contract (what the admin API and busbar/governance/plane.py call; every method is async, a
 store that cannot answer raises):
@@ -819,5 +820,8 @@ def open_store(store_config, config_groups=None, provider_of=None):
     if kind == "sqlite":
         return SqliteStore(store_config.path, store_config.busy_timeout_ms, config_groups,
                            provider_of)
+    if kind == "postgres":
+        from .postgres_store import PostgresStore
+        return PostgresStore(store_config.url, store_config.socket_timeout_secs)
     from .redis_store import RedisStore
     return RedisStore(store_config.url)

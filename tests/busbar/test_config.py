@@ -820,8 +820,7 @@ store: {module: postgres}
         "groups.c.limits[2].pool: unknown pool or model 'nope'",
         "rate_card.ghost: unknown model 'ghost'",
         "rate_card: covers no rate for model(s) claude; add them (stub: claude: {input_utok: 0.0, output_utok: 0.0})",
-        "store.module: the postgres store is not built into this busbar version (built in: memory, "
-        "sqlite, valkey)",
+        "store.settings: module postgres needs url (postgres://user@host:5432/db)",
     ):
         assert want in errs, (want, errs)
     errs = problems(MINIMAL + """

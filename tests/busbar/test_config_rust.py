@@ -145,11 +145,30 @@ def test_store_module_forms():
     c = cfg("store: {module: sqlite}\nadvanced: {usage_flush_interval_ms: 100}\n")
     assert c.governance.store.flush_secs == 0.1
     for module, msg in (
-            ("postgres", "store.module: the postgres store is not built into this busbar version "
-                         "(built in: memory, sqlite, valkey)"),
+            ("postgres", "store.settings.url: expected a postgres:// or postgresql:// URL"),
             ("s3", "store.module: store module 's3' is not built into busbar (built in: memory, "
-                   "sqlite, valkey); busbar loads no plugins")):
+                   "sqlite, valkey, postgres); busbar loads no plugins")):
         assert problems("store: {module: %s, settings: {url: 'redis://h:1'}}\n" % module) == [msg]
+    for module in ("postgres", "busbar-store-postgres", "busbar-store-postgres-plugin"):
+        c = cfg("store: {module: %s, settings: {url: 'postgres://busbar@10.0.0.5:5432/gov', "
+                "pool_size: 8, timeout_ms: 1500}}\n" % module)
+        sc = c.governance.store
+        assert (sc.kind, sc.url, sc.pool_size, sc.socket_timeout_secs) == (
+            "postgres", "postgres://busbar@10.0.0.5:5432/gov", 8, 1.5)
+    assert cfg("store: {module: postgres, settings: {url: 'postgresql://h/db'}}\n"
+               ).governance.store.pool_size == 4
+    # a password is a secret: never inline, never quoted back
+    for url in ("postgres://busbar:hunter2@h/db", "postgres://h/db?password=hunter2"):
+        errs = problems("store: {module: postgres, settings: {url: '%s'}}\n" % url)
+        assert errs == ["store.settings.url: this URL carries a password, and inline secrets are "
+                        "not allowed; put the whole URL in a reference, e.g. url: {env: "
+                        "BUSBAR_POSTGRES_URL}"] and "hunter2" not in errs[0]
+    assert problems("store: {module: postgres, settings: {url: 'postgres://h/db', pool_size: 0, "
+                    "timeout_ms: 1}}\n") == [
+        "store.settings.timeout_ms: expected an integer between 10 and 60000",
+        "store.settings.pool_size: expected an integer between 1 and 64"]
+    assert problems("store: {module: postgres}\n") == [
+        "store.settings: module postgres needs url (postgres://user@host:5432/db)"]
     assert problems("store: {module: valkey, settings: {}}\n") == [
         "store.settings: module valkey needs url (redis:// or rediss://)"]
 

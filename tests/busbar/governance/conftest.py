@@ -30,3 +30,22 @@ def own_redis():
     srv = RedisServer().start()
     yield srv
     srv.close()
+
+
+def _need_postgres():
+    from tests.postgres_server import postgres_bin_dir
+    if postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL's server binaries not found: `make postgres` installs Debian's "
+                    "postgresql")
+    pytest.importorskip("asyncpg", reason="asyncpg not installed (a pyproject.toml dependency)")
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """One throwaway PostgreSQL cluster for the session (tests/postgres_server.py); each test makes
+    a database of its own with `postgres_server.create_database(name)`."""
+    _need_postgres()
+    from tests.postgres_server import PostgresServer
+    srv = PostgresServer().start()
+    yield srv
+    srv.close()

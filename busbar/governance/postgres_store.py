@@ -1,0 +1,1366 @@
+"""Governance in PostgreSQL (`store: {module: postgres, settings: {url}}`), in the schema of the Rust
+gateway's postgres store (GetBusbar/store-postgres, schema version 6), so both gateways can share
+one database during a rolling swap; one budget and one rate limit, exact across a fleet of busbar
+gateways (N instances x M workers on one database).
+
+Three objects, all talking to the same database through asyncpg (a Cython driver on the worker's
+own event loop; every statement is prepared once per connection and reused):
+
+- `PostgresStore` (the parent, admin API): keys, credentials, the denylist, groups and usage, in the
+  store contract of busbar/governance/store.py; every change sends a NOTIFY on the invalidation
+  channel inside the transaction that writes it (delivered at its commit).
+- `PostgresLedger` (every worker, hot path): admission is ONE statement, `SELECT busbar_admit(...)`,
+  a server-side function that locks the ledger rows of the request's buckets in one global order,
+  tests every check of the request and charges all of them or none; settlement is ONE statement per
+  batch, `SELECT busbar_settle(...)`, sent in the background (the settles made while one is in
+  flight go in the next).
+- `PostgresDirectory` (every worker): key and group policy cached per worker, dropped on the
+  invalidation NOTIFY (a LISTEN connection of its own), and read again after POLICY_TTL at the
+  latest (a Rust gateway sharing the database sends none: its revocations are seen that late).
+
+The Rust tables (busbar writes and reads them as the Rust store does; see SCHEMA):
+    busbar_schema (version)          6
+    store_revision                   the counter stamped into key and credential rows
+    keys, credentials, denylist      a key (`generation_hash` = `binding:<id>:<generation>`), its
+                                     AWS pair (kind sigv4, slot 0, `v1:plain:<secret>`), revocations
+    usage_windows, usage_ledger      per bucket and window: requests and 2xx requests; tokens per
+                                     model and tier (a key's own bucket: its id, window 0; a
+                                     group's: `group:<name>@<per>[#pool:<pool>]`, the window start)
+    usage_metering                   per key, UTC day (`bucket`, its first second), model, provider
+    audit_log                        created, never written by busbar
+busbar's own (the Rust store reads none of them; its CREATE ... IF NOT EXISTS leaves them alone):
+    busbar_groups (name, doc)        groups made through the admin API (JSON)
+    busbar_inflight                  per ledger bucket and window: budget reservations in flight
+    busbar_concurrency               per group: requests in flight (a concurrent limit)
+    busbar_admit(), busbar_settle()  the admission and settlement functions
+    NOTIFY channel busbar_inval      "key:<id>", "group:<name>", "all"
+
+The limits: requests are the ledger's `requests` of the bucket's window; tokens its tokens of all
+four tiers (as the Rust ledger's total); a budget its tokens priced at the current rate card plus
+the reservations in flight; what a Rust node has flushed to the ledger counts here too. Lock order,
+the same in every function (so no two transactions wait on each other in a cycle): usage_windows
+rows, then busbar_concurrency, then busbar_inflight, then usage_ledger, then usage_metering, each
+table's rows in byte order of their key.
+
+Unreachable database (refused, reset, or no answer within `timeout`): admission answers
+"unavailable" (the engine's 503: fail closed, as the Rust store has no other mode) and the admin
+API a 503 naming the URL without its password. Settles are never dropped: a batch that could not be
+written is kept and sent again (merged with the later ones) every PROBE_INTERVAL; a batch that
+failed after it was sent is ambiguous (the database may have applied it) and is sent again, so an
+outage can over-count, never under-count. Counts never go below 0.
+
+asyncpg is imported only when one of these objects is started, so a gateway without Postgres pays
+nothing for it. No connection is made before `start()`/`open()`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+
+import orjson
+
+from busbar.governance.model import (
+    C_BUCKET, C_GROUP, C_KIND, C_LIMIT, C_WINDOW, PLAIN_SECRET, USAGE_FIELDS, GroupRecord,
+    KeyRecord, StoreError, Usage, credential_live, day_epoch, generation_marker, group_from_dict,
+    group_to_dict, new_credential_id, record_of)
+from busbar.governance.redis_store import (
+    MISS, UNAVAILABLE, StoreUnavailable, _denial, _log_error)
+
+log = logging.getLogger("busbar.governance")
+
+SCHEMA_VERSION = 6
+CHANNEL = "busbar_inval"
+# Every statement's deadline, seconds (settings.timeout_ms): an admission waiting on a contended
+# ledger row for longer than this is answered 503 rather than holding the client. 5 s: far past
+# any lock wait a healthy database has (an admission holds its rows for well under a millisecond).
+DEFAULT_TIMEOUT = 5.0
+# Connections per worker (settings.pool_size): an admission or a settlement batch holds one for
+# one round trip (~0.3 ms on loopback), so 4 serve thousands of admissions a second per worker,
+# and 4 x (instances x workers) stays well within a server's max_connections (100 by default).
+DEFAULT_POOL_SIZE = 4
+NEGATIVE_TTL = 0.5              # an unknown key id / group is remembered this long
+PROBE_INTERVAL = 0.2            # while the database is unreachable, how often it is asked again
+LISTEN_PING = 2.0               # the invalidation connection is checked this often
+# A cached key or group is read again after this long even without an invalidation message: a
+# Rust gateway sharing the database notifies nothing (the Rust side re-reads its denylist every
+# 5 s, REVOCATION_SYNC_TTL_SECS, so a revocation reaches either gateway as late).
+POLICY_TTL = 5.0
+# Minute and hour windows older than this are deleted by the parent (never read again), once an
+# hour at most; day, month and total windows are kept, as the Rust store keeps every row.
+WINDOW_KEEP_SECS = 2 * 86400
+PRUNE_EVERY_SECS = 3600
+# The Rust store's migration lock (pg_advisory_lock key, ASCII "busbar_p"): a busbar and a Rust
+# gateway booting on one database at once create the schema one after the other.
+MIGRATE_LOCK_KEY = 0x6275_7362_6172_5f70
+
+_KIND_CODE = {"requests": "r", "tokens": "t", "budget_usd": "b", "concurrent": "c"}
+
+# ---------------------------------------------------------------------------- the schema
+# The Rust store's tables, columns and constraints (store-postgres/src/lib.rs, SCHEMA_VERSION 6);
+# CREATE ... IF NOT EXISTS, so a database the Rust gateway made is taken as it is.
+RUST_SCHEMA = """
+CREATE TABLE IF NOT EXISTS busbar_schema (version BIGINT PRIMARY KEY);
+CREATE TABLE IF NOT EXISTS store_revision (
+  only_row BOOLEAN PRIMARY KEY DEFAULT TRUE CHECK (only_row),
+  revision BIGINT NOT NULL DEFAULT 0 CHECK (revision >= 0)
+);
+INSERT INTO store_revision (only_row, revision) VALUES (TRUE, 0) ON CONFLICT (only_row) DO NOTHING;
+CREATE TABLE IF NOT EXISTS keys (
+  id              TEXT PRIMARY KEY,
+  generation_hash TEXT NOT NULL,
+  name            TEXT NOT NULL,
+  allowed_pools   TEXT,
+  enabled         BOOLEAN NOT NULL DEFAULT TRUE,
+  created_at      BIGINT NOT NULL,
+  key_group       TEXT,
+  labels          TEXT NOT NULL DEFAULT '{}',
+  expires_at      BIGINT,
+  deleted_at      BIGINT,
+  revision        BIGINT NOT NULL DEFAULT 0,
+  CONSTRAINT keys_tombstone_disabled CHECK (deleted_at IS NULL OR enabled = FALSE)
+);
+CREATE INDEX IF NOT EXISTS idx_keys_revision ON keys (revision);
+CREATE TABLE IF NOT EXISTS credentials (
+  id            TEXT PRIMARY KEY,
+  key_id        TEXT NOT NULL REFERENCES keys(id) ON DELETE CASCADE,
+  kind          TEXT NOT NULL CHECK (kind IN ('sigv4')),
+  slot          SMALLINT NOT NULL CHECK (slot IN (0, 1)),
+  public_id     TEXT NOT NULL,
+  secret        TEXT,
+  secret_form   TEXT NOT NULL CHECK (secret_form IN ('none', 'recoverable', 'digest')),
+  created_at    BIGINT NOT NULL,
+  updated_at    BIGINT NOT NULL,
+  expires_at    BIGINT,
+  revoked_at    BIGINT,
+  revoke_reason TEXT,
+  revision      BIGINT NOT NULL DEFAULT 0,
+  CONSTRAINT credentials_public_id_uniq UNIQUE (kind, public_id),
+  CONSTRAINT credentials_slot_uniq UNIQUE (key_id, kind, slot),
+  CONSTRAINT credentials_secret_form_matches CHECK ((secret_form = 'none') = (secret IS NULL))
+);
+CREATE INDEX IF NOT EXISTS idx_credentials_revision ON credentials (revision);
+CREATE INDEX IF NOT EXISTS idx_credentials_key_id ON credentials (key_id);
+CREATE TABLE IF NOT EXISTS usage_windows (
+  bucket_id         TEXT NOT NULL,
+  window_start      BIGINT NOT NULL,
+  requests          BIGINT NOT NULL DEFAULT 0,
+  billable_requests BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (bucket_id, window_start)
+);
+CREATE TABLE IF NOT EXISTS usage_ledger (
+  bucket_id          TEXT NOT NULL,
+  window_start       BIGINT NOT NULL,
+  model              TEXT NOT NULL,
+  tokens_input       BIGINT NOT NULL DEFAULT 0,
+  tokens_output      BIGINT NOT NULL DEFAULT 0,
+  tokens_cache_read  BIGINT NOT NULL DEFAULT 0,
+  tokens_cache_write BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (bucket_id, window_start, model)
+);
+CREATE TABLE IF NOT EXISTS usage_metering (
+  key_id             TEXT NOT NULL,
+  bucket             BIGINT NOT NULL,
+  model              TEXT NOT NULL,
+  provider           TEXT NOT NULL,
+  tokens_input       BIGINT NOT NULL DEFAULT 0,
+  tokens_output      BIGINT NOT NULL DEFAULT 0,
+  tokens_cache_read  BIGINT NOT NULL DEFAULT 0,
+  tokens_cache_write BIGINT NOT NULL DEFAULT 0,
+  requests           BIGINT NOT NULL DEFAULT 0,
+  billable_requests  BIGINT NOT NULL DEFAULT 0,
+  key_group_at_use   TEXT NOT NULL DEFAULT '',
+  pricing_version    TEXT NOT NULL DEFAULT '',
+  PRIMARY KEY (key_id, bucket, model, provider)
+);
+CREATE INDEX IF NOT EXISTS idx_usage_metering_bucket ON usage_metering (bucket);
+CREATE TABLE IF NOT EXISTS audit_log (
+  seq       BIGINT PRIMARY KEY,
+  ts        BIGINT NOT NULL,
+  action    TEXT NOT NULL,
+  resource  TEXT NOT NULL,
+  outcome   TEXT NOT NULL,
+  principal TEXT NOT NULL,
+  prev_hash TEXT NOT NULL,
+  hash      TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS denylist (
+  sub        TEXT PRIMARY KEY,
+  reason     TEXT NOT NULL DEFAULT '',
+  created_at BIGINT NOT NULL DEFAULT 0
+);
+"""
+
+# busbar's own tables and functions (see the module doc).
+BUSBAR_SCHEMA = r"""
+CREATE TABLE IF NOT EXISTS busbar_groups (
+  name TEXT PRIMARY KEY,
+  doc  TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS busbar_inflight (
+  bucket_id    TEXT NOT NULL,
+  window_start BIGINT NOT NULL,
+  reserved     BIGINT NOT NULL DEFAULT 0,
+  PRIMARY KEY (bucket_id, window_start)
+);
+CREATE TABLE IF NOT EXISTS busbar_concurrency (
+  group_name TEXT PRIMARY KEY,
+  in_flight  BIGINT NOT NULL DEFAULT 0
+);
+
+-- Admission. b_*: the request's ledger buckets (sorted), each with the budget reservation it is
+-- charged (0: none); g_names: the groups whose concurrent limit applies (sorted); k_*: the checks
+-- (kind r|t|b|c, index into b_* or g_names, limit); r_*: the rate card, nano-units per token.
+-- Returns {0, v1..vn}: admitted and charged, each check's value before; {i, v1..vi}: check i
+-- (1-based) failed, nothing charged.
+CREATE OR REPLACE FUNCTION busbar_admit(
+  b_ids TEXT[], b_starts BIGINT[], b_reserve BIGINT[], g_names TEXT[],
+  k_kind TEXT[], k_idx INT[], k_limit BIGINT[],
+  r_models TEXT[], r_in FLOAT8[], r_out FLOAT8[], r_cr FLOAT8[], r_cw FLOAT8[])
+RETURNS BIGINT[] LANGUAGE plpgsql AS $fn$
+DECLARE
+  nb INT := coalesce(array_length(b_ids, 1), 0);
+  ng INT := coalesce(array_length(g_names, 1), 0);
+  nk INT := coalesce(array_length(k_kind, 1), 0);
+  req BIGINT[] := '{}';
+  conc BIGINT[] := '{}';
+  res BIGINT[] := ARRAY[0]::BIGINT[];
+  got BIGINT;
+  v FLOAT8;
+  i INT;
+BEGIN
+  -- every bucket's ledger row, locked in order (made when missing): from here on no other
+  -- admission of these buckets runs, and each later statement reads what committed before
+  FOR i IN 1..nb LOOP
+    SELECT requests INTO got FROM usage_windows
+      WHERE bucket_id = b_ids[i] AND window_start = b_starts[i] FOR UPDATE;
+    IF NOT FOUND THEN
+      INSERT INTO usage_windows (bucket_id, window_start) VALUES (b_ids[i], b_starts[i])
+        ON CONFLICT DO NOTHING;
+      SELECT requests INTO got FROM usage_windows
+        WHERE bucket_id = b_ids[i] AND window_start = b_starts[i] FOR UPDATE;
+    END IF;
+    req[i] := greatest(got, 0);
+  END LOOP;
+  FOR i IN 1..ng LOOP
+    SELECT in_flight INTO got FROM busbar_concurrency WHERE group_name = g_names[i] FOR UPDATE;
+    IF NOT FOUND THEN
+      INSERT INTO busbar_concurrency (group_name) VALUES (g_names[i]) ON CONFLICT DO NOTHING;
+      SELECT in_flight INTO got FROM busbar_concurrency WHERE group_name = g_names[i] FOR UPDATE;
+    END IF;
+    conc[i] := greatest(got, 0);
+  END LOOP;
+  FOR k IN 1..nk LOOP
+    i := k_idx[k];
+    IF k_kind[k] = 'c' THEN
+      res := res || conc[i];
+      IF conc[i] + 1 > k_limit[k] THEN res[1] := k; RETURN res; END IF;
+    ELSIF k_kind[k] = 'r' THEN
+      res := res || req[i];
+      IF req[i] + 1 > k_limit[k] THEN res[1] := k; RETURN res; END IF;
+    ELSIF k_kind[k] = 't' THEN
+      SELECT coalesce(sum(greatest(tokens_input, 0) + greatest(tokens_output, 0) +
+                          greatest(tokens_cache_read, 0) + greatest(tokens_cache_write, 0)), 0)
+        INTO got FROM usage_ledger WHERE bucket_id = b_ids[i] AND window_start = b_starts[i];
+      res := res || got;
+      IF got >= k_limit[k] THEN res[1] := k; RETURN res; END IF;
+    ELSE
+      -- one statement: the reservations and the tokens read in one snapshot
+      SELECT coalesce((SELECT greatest(reserved, 0) FROM busbar_inflight
+                        WHERE bucket_id = b_ids[i] AND window_start = b_starts[i]), 0)
+           + coalesce((SELECT sum(greatest(l.tokens_input, 0) * r.ri +
+                                  greatest(l.tokens_output, 0) * r.ro +
+                                  greatest(l.tokens_cache_read, 0) * r.rr +
+                                  greatest(l.tokens_cache_write, 0) * r.rw)
+                         FROM usage_ledger l
+                         JOIN unnest(r_models, r_in, r_out, r_cr, r_cw) AS r(m, ri, ro, rr, rw)
+                           ON r.m = l.model
+                        WHERE l.bucket_id = b_ids[i] AND l.window_start = b_starts[i]), 0)
+        INTO v;
+      res := res || floor(v)::BIGINT;
+      IF v + b_reserve[i] > k_limit[k] THEN res[1] := k; RETURN res; END IF;
+    END IF;
+  END LOOP;
+  IF nb > 0 THEN
+    UPDATE usage_windows w SET requests = w.requests + 1, billable_requests = w.billable_requests + 1
+      FROM unnest(b_ids, b_starts) AS t(b, s) WHERE w.bucket_id = t.b AND w.window_start = t.s;
+  END IF;
+  IF ng > 0 THEN
+    UPDATE busbar_concurrency SET in_flight = greatest(in_flight, 0) + 1
+      WHERE group_name = ANY(g_names);
+  END IF;
+  FOR i IN 1..nb LOOP
+    IF b_reserve[i] > 0 THEN
+      INSERT INTO busbar_inflight (bucket_id, window_start, reserved)
+        VALUES (b_ids[i], b_starts[i], b_reserve[i])
+        ON CONFLICT (bucket_id, window_start)
+        DO UPDATE SET reserved = greatest(busbar_inflight.reserved, 0) + b_reserve[i];
+    END IF;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+
+-- Settlement of a batch (every array sorted by its key, deltas merged per key):
+-- w_*: usage_windows deltas (requests, 2xx requests); g_*: concurrency deltas; i_*: reservation
+-- deltas; l_*: token deltas per bucket, window and model; m_*: metering rows (key, day bucket,
+-- model, provider, group at use, requests, 2xx requests, the four tiers). Counts floor at 0.
+CREATE OR REPLACE FUNCTION busbar_settle(
+  w_ids TEXT[], w_starts BIGINT[], w_req BIGINT[], w_bill BIGINT[],
+  g_names TEXT[], g_delta BIGINT[],
+  i_ids TEXT[], i_starts BIGINT[], i_delta BIGINT[],
+  l_ids TEXT[], l_starts BIGINT[], l_models TEXT[],
+  l_in BIGINT[], l_out BIGINT[], l_cr BIGINT[], l_cw BIGINT[],
+  m_keys TEXT[], m_buckets BIGINT[], m_models TEXT[], m_providers TEXT[], m_groups TEXT[],
+  m_req BIGINT[], m_bill BIGINT[], m_in BIGINT[], m_out BIGINT[], m_cr BIGINT[], m_cw BIGINT[])
+RETURNS INT LANGUAGE plpgsql AS $fn$
+DECLARE
+  i INT;
+BEGIN
+  FOR i IN 1..coalesce(array_length(w_ids, 1), 0) LOOP
+    INSERT INTO usage_windows (bucket_id, window_start, requests, billable_requests)
+      VALUES (w_ids[i], w_starts[i], greatest(w_req[i], 0), greatest(w_bill[i], 0))
+      ON CONFLICT (bucket_id, window_start) DO UPDATE
+      SET requests = greatest(usage_windows.requests + w_req[i], 0),
+          billable_requests = greatest(usage_windows.billable_requests + w_bill[i], 0);
+  END LOOP;
+  FOR i IN 1..coalesce(array_length(g_names, 1), 0) LOOP
+    INSERT INTO busbar_concurrency (group_name, in_flight) VALUES (g_names[i], greatest(g_delta[i], 0))
+      ON CONFLICT (group_name) DO UPDATE
+      SET in_flight = greatest(busbar_concurrency.in_flight + g_delta[i], 0);
+  END LOOP;
+  FOR i IN 1..coalesce(array_length(i_ids, 1), 0) LOOP
+    INSERT INTO busbar_inflight (bucket_id, window_start, reserved)
+      VALUES (i_ids[i], i_starts[i], greatest(i_delta[i], 0))
+      ON CONFLICT (bucket_id, window_start) DO UPDATE
+      SET reserved = greatest(busbar_inflight.reserved + i_delta[i], 0);
+  END LOOP;
+  FOR i IN 1..coalesce(array_length(l_ids, 1), 0) LOOP
+    INSERT INTO usage_ledger (bucket_id, window_start, model, tokens_input, tokens_output,
+                              tokens_cache_read, tokens_cache_write)
+      VALUES (l_ids[i], l_starts[i], l_models[i], greatest(l_in[i], 0), greatest(l_out[i], 0),
+              greatest(l_cr[i], 0), greatest(l_cw[i], 0))
+      ON CONFLICT (bucket_id, window_start, model) DO UPDATE
+      SET tokens_input = greatest(usage_ledger.tokens_input + l_in[i], 0),
+          tokens_output = greatest(usage_ledger.tokens_output + l_out[i], 0),
+          tokens_cache_read = greatest(usage_ledger.tokens_cache_read + l_cr[i], 0),
+          tokens_cache_write = greatest(usage_ledger.tokens_cache_write + l_cw[i], 0);
+  END LOOP;
+  FOR i IN 1..coalesce(array_length(m_keys, 1), 0) LOOP
+    INSERT INTO usage_metering (key_id, bucket, model, provider, tokens_input, tokens_output,
+                                tokens_cache_read, tokens_cache_write, requests, billable_requests,
+                                key_group_at_use, pricing_version)
+      VALUES (m_keys[i], m_buckets[i], m_models[i], m_providers[i], m_in[i], m_out[i], m_cr[i],
+              m_cw[i], m_req[i], m_bill[i], m_groups[i], '')
+      ON CONFLICT (key_id, bucket, model, provider) DO UPDATE
+      SET tokens_input = usage_metering.tokens_input + EXCLUDED.tokens_input,
+          tokens_output = usage_metering.tokens_output + EXCLUDED.tokens_output,
+          tokens_cache_read = usage_metering.tokens_cache_read + EXCLUDED.tokens_cache_read,
+          tokens_cache_write = usage_metering.tokens_cache_write + EXCLUDED.tokens_cache_write,
+          requests = usage_metering.requests + EXCLUDED.requests,
+          billable_requests = usage_metering.billable_requests + EXCLUDED.billable_requests;
+  END LOOP;
+  RETURN 1;
+END
+$fn$;
+"""
+
+ADMIT_SQL = ("SELECT busbar_admit($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], "
+             "$6::int[], $7::bigint[], $8::text[], $9::float8[], $10::float8[], $11::float8[], "
+             "$12::float8[])")
+SETTLE_SQL = ("SELECT busbar_settle(%s)" % ", ".join(
+    "$%d::%s" % (i + 1, t) for i, t in enumerate(
+        ("text[]", "bigint[]", "bigint[]", "bigint[]",
+         "text[]", "bigint[]",
+         "text[]", "bigint[]", "bigint[]",
+         "text[]", "bigint[]", "text[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]",
+         "text[]", "bigint[]", "text[]", "text[]", "text[]",
+         "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]"))))
+
+_KEY_COLUMNS = ("k.id, k.generation_hash, k.name, k.allowed_pools, k.enabled, k.created_at, "
+                "k.key_group, k.labels, k.expires_at, k.deleted_at, k.revision")
+_CRED_COLUMNS = ("c.id, c.key_id, c.kind, c.slot, c.public_id, c.secret, c.created_at, "
+                 "c.updated_at, c.expires_at, c.revoked_at, c.revoke_reason, c.revision")
+KEY_READ_SQL = ("SELECT %s, EXISTS (SELECT 1 FROM denylist d WHERE d.sub = k.id), %s FROM keys k "
+                "LEFT JOIN credentials c ON c.key_id = k.id AND c.kind = 'sigv4' "
+                "WHERE k.id = $1 ORDER BY c.slot" % (_KEY_COLUMNS, _CRED_COLUMNS))
+KEY_BY_AWS_SQL = ("SELECT %s, EXISTS (SELECT 1 FROM denylist d WHERE d.sub = k.id), %s "
+                  "FROM credentials c JOIN keys k ON k.id = c.key_id "
+                  "WHERE c.kind = 'sigv4' AND c.public_id = $1" % (_KEY_COLUMNS, _CRED_COLUMNS))
+GROUP_READ_SQL = "SELECT doc FROM busbar_groups WHERE name = $1"
+
+
+# ---------------------------------------------------------------------------- asyncpg, lazily
+def _asyncpg():
+    import asyncpg
+    return asyncpg
+
+
+def _down_errors() -> tuple:
+    """Exceptions that mean "the database did not answer" (as opposed to an SQL error)."""
+    a = _asyncpg()
+    return (OSError, asyncio.TimeoutError, a.PostgresConnectionError, a.InterfaceError,
+            a.CannotConnectNowError, a.OperatorInterventionError, a.TooManyConnectionsError)
+
+
+async def _pool(url: str, timeout: float, size: int):
+    """A pool that connects on first use (a database down at boot does not hold the boot)."""
+    return await _asyncpg().create_pool(
+        url, min_size=0, max_size=size, timeout=timeout, command_timeout=timeout,
+        max_inactive_connection_lifetime=60.0, server_settings={"application_name": "busbar"})
+
+
+def safe_url(url: str) -> str:
+    """The URL without its password or parameters, for messages."""
+    scheme, sep, rest = url.partition("://")
+    rest = rest.split("?", 1)[0]
+    if sep and "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        rest = userinfo.split(":", 1)[0] + "@" + host
+    return scheme + sep + rest
+
+
+def _scrub(message: str, url: str) -> str:
+    """An error text with the URL's password taken out (a driver may quote its DSN)."""
+    from urllib.parse import unquote, urlsplit
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        password = None
+    for p in {password, unquote(password) if password else None} - {None, ""}:
+        message = message.replace(p, "<redacted>")
+    return message
+
+
+async def ensure_schema(conn) -> None:
+    """The Rust store's tables (made when missing, under its migration lock), then busbar's own
+    tables and functions. A database of a newer schema, or of a Rust development schema from
+    before 1.5.0 (which the Rust store drops and starts empty), is refused: busbar deletes
+    nothing. A v5 database gets the Rust store's one-time billable backfill on its way to v6."""
+    a = _asyncpg()
+    await conn.execute("SELECT pg_advisory_lock($1)", MIGRATE_LOCK_KEY)
+    try:
+        await conn.execute("CREATE TABLE IF NOT EXISTS busbar_schema (version BIGINT PRIMARY KEY)")
+        version = await conn.fetchval("SELECT COALESCE(MAX(version), 0) FROM busbar_schema")
+        if version > SCHEMA_VERSION:
+            raise StoreError("postgres: the database has store schema v%d, written by a newer "
+                             "gateway; this busbar reads v%d" % (version, SCHEMA_VERSION))
+        if version < 5 and await conn.fetchval(
+                "SELECT to_regclass('usage_counters') IS NOT NULL OR "
+                "to_regclass('virtual_keys') IS NOT NULL OR "
+                "to_regclass('aws_credentials') IS NOT NULL"):
+            raise StoreError("postgres: the database holds a Rust gateway development schema from "
+                             "before 1.5.0 (virtual_keys/usage_counters), which the Rust store "
+                             "would drop; busbar deletes nothing: move it aside or point store."
+                             "settings.url at another database")
+        async with conn.transaction():
+            await conn.execute(RUST_SCHEMA)
+            if version < SCHEMA_VERSION:
+                await conn.execute("UPDATE usage_windows SET billable_requests = requests "
+                                   "WHERE billable_requests = 0 AND requests > 0")
+                await conn.execute("INSERT INTO busbar_schema (version) VALUES ($1) "
+                                   "ON CONFLICT (version) DO NOTHING", SCHEMA_VERSION)
+            try:
+                await conn.execute(BUSBAR_SCHEMA)
+            except a.InsufficientPrivilegeError as e:
+                raise StoreError("postgres: busbar's tables and functions cannot be created "
+                                 "(%s); grant CREATE on the schema to the store's user" % e) \
+                    from None
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATE_LOCK_KEY)
+
+
+# ---------------------------------------------------------------------------- records
+def _record_of_rows(rows, now):
+    """A KeyRecord from KEY_READ_SQL / KEY_BY_AWS_SQL rows (one per sigv4 slot), or None."""
+    if not rows:
+        return None
+    from .store import _cred_of_row, _vk_of_row
+    first = rows[0]
+    vk = _vk_of_row(tuple(first[:11]))
+    creds = [_cred_of_row(tuple(r[12:24])) for r in rows if r[12] is not None]
+    cred = next((c for c in creds if credential_live(c["meta"], now)), creds[0] if creds else None)
+    return record_of(vk, bool(first[11]), cred, now)
+
+
+async def _read_key(conn, key_id, now):
+    return _record_of_rows(await conn.fetch(KEY_READ_SQL, key_id), now)
+
+
+async def _read_by_aws(conn, access_key_id, now):
+    rec = _record_of_rows(await conn.fetch(KEY_BY_AWS_SQL, access_key_id), now)
+    return rec if rec is not None and rec.aws_access_key_id == access_key_id else None
+
+
+async def _read_group(conn, name):
+    raw = await conn.fetchval(GROUP_READ_SQL, name)
+    return group_from_dict(orjson.loads(raw)) if raw else None
+
+
+# ---------------------------------------------------------------------------- pending writes
+class _Writes:
+    """Increments not yet in the database, merged per row, in the shape busbar_settle takes."""
+
+    __slots__ = ("windows", "gauges", "inflight", "tokens", "meter")
+
+    def __init__(self):
+        self.windows = {}       # (bucket, start) -> [requests, billable]
+        self.gauges = {}        # group -> delta
+        self.inflight = {}      # (bucket, start) -> reservation delta
+        self.tokens = {}        # (bucket, start, model) -> [input, output, cache read, write]
+        self.meter = {}         # (key, day bucket, model, provider) -> [group, 6 counts]
+
+    def __bool__(self):
+        return bool(self.windows or self.gauges or self.inflight or self.tokens or self.meter)
+
+    def window(self, bucket, start, requests, billable):
+        if requests or billable:
+            cur = self.windows.setdefault((bucket, start), [0, 0])
+            cur[0] += requests
+            cur[1] += billable
+
+    def gauge(self, group, delta):
+        self.gauges[group] = self.gauges.get(group, 0) + delta
+
+    def reserve(self, bucket, start, delta):
+        if delta:
+            k = (bucket, start)
+            self.inflight[k] = self.inflight.get(k, 0) + delta
+
+    def add_tokens(self, bucket, start, model, t):
+        if any(t):
+            cur = self.tokens.setdefault((bucket, start, model), [0, 0, 0, 0])
+            for i in range(4):
+                cur[i] += t[i]
+
+    def add_meter(self, key_id, bucket, model, provider, group, counts):
+        """counts: requests, billable, input, output, cache read, cache write."""
+        cur = self.meter.get((key_id, bucket, model, provider))
+        if cur is None:
+            self.meter[(key_id, bucket, model, provider)] = [group or ""] + list(counts)
+        else:
+            for i, v in enumerate(counts):
+                cur[i + 1] += v
+
+    def merge(self, other: "_Writes"):
+        for (b, s), (r, bl) in other.windows.items():
+            self.window(b, s, r, bl)
+        for g, d in other.gauges.items():
+            self.gauge(g, d)
+        for (b, s), d in other.inflight.items():
+            self.reserve(b, s, d)
+        for (b, s, m), t in other.tokens.items():
+            self.add_tokens(b, s, m, t)
+        for (k, b, m, p), v in other.meter.items():
+            self.add_meter(k, b, m, p, v[0], v[1:])
+
+    def args(self) -> list:
+        """busbar_settle's 27 arrays, each table's rows in byte order of their key (the lock
+        order; Python's str order is code point order, which is UTF-8 byte order, COLLATE "C")."""
+        w = sorted(k for k, v in self.windows.items() if v[0] or v[1])
+        g = sorted(k for k, v in self.gauges.items() if v)
+        i = sorted(k for k, v in self.inflight.items() if v)
+        t = sorted(self.tokens)
+        m = sorted(self.meter)
+        W, G, I, T, M = self.windows, self.gauges, self.inflight, self.tokens, self.meter
+        return [[k[0] for k in w], [k[1] for k in w], [W[k][0] for k in w], [W[k][1] for k in w],
+                g, [G[k] for k in g],
+                [k[0] for k in i], [k[1] for k in i], [I[k] for k in i],
+                [k[0] for k in t], [k[1] for k in t], [k[2] for k in t],
+                [T[k][0] for k in t], [T[k][1] for k in t], [T[k][2] for k in t],
+                [T[k][3] for k in t],
+                [k[0] for k in m], [k[1] for k in m], [k[2] for k in m], [k[3] for k in m],
+                [M[k][0] for k in m], [M[k][1] for k in m], [M[k][2] for k in m],
+                [M[k][3] for k in m], [M[k][4] for k in m], [M[k][5] for k in m],
+                [M[k][6] for k in m]]
+
+
+def _usage_writes(rows, windows) -> _Writes:
+    """What store.add_usage writes: the rows into the metering, the window deltas (model.
+    window_deltas) into the ledger."""
+    w = _Writes()
+    for u in rows:
+        w.add_meter(u.key_id, day_epoch(u.day), u.model or "", u.provider or "", u.group,
+                    (u.requests, u.billable_requests, u.input_tokens, u.output_tokens,
+                     u.cache_read_tokens, u.cache_write_tokens))
+    for (bucket, start), (req, bill, models) in (windows or {}).items():
+        w.window(bucket, start, req, bill)
+        for model, t in models.items():
+            w.add_tokens(bucket, start, model, t)
+    return w
+
+
+# ---------------------------------------------------------------------------- admin side
+class PostgresStore:
+    """The store contract (busbar/governance/store.py) in the Rust postgres schema, for the admin
+    API (the parent process). Every method raises StoreUnavailable when the database does not
+    answer, StoreError when it refuses (a schema busbar does not read, a deleted key written
+    back)."""
+
+    kind = "postgres"
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, pool_size: int = 2):
+        self.url = url
+        self.timeout = timeout
+        self.pool_size = pool_size
+        self._pool = None
+        self._checked = False
+        self._pruner = None
+
+    async def open(self):
+        """Makes the pool; no connection yet (a database down at boot does not hold the boot):
+        the schema is made or checked by the first call that reaches the database."""
+        self._down = _down_errors()
+        self._pool = await _pool(self.url, self.timeout, self.pool_size)
+        self._pruner = asyncio.get_running_loop().create_task(self._prune_loop())
+
+    async def close(self):
+        if self._pruner is not None:
+            self._pruner.cancel()
+            self._pruner = None
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), self.timeout)
+            except Exception:
+                self._pool.terminate()
+            self._pool = None
+
+    async def _call(self, fn):
+        """fn(connection), on a pooled connection, after the schema check."""
+        try:
+            async with self._pool.acquire() as conn:
+                if not self._checked:
+                    await ensure_schema(conn)
+                    self._checked = True
+                return await fn(conn)
+        except self._down as e:
+            raise StoreUnavailable("postgres at %s: %s" % (
+                safe_url(self.url), _scrub(str(e) or e.__class__.__name__, self.url))) from None
+
+    async def ping(self) -> None:
+        await self._call(lambda c: c.fetchval("SELECT 1"))
+
+    # -- keys
+    async def put_key(self, rec: KeyRecord) -> None:
+        now = int(time.time())
+
+        async def write(conn):
+            async with conn.transaction():
+                await self._write_key(conn, rec, now)
+        await self._call(write)
+
+    async def _write_key(self, conn, rec, now):
+        """The rows of one key, inside the caller's transaction: the keys row (revision bumped),
+        the denylist entry of a revoked or deleted key, its sigv4 credential (revoked with the
+        key, destroyed with a tombstone), and the invalidation sent at commit."""
+        rev = await conn.fetchval("UPDATE store_revision SET revision = revision + 1 "
+                                  "WHERE only_row RETURNING revision")
+        rec.revision = rev
+        old = await conn.fetchval("SELECT deleted_at FROM keys WHERE id = $1 FOR UPDATE", rec.id)
+        if old is not None and rec.state != "tombstoned":
+            raise StoreError("key %s is deleted (tombstoned); it cannot be written back" % rec.id)
+        tomb = rec.state == "tombstoned"
+        await conn.execute(
+            "INSERT INTO keys (id, generation_hash, name, allowed_pools, enabled, created_at, "
+            "key_group, labels, expires_at, deleted_at, revision) "
+            "VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (id) DO UPDATE SET "
+            "generation_hash = EXCLUDED.generation_hash, name = EXCLUDED.name, "
+            "allowed_pools = EXCLUDED.allowed_pools, enabled = EXCLUDED.enabled, "
+            "key_group = EXCLUDED.key_group, labels = EXCLUDED.labels, "
+            "expires_at = EXCLUDED.expires_at, deleted_at = EXCLUDED.deleted_at, "
+            "revision = EXCLUDED.revision",
+            rec.id, generation_marker(rec.id, rec.gen), rec.name,
+            orjson.dumps(rec.allowed_pools).decode() if rec.allowed_pools is not None else None,
+            rec.state == "active", int(rec.created or now), rec.group,
+            orjson.dumps(rec.labels or {}, option=orjson.OPT_SORT_KEYS).decode(),
+            int(rec.expires) if rec.expires else None,
+            int(rec.deleted or now) if tomb else None, rev)
+        await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, "key:" + rec.id)
+        if rec.state in ("revoked", "tombstoned"):
+            await conn.execute("INSERT INTO denylist (sub, reason, created_at) VALUES ($1, $2, $3) "
+                               "ON CONFLICT (sub) DO NOTHING",
+                               rec.id, "deleted" if tomb else "revoked", now)
+        if tomb:
+            await conn.execute("DELETE FROM credentials WHERE key_id = $1", rec.id)
+            return
+        if rec.state == "revoked":
+            await conn.execute("UPDATE credentials SET revoked_at = $2, revoke_reason = 'revoked', "
+                               "updated_at = $2, revision = $3 WHERE key_id = $1 AND "
+                               "revoked_at IS NULL", rec.id, now, rev)
+            return
+        if not rec.aws_access_key_id or not rec.aws_secret:
+            return
+        cur = await conn.fetchrow("SELECT id, public_id, revoked_at FROM credentials "
+                                  "WHERE key_id = $1 AND kind = 'sigv4' AND slot = 0", rec.id)
+        if cur is not None and cur[1] == rec.aws_access_key_id and cur[2] is None:
+            return                  # the same live pair, already stored
+        if rec.aws_cred_id is None or (cur is not None and cur[0] == rec.aws_cred_id
+                                       and cur[1] != rec.aws_access_key_id):
+            rec.aws_cred_id = new_credential_id()
+        await conn.execute(
+            "INSERT INTO credentials (id, key_id, kind, slot, public_id, secret, secret_form, "
+            "created_at, updated_at, expires_at, revoked_at, revoke_reason, revision) "
+            "VALUES ($1, $2, 'sigv4', 0, $3, $4, 'recoverable', $5, $5, NULL, NULL, NULL, $6) "
+            "ON CONFLICT (key_id, kind, slot) DO UPDATE SET id = EXCLUDED.id, "
+            "public_id = EXCLUDED.public_id, secret = EXCLUDED.secret, "
+            "secret_form = EXCLUDED.secret_form, created_at = EXCLUDED.created_at, "
+            "updated_at = EXCLUDED.updated_at, expires_at = NULL, revoked_at = NULL, "
+            "revoke_reason = NULL, revision = EXCLUDED.revision",
+            rec.aws_cred_id, rec.id, rec.aws_access_key_id, PLAIN_SECRET + rec.aws_secret, now,
+            rev)
+
+    async def get_key(self, key_id) -> KeyRecord | None:
+        return await self._call(lambda c: _read_key(c, key_id, time.time()))
+
+    async def key_by_aws(self, access_key_id) -> KeyRecord | None:
+        return await self._call(lambda c: _read_by_aws(c, access_key_id, time.time()))
+
+    async def list_keys(self) -> list[KeyRecord]:
+        from .store import _cred_of_row, _vk_of_row
+
+        async def read(conn):
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                keys = await conn.fetch("SELECT %s FROM keys k ORDER BY k.created_at, k.id"
+                                        % _KEY_COLUMNS)
+                denied = {r[0] for r in await conn.fetch("SELECT sub FROM denylist")}
+                creds = await conn.fetch("SELECT %s FROM credentials c WHERE c.kind = 'sigv4' "
+                                         "ORDER BY c.slot" % _CRED_COLUMNS)
+            return keys, denied, creds
+        keys, denied, creds = await self._call(read)
+        now = time.time()
+        by_key = {}
+        for row in creds:
+            c = _cred_of_row(tuple(row))
+            if credential_live(c["meta"], now) or row[1] not in by_key:
+                by_key[row[1]] = c
+        return [record_of(_vk_of_row(tuple(r)), r[0] in denied, by_key.get(r[0]), now)
+                for r in keys]
+
+    async def delete_key(self, key_id) -> None:
+        now = int(time.time())
+
+        async def write(conn):
+            async with conn.transaction():
+                rec = await _read_key(conn, key_id, now)
+                if rec is None:
+                    raise StoreError("no key %s" % key_id)
+                if rec.state == "tombstoned":
+                    return
+                rec.state, rec.deleted = "tombstoned", now
+                rec.aws_access_key_id = rec.aws_secret = rec.aws_cred_id = None
+                await self._write_key(conn, rec, now)
+        await self._call(write)
+
+    # -- groups (made through busbar's admin API; the Rust gateway keeps these in its config)
+    async def put_group(self, rec: GroupRecord) -> None:
+        async def write(conn):
+            async with conn.transaction():
+                await conn.execute("INSERT INTO busbar_groups (name, doc) VALUES ($1, $2) "
+                                   "ON CONFLICT (name) DO UPDATE SET doc = EXCLUDED.doc",
+                                   rec.name, orjson.dumps(group_to_dict(rec)).decode())
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, "group:" + rec.name)
+        await self._call(write)
+
+    async def get_group(self, name) -> GroupRecord | None:
+        return await self._call(lambda c: _read_group(c, name))
+
+    async def list_groups(self) -> list[GroupRecord]:
+        rows = await self._call(lambda c: c.fetch("SELECT doc FROM busbar_groups ORDER BY name"))
+        return [group_from_dict(orjson.loads(r[0])) for r in rows]
+
+    async def delete_group(self, name) -> None:
+        async def write(conn):
+            async with conn.transaction():
+                await conn.execute("DELETE FROM busbar_groups WHERE name = $1", name)
+                await conn.execute("SELECT pg_notify($1, $2)", CHANNEL, "group:" + name)
+        await self._call(write)
+
+    async def invalidate_all(self) -> None:
+        """Every worker drops its whole policy cache (e.g. after a bulk import)."""
+        await self._call(lambda c: c.execute("SELECT pg_notify($1, 'all')", CHANNEL))
+
+    # -- usage
+    async def add_usage(self, rows: list[Usage], windows=None) -> None:
+        w = _usage_writes(rows, windows)
+        if w:
+            await self._call(lambda c: c.fetchval(SETTLE_SQL, *w.args()))
+
+    async def usage_rows(self, day: str | None = None) -> list[dict]:
+        from .store import _usage_row
+        sql = ("SELECT bucket, key_id, key_group_at_use, model, provider, requests, tokens_input, "
+               "tokens_output, tokens_cache_read, tokens_cache_write, billable_requests "
+               "FROM usage_metering")
+        args = ()
+        if day is not None:
+            sql += " WHERE bucket = $1"
+            args = (day_epoch(day),)
+        sql += ' ORDER BY bucket, key_id COLLATE "C", provider COLLATE "C", model COLLATE "C"'
+        rows = await self._call(lambda c: c.fetch(sql, *args))
+        return [_usage_row(r[0], r[1], r[2], r[3], r[4], [max(0, v) for v in r[5:]])
+                for r in rows]
+
+    async def usage_totals(self) -> list[dict]:
+        rows = await self._call(lambda c: c.fetch(
+            "SELECT key_id, key_group_at_use, model, SUM(requests), SUM(tokens_input), "
+            "SUM(tokens_output), SUM(tokens_cache_read), SUM(tokens_cache_write), "
+            "SUM(billable_requests) FROM usage_metering GROUP BY key_id, key_group_at_use, model "
+            'ORDER BY key_id COLLATE "C", model COLLATE "C"'))
+        out = []
+        for kid, grp, model, *counts in rows:
+            row = {"day": None, "key_id": kid, "group": grp or None, "model": model,
+                   "provider": None}
+            row.update(zip(USAGE_FIELDS, (int(c) for c in counts)))
+            out.append(row)
+        return out
+
+    async def window(self, bucket: str, start: int):
+        """A bucket's ledger: (requests, billable, {model: [input, output, cache read, cache
+        write]}), and busbar's reservations in flight as the fourth item."""
+        async def read(conn):
+            async with conn.transaction(isolation="repeatable_read", readonly=True):
+                head = await conn.fetchrow("SELECT requests, billable_requests FROM usage_windows "
+                                           "WHERE bucket_id = $1 AND window_start = $2",
+                                           bucket, start)
+                models = await conn.fetch(
+                    "SELECT model, tokens_input, tokens_output, tokens_cache_read, "
+                    "tokens_cache_write FROM usage_ledger WHERE bucket_id = $1 AND "
+                    "window_start = $2", bucket, start)
+                reserved = await conn.fetchval("SELECT reserved FROM busbar_inflight WHERE "
+                                               "bucket_id = $1 AND window_start = $2",
+                                               bucket, start)
+            return head, models, reserved
+        head, models, reserved = await self._call(read)
+        requests, billable = (max(0, head[0]), max(0, head[1])) if head else (0, 0)
+        return (requests, billable, {r[0]: [max(0, v) for v in r[1:]] for r in models},
+                max(0, reserved or 0))
+
+    async def check_values(self, checks, card=None) -> list[int]:
+        """Each check's value as admission sees it (tests and diagnostics)."""
+        out = []
+        for c in checks:
+            if c[C_KIND] == "concurrent":
+                v = await self._call(lambda conn, g=c[C_GROUP]: conn.fetchval(
+                    "SELECT in_flight FROM busbar_concurrency WHERE group_name = $1", g))
+                out.append(max(0, v or 0))
+                continue
+            requests, _, models, reserved = await self.window(c[C_BUCKET], c[C_WINDOW])
+            if c[C_KIND] == "requests":
+                out.append(requests)
+            elif c[C_KIND] == "tokens":
+                out.append(sum(sum(t) for t in models.values()))
+            else:
+                spend = reserved
+                for m, t in models.items():
+                    rate = (card or {}).get(m)
+                    if rate is not None:
+                        spend += 1000 * (t[0] * rate.input + t[1] * rate.output +
+                                         t[2] * rate.cache_read + t[3] * rate.cache_write)
+                out.append(math.floor(spend))
+        return out
+
+    async def prune_windows(self, now: float) -> int:
+        """Deletes minute and hour windows (ledger rows and reservations) that ended more than
+        WINDOW_KEEP_SECS ago."""
+        cut = int(now) - WINDOW_KEEP_SECS
+        where = ("window_start < $1 AND (bucket_id LIKE '%@minute' OR bucket_id LIKE '%@minute#%' "
+                 "OR bucket_id LIKE '%@hour' OR bucket_id LIKE '%@hour#%')")
+
+        async def prune(conn):
+            async with conn.transaction():
+                n = await conn.execute("DELETE FROM usage_windows WHERE " + where, cut)
+                await conn.execute("DELETE FROM usage_ledger WHERE " + where, cut)
+                await conn.execute("DELETE FROM busbar_inflight WHERE " + where, cut)
+            return int(n.split()[-1])
+        return await self._call(prune)
+
+    async def _prune_loop(self):
+        while True:
+            try:
+                await self.prune_windows(time.time())
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.debug("governance: the postgres window prune did not run", exc_info=True)
+            await asyncio.sleep(PRUNE_EVERY_SECS)
+
+
+# ---------------------------------------------------------------------------- worker: ledger
+class PostgresLedger:
+    """Admission and settlement against the ledger in Postgres (one worker's view). Construct
+    anywhere; `await start()` in the worker's own event loop.
+
+    A check is (bucket, kind, limit, charge, window start, seconds to the roll, group, per): the
+    bucket a Rust ledger bucket id (model.rust_bucket) counted in its usage_windows row, or, for a
+    concurrent limit, the group's busbar_concurrency row."""
+
+    remote = True
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT,
+                 pool_size: int = DEFAULT_POOL_SIZE):
+        self.url = url
+        self.timeout = timeout
+        self.pool_size = pool_size
+        self.up = False                 # the schema is checked and the database answers
+        self._pool = None
+        self._pend = _Writes()          # settles not yet in the database
+        self._rates = {}                # id(rate card) -> (the card, its four arrays + models)
+        self._flusher = None            # the task writing the pending settles
+        self._prober = None             # the task asking a down database again
+        self._down = ()
+
+    async def start(self):
+        self._down = _down_errors()
+        self._pool = await _pool(self.url, self.timeout, self.pool_size)
+        try:
+            async with self._pool.acquire() as conn:
+                await ensure_schema(conn)
+            self.up = True
+        except self._down as e:
+            self._went_down(e)
+        except StoreError as e:
+            log.error("governance: %s", e)
+            self._went_down(e)
+
+    async def close(self, timeout: float = 2.0):
+        """Writes what is pending (bounded by `timeout`), then disconnects."""
+        if self._pool is None:
+            return
+        try:
+            await asyncio.wait_for(self.flush(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        for t in (self._flusher, self._prober):
+            if t is not None and not t.done():
+                t.cancel()
+                try:
+                    await t
+                except (asyncio.CancelledError, Exception):
+                    pass
+        try:
+            await asyncio.wait_for(self._pool.close(), timeout)
+        except Exception:
+            self._pool.terminate()
+        self._pool = None
+
+    async def flush(self):
+        """Waits until every settle so far is written, or could not be (then it is kept)."""
+        t = self._flusher
+        if t is not None and not t.done():
+            await asyncio.wait([t])
+        if self.up and self._pend:
+            self._kick()
+            await asyncio.wait([self._flusher])
+
+    # -- admission
+    def _card_arrays(self, card):
+        got = self._rates.get(id(card))
+        if got is None or got[0] is not card:
+            items = sorted((card or {}).items())
+            got = (card, [m for m, _ in items], [1000.0 * r.input for _, r in items],
+                   [1000.0 * r.output for _, r in items], [1000.0 * r.cache_read for _, r in items],
+                   [1000.0 * r.cache_write for _, r in items])
+            if len(self._rates) > 16:
+                self._rates.clear()
+            self._rates[id(card)] = got
+        return got
+
+    def admit_args(self, checks, card, reserve) -> list:
+        """busbar_admit's arguments for a request's checks."""
+        buckets = sorted({(c[C_BUCKET], c[C_WINDOW]) for c in checks
+                          if c[C_KIND] != "concurrent"})
+        groups = sorted({c[C_GROUP] for c in checks if c[C_KIND] == "concurrent"})
+        bidx = {b: i + 1 for i, b in enumerate(buckets)}
+        gidx = {g: i + 1 for i, g in enumerate(groups)}
+        budget = {(c[C_BUCKET], c[C_WINDOW]) for c in checks if c[C_KIND] == "budget_usd"}
+        kinds, idx, limits = [], [], []
+        for c in checks:
+            kind = c[C_KIND]
+            kinds.append(_KIND_CODE[kind])
+            idx.append(gidx[c[C_GROUP]] if kind == "concurrent" else bidx[(c[C_BUCKET], c[C_WINDOW])])
+            limits.append(int(c[C_LIMIT]))
+        rates = self._card_arrays(card) if budget else (None, [], [], [], [], [])
+        return [[b for b, _ in buckets], [s for _, s in buckets],
+                [reserve if b in budget else 0 for b in buckets], groups, kinds, idx, limits,
+                *rates[1:]]
+
+    async def admit(self, checks, now: float, card=None, reserve: int = 0):
+        """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
+        reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
+        tokens are priced with."""
+        if not checks:
+            return None
+        if not self.up:
+            return UNAVAILABLE
+        args = self.admit_args(checks, card, reserve)
+        call = asyncio.ensure_future(self._run(ADMIT_SQL, args))
+        try:
+            # Shielded: a caller cancelled mid-flight (its client went away) must not leave
+            # charges nobody will settle; if it admitted, they are given back when it answers.
+            out = await asyncio.shield(call)
+        except asyncio.CancelledError:
+            call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve))
+            raise
+        except self._down as e:
+            self._went_down(e)
+            return UNAVAILABLE
+        except Exception as e:
+            _log_error("admission failed: %r" % e)
+            return UNAVAILABLE
+        failed = out[0]
+        if failed:
+            return _denial(checks[failed - 1])
+        return None
+
+    async def _run(self, sql, args):
+        async with self._pool.acquire() as conn:
+            return await conn.fetchval(sql, *args)
+
+    def _undo_if_admitted(self, fut, checks, reserve):
+        if fut.cancelled() or fut.exception() is not None or fut.result()[0]:
+            return
+        self.undo(checks, reserve)
+
+    def undo(self, checks, reserve: int = 0) -> None:
+        """An admission that was not used (its client left before it started): every charge back."""
+        try:
+            w = self._pend
+            done = set()
+            for c in checks:
+                if c[C_KIND] == "concurrent":
+                    if ("c", c[C_GROUP]) not in done:
+                        done.add(("c", c[C_GROUP]))
+                        w.gauge(c[C_GROUP], -1)
+                    continue
+                k = (c[C_BUCKET], c[C_WINDOW])
+                if k not in done:
+                    done.add(k)
+                    w.window(k[0], k[1], -1, -1)
+                if c[C_KIND] == "budget_usd" and ("b",) + k not in done:
+                    done.add(("b",) + k)
+                    w.reserve(k[0], k[1], -reserve)
+            self._kick_if_idle()
+        except Exception as e:
+            _log_error("undo failed: %r" % e)
+
+    # -- settlement
+    def settle(self, checks, reserve: int, usage: Usage | None, ok: bool = True,
+               cost: int = 0) -> None:
+        """A request's end: its tokens into every ledger bucket of its checks (and, as the Rust
+        ledger has it, into the key's own bucket, which also counts it), its reservation taken back
+        (the tokens now price it), a non-2xx answer taken off the billable count, its concurrency
+        slot back, and its metering row. Written in the background, merged with the others."""
+        try:
+            w = self._pend
+            inp = out = cr = cw = 0
+            model = ""
+            if usage is not None:
+                inp, out = usage.input_tokens, usage.output_tokens
+                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+                model = usage.model or ""
+            tokens = (inp, out, cr, cw)
+            done = set()
+            for c in checks:
+                if c[C_KIND] == "concurrent":
+                    if ("c", c[C_GROUP]) not in done:
+                        done.add(("c", c[C_GROUP]))
+                        w.gauge(c[C_GROUP], -1)
+                    continue
+                k = (c[C_BUCKET], c[C_WINDOW])
+                if k not in done:
+                    done.add(k)
+                    if model:
+                        w.add_tokens(k[0], k[1], model, tokens)
+                    if not ok:
+                        w.window(k[0], k[1], 0, -1)
+                if c[C_KIND] == "budget_usd" and ("b",) + k not in done:
+                    done.add(("b",) + k)
+                    w.reserve(k[0], k[1], -reserve)
+            if usage is not None:
+                w.window(usage.key_id, 0, 1, 1 if ok else 0)
+                if model:
+                    w.add_tokens(usage.key_id, 0, model, tokens)
+                w.add_meter(usage.key_id, day_epoch(usage.day), model, usage.provider or "",
+                            usage.group, (1, 1 if ok else 0, inp, out, cr, cw))
+            self._kick_if_idle()
+        except Exception as e:
+            _log_error("settle failed: %r" % e)
+
+    def _kick_if_idle(self):
+        if self.up and self._pool is not None and (self._flusher is None or self._flusher.done()):
+            self._kick()
+
+    def _kick(self):
+        self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self):
+        """Writes until nothing is pending (settles made meanwhile go in the next statement); an
+        SQL error (not an outage) is tried again after PROBE_INTERVAL."""
+        while self.up and self._pend:
+            err = await self._write_pending()
+            if err is None:
+                continue
+            if isinstance(err, self._down):
+                return
+            await asyncio.sleep(PROBE_INTERVAL)
+
+    async def _write_pending(self):
+        """One statement with everything pending; on failure it stays pending. None when written,
+        else the exception."""
+        pend = self._pend
+        self._pend = _Writes()
+        try:
+            await self._run(SETTLE_SQL, pend.args())
+        except BaseException as e:
+            pend.merge(self._pend)
+            self._pend = pend
+            if isinstance(e, asyncio.CancelledError):
+                raise
+            if isinstance(e, self._down):
+                self._went_down(e)
+            else:
+                _log_error("settlement failed (kept for the next attempt): %r" % e)
+            return e
+        return None
+
+    # -- reachability
+    def _went_down(self, err):
+        was_up = self.up
+        self.up = False
+        if was_up or self._prober is None:
+            # Operational event, fields as busbar/observability/events.py writes them.
+            log.warning('store_unreachable store=postgres url=%s error="%s" fail_mode=closed '
+                        'effect="refusing with 503"', safe_url(self.url),
+                        _scrub(str(err) or err.__class__.__name__, self.url).replace('"', "'"))
+        if self._prober is None or self._prober.done():
+            self._prober = asyncio.get_running_loop().create_task(self._probe())
+
+    async def _probe(self):
+        """While down: ask again every PROBE_INTERVAL; once it answers (schema checked), write
+        everything kept meanwhile, then send admission back to the database."""
+        while True:
+            await asyncio.sleep(PROBE_INTERVAL)
+            try:
+                self._pool.expire_connections()
+                async with self._pool.acquire() as conn:
+                    await ensure_schema(conn)
+            except Exception:
+                continue
+            pending = bool(self._pend)
+            self.up = True
+            while self._pend:
+                if await self._write_pending() is not None:
+                    break
+            if not self.up:
+                continue
+            log.info("store_reachable store=postgres url=%s reconciled=%s", safe_url(self.url),
+                     "true" if pending else "false")
+            if self._pend:
+                self._kick()
+            return
+
+
+# ---------------------------------------------------------------------------- worker: policy cache
+class PostgresDirectory:
+    """Key and group policy, cached in this worker, dropped on the invalidation NOTIFY and read
+    again after POLICY_TTL at the latest.
+
+    Lookups return the record, None (unknown), or UNAVAILABLE when the database cannot be read.
+    While the LISTEN connection is down nothing is cached (a change could not be heard of): every
+    lookup reads the database; once listening again the cache starts empty."""
+
+    remote = True
+    MISS = MISS     # what cached_key returns for an id not cached (the gate compares with it)
+
+    @property
+    def version(self):
+        """Bumped by every invalidation: the gate's group-chain cache follows it."""
+        return self._gen
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, pool_size: int = 2):
+        self.url = url
+        self.timeout = timeout
+        self.pool_size = pool_size
+        self.live = False               # listening, so cached entries are trustworthy
+        self._pool = None
+        self._keys = {}                 # key id -> (KeyRecord, monotonic deadline)
+        self._groups = {}               # name -> (GroupRecord, monotonic deadline)
+        self._aws = {}                  # access key id -> key id
+        self._neg = {}                  # ("k"|"g"|"a", name) -> monotonic deadline
+        self._gen = 0
+        self._inflight = {}             # (kind, name) -> the task reading it
+        self._listener = None
+        self._listening = None
+
+    async def start(self):
+        self._down = _down_errors()
+        self._pool = await _pool(self.url, self.timeout, self.pool_size)
+        self._listening = asyncio.Event()
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        try:    # normally listening within a round trip; a down database does not hold the boot
+            await asyncio.wait_for(self._listening.wait(), self.timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    async def close(self):
+        if self._listener is not None:
+            self._listener.cancel()
+            try:
+                await self._listener
+            except (asyncio.CancelledError, Exception):
+                pass
+            self._listener = None
+        for t in list(self._inflight.values()):
+            t.cancel()
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), 2.0)
+            except Exception:
+                self._pool.terminate()
+            self._pool = None
+
+    # -- lookups
+    def _fresh(self, table, name):
+        got = table.get(name)
+        if got is None:
+            return MISS
+        if got[1] < time.monotonic():
+            del table[name]
+            return MISS
+        return got[0]
+
+    def cached_key(self, key_id):
+        rec = self._fresh(self._keys, key_id)
+        if rec is MISS:
+            dl = self._neg.get(("k", key_id))
+            if dl is not None and dl > time.monotonic():
+                return None
+        return rec
+
+    async def key(self, key_id):
+        rec = self._fresh(self._keys, key_id)
+        if rec is not MISS:
+            return rec
+        return await self._lookup("k", key_id)
+
+    async def group(self, name):
+        rec = self._fresh(self._groups, name)
+        if rec is not MISS:
+            return rec
+        return await self._lookup("g", name)
+
+    async def key_by_aws(self, access_key_id):
+        key_id = self._aws.get(access_key_id)
+        if key_id is not None:
+            rec = self._fresh(self._keys, key_id)
+            if rec is not MISS and rec.aws_access_key_id == access_key_id:
+                return rec
+        return await self._lookup("a", access_key_id)
+
+    async def _lookup(self, kind, name):
+        dl = self._neg.get((kind, name))
+        if dl is not None:
+            if dl > time.monotonic():
+                return None
+            del self._neg[(kind, name)]
+        # One read per name at a time, whoever asks meanwhile waits for it; a task of its own,
+        # so a caller that is cancelled does not cancel it for the others.
+        task = self._inflight.get((kind, name))
+        if task is None:
+            task = asyncio.get_running_loop().create_task(self._read(kind, name))
+            self._inflight[(kind, name)] = task
+            task.add_done_callback(lambda _t, k=(kind, name): self._inflight.pop(k, None))
+        return await asyncio.shield(task)
+
+    async def _read(self, kind, name):
+        gen = self._gen
+        live = self.live
+        now = time.time()
+        try:
+            async with self._pool.acquire() as conn:
+                if kind == "k":
+                    rec = await _read_key(conn, name, now)
+                elif kind == "g":
+                    rec = await _read_group(conn, name)
+                else:
+                    rec = await _read_by_aws(conn, name, now)
+        except self._down:
+            return UNAVAILABLE
+        except Exception as e:
+            _log_error("policy read failed: %r" % e)
+            return UNAVAILABLE
+        if live and self.live and gen == self._gen:
+            if rec is None:
+                if len(self._neg) > 10000:
+                    self._neg.clear()
+                self._neg[(kind, name)] = time.monotonic() + NEGATIVE_TTL
+            elif kind == "g":
+                self._groups[name] = (rec, time.monotonic() + POLICY_TTL)
+            else:
+                if len(self._keys) > 100000:
+                    self._keys.clear()
+                    self._aws.clear()
+                self._keys[rec.id] = (rec, time.monotonic() + POLICY_TTL)
+                if rec.aws_access_key_id:
+                    self._aws[rec.aws_access_key_id] = rec.id
+        return rec
+
+    # -- invalidation
+    def _drop(self, msg: str):
+        self._gen += 1
+        kind, _, name = msg.partition(":")
+        if kind == "key":
+            self._keys.pop(name, None)
+            self._neg.pop(("k", name), None)
+            for a in [a for a, k in self._aws.items() if k == name]:
+                del self._aws[a]
+            for n in [n for n in self._neg if n[0] == "a"]:
+                del self._neg[n]
+        elif kind == "group":
+            self._groups.pop(name, None)
+            self._neg.pop(("g", name), None)
+        else:
+            self._drop_all()
+
+    def _drop_all(self):
+        self._gen += 1
+        self._keys, self._groups, self._aws = {}, {}, {}
+        self._neg.clear()
+
+    async def _listen(self):
+        """LISTEN on a connection of its own for as long as the database allows; every
+        (re)subscription starts from an empty cache, and a connection that dies or stops answering
+        is thrown away whole (with the cache: a change made meanwhile went unheard)."""
+        a = _asyncpg()
+        while True:
+            conn = None
+            dead = asyncio.Event()
+            try:
+                conn = await a.connect(self.url, timeout=self.timeout,
+                                       command_timeout=self.timeout,
+                                       server_settings={"application_name": "busbar-listen"})
+                conn.add_termination_listener(lambda _c, d=dead: d.set())
+                await conn.add_listener(CHANNEL, lambda _c, _pid, _ch, payload: self._drop(payload))
+                self._drop_all()
+                self.live = True
+                self._listening.set()
+                while True:
+                    try:
+                        await asyncio.wait_for(dead.wait(), LISTEN_PING)
+                    except asyncio.TimeoutError:
+                        await conn.fetchval("SELECT 1")
+                        continue
+                    raise ConnectionError("the invalidation connection closed")
+            except asyncio.CancelledError:
+                self.live = False
+                if conn is not None:
+                    conn.terminate()
+                raise
+            except Exception as e:
+                if self.live:
+                    log.debug("invalidation channel lost (%s); policy cache dropped", e)
+                self.live = False
+                self._drop_all()
+                if conn is not None:
+                    conn.terminate()
+                await asyncio.sleep(PROBE_INTERVAL)
