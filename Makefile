@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: build demo test test-arm64 lint dist bench soak-memory bench-readme clean chromium redis shellcheck
+.PHONY: build demo test test-arm64 lint dist bench soak-memory bench-readme clean chromium redis postgres shellcheck
 
 # The runtime dependencies are pyproject.toml's `[project] dependencies` (the one list), written
 # out as a requirements file; then the build tools and the test-only SDKs.
@@ -34,7 +34,7 @@ $(BUILT): $(STAMP) $(CYTHON_SOURCES) setup.py pyproject.toml packaging/build_ext
 demo: build
 	$(BIN)/busbar serve --demo
 
-test: lint build chromium redis
+test: lint build chromium redis postgres
 	$(BIN)/python -m pytest
 
 # ruff over the Python tree and cython-lint over the Cython sources (cbusbar's .pyx and .pxd,
@@ -75,6 +75,16 @@ redis:
 	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
 	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends redis-server; } \
 	  || echo "redis-server could not be installed; the Redis store tests will skip"; }
+
+# PostgreSQL for the Postgres store's tests (Debian's package; tests/postgres_server.py initdb's a
+# throwaway cluster per test session in a temporary directory, on a free loopback port, as `nobody`
+# when run as root since PostgreSQL refuses root, and stops it). Installed when missing, as root or
+# through passwordless sudo; when neither works those tests skip and say why.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  SUDO=; [ "$$(id -u)" = 0 ] || SUDO="sudo -n"; \
+	  { $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends postgresql; } \
+	  || echo "postgresql could not be installed; the Postgres store tests will skip"; }
 
 # One static executable (dist/busbar) and its container image (dist/busbar-image.tar, dist/oci/).
 # `make dist ARCH=arm64` on an x86_64 machine also builds dist/arm64/busbar under emulation
