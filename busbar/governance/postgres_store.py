@@ -1141,7 +1141,7 @@ class PostgresLedger:
         while True:
             await asyncio.sleep(PROBE_INTERVAL)
             try:
-                self._pool.expire_connections()
+                await self._pool.expire_connections()
                 async with self._pool.acquire() as conn:
                     await ensure_schema(conn)
             except Exception:
