@@ -421,17 +421,23 @@ def test_image_read_only_root_tmpfs_tmp(exe, tmp_path):
             p.wait()
 
 
-@pytest.mark.parametrize("store", ["sqlite", "redis"])
+@pytest.mark.parametrize("store", ["sqlite", "redis", "postgres"])
 def test_keys_and_stores_in_the_executable(exe, tmp_path, store):
-    """Governance runs from the single file: sqlite3 and redis-py are in it (neither may pull a
-    module the spec leaves out). Mint through the admin API, call with the key, refuse without."""
+    """Governance runs from the single file: sqlite3, redis-py and asyncpg are in it (none may pull
+    a module the spec leaves out). Mint through the admin API, call with the key, refuse without."""
+    from tests.postgres_server import PostgresServer, postgres_bin_dir
     from tests.redis_server import RedisServer, redis_server_path
     if store == "redis" and redis_server_path() is None:
         pytest.skip("redis-server not found: `make redis` installs Debian's redis-server")
+    if store == "postgres" and postgres_bin_dir() is None:
+        pytest.skip("PostgreSQL's server binaries not found: `make postgres` installs them")
     redis = RedisServer().start() if store == "redis" else None
+    pg = PostgresServer().start() if store == "postgres" else None
     mock_port, port, admin = free_port(), free_port(), free_port()
-    env = {"SIGN": "ab" * 32, "ADMIN": "a" * 32, "REDIS": redis.url if redis else ""}
+    env = {"SIGN": "ab" * 32, "ADMIN": "a" * 32, "REDIS": redis.url if redis else "",
+           "PG": pg.url if pg else ""}
     store_cfg = ("store: {module: valkey, settings: {url: {env: REDIS}}}\n" if redis else
+                 "store: {module: postgres, settings: {url: {env: PG}}}\n" if pg else
                  "store: {module: sqlite, settings: {db_path: gov.db}}\n")
     (tmp_path / "config.yaml").write_text(
         'listen: "127.0.0.1:%d"\nadmin_listen: "127.0.0.1:%d"\n'
@@ -471,5 +477,7 @@ def test_keys_and_stores_in_the_executable(exe, tmp_path, store):
                     p.wait()
         if redis is not None:
             redis.close()
+        if pg is not None:
+            pg.close()
     if store == "sqlite":
         assert (tmp_path / "gov.db").exists()

@@ -177,8 +177,8 @@ def test_validate_finds_every_optional_module(exe, tmp_path):
     executable, and nothing says the executable lacks one."""
     sys.path.insert(0, ROOT)
     from busbar.config.modules import OPTIONAL
-    assert set(OPTIONAL) == {"redis", "aiohttp", "botocore", "cryptography"}, \
-        "a new optional module: give it a line in the config below"
+    assert set(OPTIONAL) == {"redis", "asyncpg", "aiohttp", "botocore", "cryptography"}, \
+        "a new optional module: give it a line in the configs below"
     service_account(tmp_path / "sa.json")
     (tmp_path / "config.yaml").write_text(
         'listen: "127.0.0.1:%d"\n'
@@ -197,4 +197,13 @@ def test_validate_finds_every_optional_module(exe, tmp_path):
     r = subprocess.run([exe, "--validate", "--config", str(tmp_path / "config.yaml")], env={},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert not re.search(r"lacks|does not include|needs the Python package", r.stdout + r.stderr), r.stderr
+    # one store a config: the Postgres one (asyncpg) in a second
+    text = (tmp_path / "config.yaml").read_text().replace(
+        'store: {module: valkey, settings: {url: "redis://127.0.0.1:',
+        'store: {module: postgres, settings: {url: "postgres://busbar@127.0.0.1:')
+    (tmp_path / "config.yaml").write_text(text)
+    r = subprocess.run([exe, "--validate", "--config", str(tmp_path / "config.yaml")], env={},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "module: postgres" in text, r.stdout + r.stderr
     assert not re.search(r"lacks|does not include|needs the Python package", r.stdout + r.stderr), r.stderr
