@@ -518,8 +518,7 @@ def _memory_store(doc: dict, governance, base_dir: str | None, out: Problems) ->
     if "store" not in doc and earlier is not None and os.path.exists(earlier):
         out.warn("store", f"none is configured, so keys, groups and spend live in memory (the "
                  f"default) and {earlier}, busbar's earlier default store, is not read; to keep "
-                 f"using it add: store: {{module: sqlite, settings: {{db_path: "
-                 f"{EARLIER_DEFAULT_DB}}}}}")
+                 f"using it add: store: {{module: sqlite, settings: {{db_path: {earlier}}}}}")
     elif governance.keys:
         out.warn("store", "memory: minted keys, usage and revocations are lost at a restart; "
                  "choose a durable store.module (sqlite, valkey) to keep them")

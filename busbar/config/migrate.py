@@ -20,6 +20,7 @@ comes back unchanged in meaning.
 from __future__ import annotations
 
 import copy
+import os
 import re
 import sys
 
@@ -811,15 +812,32 @@ STEPS = (_listeners, _providers, _governance, _auth, _pools, _hooks, _export, _s
          _rate_card, _limits)
 
 
-def migrate(doc: dict) -> tuple[dict, Migration]:
-    """The migrated copy of `doc` and what was done."""
+def migrate(doc: dict, base_dir: str | None = None) -> tuple[dict, Migration]:
+    """The migrated copy of `doc` and what was done. `base_dir`: the folder of the config file, to
+    which busbar's earlier grammar resolved a relative SQLite path."""
     m = Migration()
     out = copy.deepcopy(doc)
     for step in STEPS:
         step(out, m)
     if busbar_own(doc):
         _earlier_default_store(out, m)
+        if base_dir is not None:
+            _absolute_db_path(out, base_dir, m)
     return out, m
+
+
+def _absolute_db_path(doc, base_dir, m):
+    """busbar's earlier grammar read a relative SQLite path beside the config; the Rust grammar
+    (and busbar now) reads it against the working directory: the same file, written absolute."""
+    store = doc.get("store")
+    settings = store.get("settings") if isinstance(store, dict) else None
+    path = settings.get("db_path") if isinstance(settings, dict) else None
+    if store.get("module") in ("sqlite", "busbar-store-sqlite") and isinstance(path, str) and \
+            path != ":memory:" and not os.path.isabs(os.path.expanduser(path)):
+        settings["db_path"] = os.path.join(base_dir, os.path.expanduser(path))
+        m.change("store.settings.db_path", "%s made absolute (beside the config, as busbar read "
+                 "it; a relative path is the working directory's now, as in the Rust gateway)"
+                 % path)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -847,7 +865,7 @@ def render(doc: dict, m: Migration) -> str:
     return "\n".join(head) + "\n\n" + body
 
 
-def migrate_text(text: str) -> tuple[str, Migration]:
+def migrate_text(text: str, base_dir: str | None = None) -> tuple[str, Migration]:
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -856,7 +874,7 @@ def migrate_text(text: str) -> tuple[str, Migration]:
         raise MigrateError("not YAML%s: %s" % (where, getattr(exc, "problem", None) or exc)) from None
     if not isinstance(doc, dict):
         raise MigrateError("not a config: the top level must be a mapping")
-    out, m = migrate(doc)
+    out, m = migrate(doc, base_dir)
     return render(out, m), m
 
 
@@ -870,7 +888,7 @@ def main(path: str) -> int:
         print("busbar: cannot read %s: %s" % (path, exc.strerror or exc), file=sys.stderr)
         return 1
     try:
-        out, m = migrate_text(text)
+        out, m = migrate_text(text, os.path.dirname(os.path.abspath(path)))
     except MigrateError as exc:
         print("busbar: %s: %s" % (path, exc), file=sys.stderr)
         return 1

@@ -370,8 +370,12 @@ def _store(raw, env, base_dir: str, out: Problems) -> StoreConfig:
         path = settings.get("db_path", DEFAULT_DB)
         if not isinstance(path, str) or not path:
             out.error("store.settings.db_path", "expected a file path")
+        elif path == ":memory:":
+            sc.path = path              # SQLite's own in-process database, as the Rust store opens it
         else:
-            sc.path = os.path.join(base_dir, os.path.expanduser(path))
+            # Relative to the process's working directory, as the Rust SQLite store opens it (its
+            # README: not relative to the config file): both gateways find the same file.
+            sc.path = os.path.abspath(path)
         ms = settings.get("busy_timeout_ms")
         if ms is not None and (isinstance(ms, bool) or not isinstance(ms, int) or ms < 0):
             out.error("store.settings.busy_timeout_ms", "expected an integer >= 0")

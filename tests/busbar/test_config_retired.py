@@ -5,6 +5,8 @@ With no `store:` the store is `memory`, the Rust default; the SQLite file busbar
 wrote beside the config is named at boot with the line that keeps it."""
 from __future__ import annotations
 
+import os
+
 import json
 import subprocess
 import textwrap
@@ -146,9 +148,13 @@ def test_no_store_is_memory_and_says_keys_go_at_a_restart():
     assert [w for w in c.warnings if w.startswith("store:")] == [
         "store: memory: minted keys, usage and revocations are lost at a restart; choose a durable "
         "store.module (sqlite, valkey) to keep them"]
-    # sqlite with no db_path: the Rust store's own default name, beside the config
+    # sqlite with no db_path: the Rust store's own default name, in the working directory (as the
+    # Rust SQLite store resolves every relative db_path: not beside the config)
     c = load(text=BASE + KEYS + "store: {module: sqlite}\n", env=ENV)
-    assert c.governance.store.path.endswith("/busbar-governance.db")
+    assert c.governance.store.path == os.path.join(os.getcwd(), "busbar-governance.db")
+    c = load(text=BASE + KEYS + "store: {module: sqlite, settings: {db_path: ':memory:'}}\n",
+             env=ENV)
+    assert c.governance.store.path == ":memory:"
     assert not any(w.startswith("store:") for w in c.warnings)
     # nothing counted: no store at all, nothing said
     c = load(text=BASE, env=ENV)
@@ -164,9 +170,10 @@ def test_busbars_earlier_store_file_beside_the_config_is_named_once(tmp_path):
     assert [w for w in c.warnings if w.startswith("store:")] == [
         "store: none is configured, so keys, groups and spend live in memory (the default) and "
         "%s, busbar's earlier default store, is not read; to keep using it add: store: {module: "
-        "sqlite, settings: {db_path: busbar.db}}" % (tmp_path / "busbar.db")]
+        "sqlite, settings: {db_path: %s}}" % (tmp_path / "busbar.db", tmp_path / "busbar.db")]
     # written as the warning says, it is the store
-    cfg.write_text(BASE + KEYS + "store: {module: sqlite, settings: {db_path: busbar.db}}\n")
+    cfg.write_text(BASE + KEYS + "store: {module: sqlite, settings: {db_path: %s}}\n"
+                   % (tmp_path / "busbar.db"))
     c = load(str(cfg), env=ENV)
     assert c.governance.store.path == str(tmp_path / "busbar.db")
     assert not any(w.startswith("store:") for w in c.warnings)
@@ -181,4 +188,4 @@ def test_the_warning_at_boot(tmp_path):
         stop(gw.proc)
     text = log.read_text()
     assert text.count("busbar's earlier default store, is not read") == 1, text
-    assert "store: {module: sqlite, settings: {db_path: busbar.db}}" in text
+    assert "store: {module: sqlite, settings: {db_path: %s}}" % (tmp_path / "busbar.db") in text

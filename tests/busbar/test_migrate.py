@@ -330,7 +330,9 @@ def test_the_store_file_busbar_used_is_kept(tmp_path, store, db):
     if store is not None:
         text += "\n" + store + "\n"
     doc, report = _migrate_and_validate(tmp_path, text)
-    assert doc["store"] == {"module": "sqlite", "settings": {"db_path": db}}
+    # written absolute: busbar read it beside the config, a relative one is the working directory's
+    assert doc["store"] == {"module": "sqlite", "settings": {"db_path": str(tmp_path / db)}}
+    assert "store.settings.db_path: %s made absolute" % db in report
     if store is None:
         assert "store: busbar's earlier default made explicit: SQLite in busbar.db" in report
     from busbar.config import load

@@ -324,7 +324,7 @@ def _children(pid):
 
 def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
     tail = TAIL.replace("store: {module: memory}", "store: {module: sqlite, settings: {db_path: "
-                                                   "gov.db}}")
+                                                   "%s}}" % (tmp_path / "gov.db"))
     text, admin = gov_config(mock_port, tail)
     # usage flushed every 100 ms (the base config has the advanced: block)
     text = text.replace("advanced:\n", "advanced:\n  usage_flush_interval_ms: 100\n", 1)

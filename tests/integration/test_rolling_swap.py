@@ -124,7 +124,7 @@ def test_sqlite_rust_file_then_busbar_restarts(mock_port, tmp_path):
     db.close()
     rust_token = independent_mint(SEED, rust_id, now + 3600, rust_gen)
     spender = independent_mint(SEED, spender_id, now + 3600, spender_gen)
-    store = "store: {module: sqlite, settings: {db_path: gov.db}}"
+    store = "store: {module: sqlite, settings: {db_path: %s}}" % db_path    # cwd-relative else
     env = {}
 
     gw = _gateway(tmp_path, mock_port, store, env)
