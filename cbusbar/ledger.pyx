@@ -456,7 +456,8 @@ cdef class Admission:
                 elif k == K_CONCURRENT:
                     d = -1
                 elif k == K_TOKENS:
-                    d = inp + out
+                    # every tier, as the Rust ledger's total_tokens counts a tokens limit
+                    d = inp + out + cr + cw
                 else:
                     d = cost - t.charge[i]
                 if d == 0:

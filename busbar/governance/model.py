@@ -677,13 +677,14 @@ def usage_totals(rows) -> list:
 
 def limit_value(kind: str, ledger, card) -> int:
     """A limit's counter as the ledger (requests, billable, {model: [4 tiers]}) implies it:
-    requests admitted; tokens (input + output, as busbar counts a tokens limit); the budget's
-    spend in nano-units at the current rate card."""
+    requests admitted; tokens (all four tiers: input, output, cache read and cache write, as the
+    Rust ledger's total counts a tokens limit); the budget's spend in nano-units at the current
+    rate card."""
     requests, _billable, models = ledger
     if kind == "requests":
         return requests
     if kind == "tokens":
-        return sum(t[0] + t[1] for t in models.values())
+        return sum(t[0] + t[1] + t[2] + t[3] for t in models.values())
     if kind == "budget_usd":
         total = 0
         for model, t in models.items():

@@ -255,7 +255,7 @@ def _send_blocking(sock, rows):
 def seed(table, gov, api_groups: dict, store, now: float):
     """Counts carried over a restart: each requests, tokens and budget limit starts from its
     bucket's ledger for the current window (the store's usage_windows, written by busbar or by the
-    Rust gateway): the admitted requests, the input and output tokens, the tokens priced at the
+    Rust gateway): the admitted requests, the tokens of all four tiers, the tokens priced at the
     current rate card. A concurrent limit starts at 0."""
     groups = dict(api_groups)
     groups.update(gov.groups)

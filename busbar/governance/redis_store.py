@@ -39,8 +39,8 @@ busbar's own, in the same namespace (the Rust store reads none of them):
     field bb:reserved           of a ledger hash: the budget reservations of requests in flight
     bb:inval                    channel: "key:<id>", "group:<name>", "all"
 
-The limits: requests are the ledger's `requests` of the bucket's window; tokens its input and
-output tokens; a budget its tokens priced at the current rate card plus the reservations in
+The limits: requests are the ledger's `requests` of the bucket's window; tokens its tokens of all
+four tiers (the Rust ledger's total); a budget its tokens priced at the current rate card plus the reservations in
 flight; all of them as the Rust gateway's nodes write them too, so what a Rust node has flushed
 counts here. Minute and hour ledgers expire at their window's roll + EXPIRE_MARGIN (the Rust store
 keeps every hash; a roll-over ledger is never read again).
@@ -246,8 +246,8 @@ local function ledger(i)
         if not t then t = {0, 0, 0, 0}; L.models[m] = t end
         if tier == 'input' then t[1] = v; L.tok = L.tok + v
         elseif tier == 'output' then t[2] = v; L.tok = L.tok + v
-        elseif tier == 'cache_read' then t[3] = v
-        elseif tier == 'cache_write' then t[4] = v end
+        elseif tier == 'cache_read' then t[3] = v; L.tok = L.tok + v
+        elseif tier == 'cache_write' then t[4] = v; L.tok = L.tok + v end
       end
     end
   end
@@ -920,7 +920,7 @@ class RedisStore:
             if c[C_KIND] == "requests":
                 out.append(requests)
             elif c[C_KIND] == "tokens":
-                out.append(sum(t[0] + t[1] for t in models.values()))
+                out.append(sum(sum(t) for t in models.values()))
             else:
                 spend = reserved
                 for m, t in models.items():
@@ -1202,7 +1202,7 @@ class RedisLedger:
                             w.hinc(k, "m:%s:%s" % (model, tier), v, True, ttl)
                     if not ok:
                         w.hinc(k, "billable_requests", -1, True, ttl)
-                    self._drift_add(k, "tokens", inp + out)
+                    self._drift_add(k, "tokens", inp + out + cr + cw)
                 if kind == "budget_usd" and (k, "b") not in done:
                     done.add((k, "b"))
                     if reserve:

@@ -70,6 +70,10 @@ def test_windows_roll_and_settlement_keeps_the_fresh_count():
     assert _value(table, plan, 1, T0 + 60.1) == 0
     adm.settle(t2, Usage(7, 5, 0, 0, 0), "m")
     assert _value(table, plan, 1, T0 + 60.1) == 12
+    # a tokens limit counts every tier, cache reads and writes too (the Rust ledger's total)
+    t3 = adm.admit(plan, 0, T0 + 120.1)
+    adm.settle(t3, Usage(1, 2, 30, 400, 0), "m")
+    assert _value(table, plan, 1, T0 + 120.1) == 433
     assert adm.roll(PERIOD_INDEX[None], T0) is None
 
 

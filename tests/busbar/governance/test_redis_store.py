@@ -212,7 +212,8 @@ def test_a_namespace_the_rust_store_wrote_is_read_and_counted(redis_server):
         await r.sadd(p + "denylist", "vk_gone")
         minute = window_start("minute", now)
         await r.hset(p + "usage:group:team@minute:%d" % minute, mapping={
-            "requests": 3, "billable_requests": 3, "m:m:input": 400, "m:m:output": 100})
+            "requests": 3, "billable_requests": 3, "m:m:input": 400, "m:m:output": 100,
+            "m:m:cache_read": 7, "m:m:cache_write": 3})
 
         st = RedisStore(redis_server.url, prefix=p)
         d = RedisDirectory(redis_server.url, prefix=p)
@@ -228,16 +229,17 @@ def test_a_namespace_the_rust_store_wrote_is_read_and_counted(redis_server):
             assert (await d.key("vk_gone")).state == "revoked"
             assert (await st.get_key("vk_gone")).labels == {}
             rate = check("team", "requests", 5, 1, "minute", now)
-            tok = check("team", "tokens", 501, 0, "minute", now)
+            tok = check("team", "tokens", 511, 0, "minute", now)
             budget = check("team", "budget_usd", 700_001, 0, "minute", now)
-            # 3 requests, 500 tokens, 400 x 1000 + 100 x 2000 = 600000 nano already counted
-            assert await st.check_values([rate, tok, budget], CARD) == [3, 500, 600_000]
+            # 3 requests, 510 tokens (every tier, as the Rust ledger's total counts a tokens limit),
+            # 400 x 1000 + 100 x 2000 = 600000 nano already counted (CARD prices no cache tier)
+            assert await st.check_values([rate, tok, budget], CARD) == [3, 510, 600_000]
             assert await led.admit([rate, tok, budget], now, CARD, 100_000) is None
             den = await led.admit([rate, tok, budget], now, CARD, 100_000)
             assert den.kind == "budget_usd"                  # 600000 + 100000 + 100000 > 700001
             led.settle([rate, tok, budget], 100_000, usage("vk_x", "team", "m", 1, 0), True, 1000)
             await led.flush()
-            assert await st.check_values([rate, tok, budget], CARD) == [4, 501, 601_000]
+            assert await st.check_values([rate, tok, budget], CARD) == [4, 511, 601_000]
             assert (await led.admit([rate], now, CARD)) is None
             assert (await led.admit([tok], now, CARD)).kind == "tokens"
             h = await r.hgetall(p + "usage:group:team@minute:%d" % minute)
