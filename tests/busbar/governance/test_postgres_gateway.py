@@ -164,3 +164,38 @@ def test_database_down_refuses_then_recovers(fleet, postgres_server):
         assert time.monotonic() < deadline, "serving did not resume after the database came back"
         time.sleep(0.2)
     assert a.admin.call("GET", "/keys")[0] == 200
+
+
+def test_sigv4_pair_minted_on_one_instance_signs_on_the_other(fleet):
+    """The AWS pair issued with a key is a `credentials` row (kind sigv4): a boto3 client signing
+    with it is served by the other instance, and revoking the key revokes the pair on both."""
+    import boto3
+    import botocore.exceptions
+    from botocore.config import Config as BotoConfig
+    a, b, url = fleet
+    k = a.admin.mint(name="aws", issue_aws_credential=True)
+    (row,) = sql(url, "SELECT kind, slot, public_id, secret_form, revoked_at FROM credentials "
+                      "WHERE key_id = $1", k["id"])
+    assert tuple(row) == ("sigv4", 0, k["aws_access_key_id"], "recoverable", None)
+
+    def converse(gw):
+        br = boto3.client("bedrock-runtime", endpoint_url=gw.url, region_name="us-east-1",
+                          aws_access_key_id=k["aws_access_key_id"],
+                          aws_secret_access_key=k["aws_secret_access_key"],
+                          config=BotoConfig(retries={"max_attempts": 1}, read_timeout=20))
+        return br.converse(modelId="bed-model",
+                           messages=[{"role": "user", "content": [{"text": "hi"}]}])
+    assert converse(b)["output"]["message"]["content"][0]["text"].startswith("mock: hi")
+    assert b.admin.call("POST", "/keys/%s/revoke" % k["id"])[0] == 200
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            converse(a)
+        except botocore.exceptions.ClientError as e:
+            assert e.response["Error"]["Code"] == "AccessDeniedException"
+            break
+        assert time.monotonic() < deadline, "the revoke did not reach the other instance in 1 s"
+        time.sleep(0.05)
+    (row,) = sql(url, "SELECT revoked_at IS NOT NULL, revoke_reason FROM credentials "
+                      "WHERE key_id = $1", k["id"])
+    assert tuple(row) == (True, "revoked")
