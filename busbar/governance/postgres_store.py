@@ -1198,7 +1198,7 @@ class PostgresDirectory:
         self._listening = asyncio.Event()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
         try:    # normally listening within a round trip; a down database does not hold the boot
-            await asyncio.wait_for(self._listening.wait(), self.timeout)
+            await asyncio.wait_for(self._listening.wait(), min(self.timeout, 1.0))
         except asyncio.TimeoutError:
             pass
 
