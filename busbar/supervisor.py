@@ -225,7 +225,8 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
         gov = GovBoot(config, n)
     if n <= 1:
         sock = bind(host, port, reuse_port=False)
-        return run_worker(config, sock, on_ready, extra, plane=control.parent(path), gov=gov)
+        code = run_worker(config, sock, on_ready, extra, plane=control.parent(path), gov=gov)
+        return _restart_if_asked(control, code)
     # What every worker serves with is imported once, here, and frozen before the fork: the
     # workers share those pages (copy-on-write) instead of each importing its own copy, and the
     # collector never writes to the frozen objects' headers (which would copy their pages).
@@ -286,4 +287,17 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
         except ChildProcessError:
             pass
     sys.stdout.flush()
-    return code
+    return _restart_if_asked(control, code)
+
+
+def _restart_if_asked(control, code: int) -> int:
+    """After the drain POST /api/v1/admin/restart began (busbar/admin/api.py): busbar starts again
+    in the same process (same pid, so a supervisor sees no exit), with the same command line,
+    reading the config file and its overlay afresh. Listening sockets are close-on-exec."""
+    if not getattr(control, "restart", False) or code != 0:
+        return code
+    log.warning("restarting: %s", " ".join([sys.executable, "-m", "busbar.cli", *sys.argv[1:]]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "busbar.cli", *sys.argv[1:]])
+    return code     # not reached

@@ -1,82 +1,168 @@
-"""The admin API's endpoints under /api/v1/admin (SPEC §6), mounted on the admin site's route
-table. Reads come from the parent's current snapshot (every worker runs the same one: swaps are
-acknowledged before they return)."""
+"""The admin API v1's server, topology and config-plane endpoints under /api/v1/admin, in the Rust
+gateway's shapes (docs/admin-api.md): info, pools, models, providers, config (read, validate,
+apply, reload, rollback, versions, diff, settings), overlay resets, restart, and openapi.json. The
+named maps (hooks, identity providers, exporters, auth posture) are busbar/admin/named.py's, the
+plugin catalog busbar/admin/plugins.py's. Reads come from the parent's current snapshot (every
+worker runs the same one: swaps are acknowledged before they return)."""
 from __future__ import annotations
 
+import base64
 import os
-import time
+import signal
+from urllib.parse import parse_qs
 
 import orjson
-import yaml
 
-from busbar import __version__
-from busbar.admin.live import Locked, NoSlot, WorkersFailed
-from busbar.config.checks import problem_list
+from busbar.admin import overlay as fmt
+from busbar.admin import views
+from busbar.admin.live import Locked, NoFiles, NoSlot, WorkersFailed
 from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, error_response, json_response
 from busbar.config import ConfigError
 
-
-def _pool(snap, name, pool):
-    lanes = snap.router.lanes
-    return {
-        "name": name,
-        "members": [{
-            "model": m.model.name, "weight": m.weight, "provider": m.model.provider.name,
-            "protocol": m.model.provider.protocol,
-            "inflight": lanes[m.model.name].inflight if m.model.name in lanes else 0,
-            "max_concurrent": m.model.max_concurrent,
-        } for m in pool.members],
-    }
+# GET config/versions: page size when none is asked, and the most one page holds (the Rust
+# gateway's: docs/admin-api.md, Pagination).
+VERSIONS_PAGE_DEFAULT = 100
+VERSIONS_PAGE_MAX = 1000
+# Environment variables whose presence means a process manager restarts busbar when it exits
+# (systemd sets INVOCATION_ID for a unit's process, Kubernetes the service host in every pod): the
+# Rust gateway's markers, so POST restart refuses or proceeds on the same hosts.
+SUPERVISOR_MARKERS = ("INVOCATION_ID", "KUBERNETES_SERVICE_HOST")
+# How long after the 202 is written the drain begins: time for the answer to leave the socket.
+RESTART_DELAY_SECS = 0.05
 
 
-def _model(m):
-    return {"name": m.name, "provider": m.provider.name, "protocol": m.provider.protocol,
-            "upstream_model": m.upstream_model, "max_concurrent": m.max_concurrent,
-            "operations": list(m.operations), "reasoning": m.reasoning,
-            "default_max_tokens": m.default_max_tokens, "attempt_timeout_ms": m.attempt_timeout_ms}
+# ---------------------------------------------------------------------- shared helpers
+def query(req) -> dict:
+    return {k: v[-1] for k, v in parse_qs(req.query or "", keep_blank_values=True).items()}
 
 
-def secret_refs(node, path=""):
-    """The secret references in a config subtree as "env:NAME" / "file:PATH" (never a value)."""
-    out = []
-    if isinstance(node, dict):
-        if len(node) == 1 and next(iter(node)) in ("env", "file") and isinstance(
-                next(iter(node.values())), str):
-            k, v = next(iter(node.items()))
-            return [{"key": path, "ref": "%s:%s" % (k, v)}]
-        for k, v in node.items():
-            out += secret_refs(v, "%s.%s" % (path, k) if path else str(k))
-    elif isinstance(node, list):
-        for i, v in enumerate(node):
-            out += secret_refs(v, "%s[%d]" % (path, i))
-    return out
+def principal(req) -> str:
+    """Who made a change, for the history: the Rust gateway's principal ids (every static admin
+    token is the one principal "admin"; an open admin plane is "anonymous")."""
+    p = getattr(req, "principal", None)
+    if isinstance(p, str):
+        return p
+    if p is not None and getattr(p, "name", None):
+        return "admin"
+    return "anonymous" if req.site.open else "admin"
 
 
-def _provider(p, doc):
-    return {"name": p.name, "protocol": p.protocol, "base_url": p.base_url, "auth": p.auth,
-            "region": p.region, "secrets": secret_refs(doc or {}),
-            "header_names": [n for n, _ in p.headers]}
+def with_etag(resp: Response, live) -> Response:
+    resp.headers += b"ETag: " + live.etag + b"\r\n"
+    return resp
 
 
-def _parse_body(req):
-    """A config in the body: YAML or JSON (JSON is YAML) → (text, document)."""
+def check_if_match(req, live) -> None:
+    """RFC 7232 If-Match against the config-plane ETag: absent or `*` is unguarded; a stale tag is
+    409 version_conflict; a malformed header is 400 (a broken guard never passes as no guard)."""
+    raw = req.headers.get(b"if-match")
+    if raw is None:
+        return
+    value = raw.decode("latin-1").strip()
+    if value == "*":
+        return
+    tags = []
+    for part in value.split(","):
+        t = part.strip()
+        if t.startswith("W/"):
+            t = t[2:]
+        if len(t) < 2 or t[0] != '"' or t[-1] != '"' or '"' in t[1:-1]:
+            raise AdminError(400, "malformed If-Match header: expected a quoted ETag such as "
+                             "\"%d\" or *" % live.current)
+        tags.append(t[1:-1])
+    if str(live.current) not in tags:
+        raise AdminError(409, "the config changed (config version is now %d): re-read for a fresh "
+                         "ETag and retry" % live.current, code="version_conflict")
+
+
+def json_body(req, required=True):
     if not req.body:
-        raise AdminError(400, "expected a config (YAML or JSON) in the body")
+        if required:
+            raise AdminError(400, "malformed body: expected a JSON object")
+        return {}
     try:
-        text = req.body.decode("utf-8")
-    except UnicodeDecodeError:
-        raise AdminError(400, "the body is not UTF-8") from None
-    return text
+        body = orjson.loads(req.body)
+    except orjson.JSONDecodeError as exc:
+        raise AdminError(400, "malformed body: not JSON: %s" % exc) from None
+    if not isinstance(body, dict):
+        raise AdminError(400, "malformed body: expected a JSON object")
+    return body
 
 
-def _problems(e: ConfigError, status=400):
-    return error_response(status, "invalid config: %d problem(s); the running config is unchanged"
-                          % len(e.problems), problems=problem_list(e.problems))
+def no_unknown(body, allowed, what="body"):
+    extra = sorted(set(body) - set(allowed))
+    if extra:
+        raise AdminError(400, "malformed %s: unknown field `%s` (expected %s)" % (
+            what, extra[0], ", ".join("`%s`" % a for a in allowed)))
+
+
+def _config_error(e: ConfigError):
+    return error_response(400, "invalid config; nothing changed: " + "; ".join(e.problems[:20]))
+
+
+async def mutation(live, coro):
+    """Runs a config-plane change, mapping its failures to the error envelope."""
+    try:
+        return await coro
+    except ConfigError as e:
+        raise AdminError(400, "invalid config; nothing changed: " + "; ".join(e.problems[:20])) \
+            from None
+    except Locked:
+        raise AdminError(400, "config mutation refused: the config is immutable "
+                         "(config.locked: true); change config.yaml and POST config/reload") \
+            from None
+    except NoFiles:
+        raise AdminError(400, "ephemeral busbar: no disk config to read, merge onto, or revert "
+                         "to") from None
+    except fmt.OverlayError as e:
+        raise AdminError(500, "the config overlay cannot be read, so it is not overwritten: %s"
+                         % e) from None
+    except NoSlot as e:
+        raise AdminError(409, str(e)) from None
+    except WorkersFailed as e:
+        raise AdminError(500, str(e)) from None
+
+
+# ---------------------------------------------------------------------- cursors
+def encode_cursor(kind: str, value: int) -> str:
+    return base64.urlsafe_b64encode(b"%s:%d" % (kind.encode(), value)).decode().rstrip("=")
+
+
+def decode_cursor(kind: str, raw: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
+        k, _, v = text.partition(":")
+        if k != kind:
+            raise ValueError
+        return int(v)
+    except (ValueError, UnicodeDecodeError):
+        raise AdminError(400, "malformed or foreign pagination cursor: pass `next_cursor` "
+                         "back verbatim") from None
+
+
+def page_limit(q, default, cap):
+    raw = q.get("limit")
+    if raw is None:
+        return default
+    try:
+        n = int(raw)
+    except ValueError:
+        raise AdminError(400, "invalid `limit`: expected a positive integer") from None
+    if n < 1:
+        raise AdminError(400, "invalid `limit`: expected a positive integer")
+    return min(n, cap)
+
+
+# ---------------------------------------------------------------------- restart
+def supervisor_detected(env=os.environ) -> bool:
+    return any(k in env for k in SUPERVISOR_MARKERS)
 
 
 def mount(site, live, plane):
     r = site.routes
     gw = live.gw
+    # admin tokens and the admin_auth chain follow the config (reload, apply, PUT admin-auth)
+    live.on_swap.append(lambda config: site.set_auth(config.control or live.control))
 
     def snap():
         return gw.snapshot
@@ -90,91 +176,226 @@ def mount(site, live, plane):
             return Response(503, problem.encode(), b"text/plain; charset=utf-8")
         return Response(200, b"ok", b"text/plain; charset=utf-8")
 
+    # ------------------------------------------------------------------ topology
     def info(req):
-        s = snap()
-        ctl = live.control
-        cfg = s.config
-        return json_response({
-            "version": __version__, "config_version": s.version,
-            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(live.started)),
-            "uptime_secs": round(time.time() - live.started, 3),
-            "workers": 1 + len(live.workers), "pid": os.getpid(),
-            "listeners": {
-                "data": "%s://%s:%d" % ("https" if ctl.tls else "http", cfg.listen_host, cfg.listen_port),
-                "admin": "%s://%s:%d" % ("https" if ctl.admin_tls else "http", ctl.admin_host,
-                                         ctl.admin_port)},
-            "config": {"source": live.path, "locked": ctl.locked, "overlay": ctl.overlay},
-        })
+        return json_response(views.info_view(live, snap()))
 
     def pools(req):
+        detail = query(req).get("detail")
+        if detail not in (None, "true", "false"):
+            raise AdminError(400, "invalid `detail`: expected true|false")
         s = snap()
-        return json_response({"items": [_pool(s, n, p) for n, p in s.config.pools.items()]})
+        if detail == "true":
+            items = [views.pool_detail(gw, s, p) for p in s.config.pools.values()]
+        else:
+            items = [views.pool_view(p) for p in s.config.pools.values()]
+        return json_response(views.page(items))
 
     def pool(req):
         s = snap()
         name = req.params["name"]
         p = s.config.pools.get(name)
         if p is None:
-            raise AdminError(404, "no pool '%s'" % name)
-        return json_response(_pool(s, name, p))
+            raise AdminError(404, "pool `%s` not found" % name)
+        return json_response(views.pool_detail(gw, s, p))
 
     def models(req):
-        return json_response({"items": [_model(m) for m in snap().config.models.values()]})
+        return json_response(views.page(views.model_view(m) for m in snap().config.models.values()))
 
     def providers(req):
-        cfg = snap().config
-        docs = (cfg.document or {}).get("providers") or {}
-        return json_response({"items": [_provider(p, docs.get(n)) for n, p in cfg.providers.items()]})
+        return json_response(views.page(views.provider_views(snap().config)))
 
+    # ------------------------------------------------------------------ config plane
     def config(req):
-        s = snap()
-        return json_response({"version": s.version, "config": s.config.document})
+        return with_etag(json_response(views.effective_config(live, snap())), live)
+
+    def _proposed(req):
+        """The {config, providers?} body of validate and apply."""
+        body = json_body(req)
+        no_unknown(body, ("config", "providers"))
+        if "config" not in body:
+            raise AdminError(400, "malformed body: missing field `config`")
+        cfg, provs = body["config"], body.get("providers")
+        if not isinstance(cfg, dict):
+            raise AdminError(400, "malformed body: `config` must be an object (the config.yaml "
+                             "document as JSON)")
+        if provs is not None and not isinstance(provs, dict):
+            raise AdminError(400, "malformed body: `providers` must be an object (a "
+                             "providers.yaml document as JSON)")
+        return cfg, provs
 
     def validate(req):
-        config, errors, warnings = live.build_text(_parse_body(req))
-        if config is None:
-            return _problems(ConfigError(errors, warnings))
-        return json_response({"ok": True, "warnings": problem_list(warnings)})
-
-    async def _mutation(coro):
-        try:
-            return json_response(await coro)
-        except ConfigError as e:
-            return _problems(e)
-        except Locked:
-            return error_response(409, "the config is locked (config.locked: true): "
-                                  "change config.yaml and reload")
-        except NoSlot as e:
-            return error_response(409, str(e))
-        except WorkersFailed as e:
-            return error_response(500, str(e))
-
-    async def reload(req):
-        return await _mutation(live.reload())
+        cfg, provs = _proposed(req)
+        config, errors, _ = live.build_text(orjson.dumps(cfg).decode(), provs)
+        return json_response({"ok": config is not None, "errors": [] if config else errors})
 
     async def apply(req):
-        text = _parse_body(req)
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            return _problems(ConfigError(["<body>: not YAML or JSON: %s" % getattr(e, "problem", e)]))
-        if not isinstance(doc, dict):
-            return _problems(ConfigError(["<body>: expected a mapping with providers and models"]))
-        return await _mutation(live.apply(doc))
+        check_if_match(req, live)
+        cfg, provs = _proposed(req)
+        await mutation(live, live.apply(cfg, provs, principal(req)))
+        return with_etag(json_response({
+            "applied": True, "config_version": live.current,
+            "note": "live until the next reload or restart, which return to the config files; "
+                    "persist the change by updating config.yaml"}), live)
 
-    def versions(req):
-        return json_response({"items": [v.summary() for v in reversed(live.versions)],
-                              "current": snap().version})
+    async def reload(req):
+        await mutation(live, live.reload(principal(req)))
+        return with_etag(json_response({"reloaded": True, "config_version": live.current}), live)
 
     async def rollback(req):
-        body = req.json()
-        v = body.get("version") if isinstance(body, dict) else None
-        if not isinstance(v, int) or isinstance(v, bool):
-            raise AdminError(400, "expected {\"version\": N}")
+        check_if_match(req, live)
+        body = json_body(req)
+        no_unknown(body, ("version",))
+        v = body.get("version")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise AdminError(400, "malformed body: expected {\"version\": N}")
         try:
-            return await _mutation(live.rollback(v))
+            await mutation(live, live.rollback(v, principal(req)))
         except KeyError:
-            raise AdminError(404, "no config version %d (GET config/versions)" % v) from None
+            raise AdminError(404, "config version %d not found (pruned or never recorded; GET "
+                             "config/versions)" % v) from None
+        return with_etag(json_response({"restored_version": v, "config_version": live.current}),
+                         live)
+
+    def versions(req):
+        q = query(req)
+        limit = page_limit(q, VERSIONS_PAGE_DEFAULT, VERSIONS_PAGE_MAX)
+        rows = list(reversed(live.versions))
+        if q.get("cursor"):
+            below = decode_cursor("cv", q["cursor"])
+            rows = [v for v in rows if v.version < below]
+        items = rows[:limit]
+        nxt = encode_cursor("cv", items[-1].version) if len(rows) > limit else None
+        return json_response({"items": [v.meta() for v in items], "next_cursor": nxt})
+
+    def _version_arg(raw, what):
+        try:
+            v = int(raw)
+            if v < 0:
+                raise ValueError
+            return v
+        except (TypeError, ValueError):
+            raise AdminError(400, "invalid `%s`: expected a config version number" % what) \
+                from None
+
+    def _hooks_at(ver):
+        doc = ver.document or {}
+        glob = set(views.global_hooks(doc))
+        return ({n: views.hook_view(n, h, glob) for n, h in sorted(views.hooks_of(doc).items())},
+                views.global_hooks(doc))
+
+    def version(req):
+        v = _version_arg(req.params["v"], "v")
+        ver = live.version(v)
+        if ver is None:
+            raise AdminError(404, "config version %d not found (pruned or never recorded)" % v)
+        hooks, glob = _hooks_at(ver)
+        return json_response(dict(ver.meta(), hooks=hooks, global_hooks=glob))
+
+    def diff(req):
+        q = query(req)
+        if "from" not in q or "to" not in q:
+            raise AdminError(400, "missing `from` and `to` query parameters (config versions)")
+        a, b = _version_arg(q["from"], "from"), _version_arg(q["to"], "to")
+        va, vb = live.version(a), live.version(b)
+        for n, ver in ((a, va), (b, vb)):
+            if ver is None:
+                raise AdminError(404, "config version %d not found (pruned or never recorded)" % n)
+        ha, ga = _hooks_at(va)
+        hb, gb = _hooks_at(vb)
+        out = {"from": a, "to": b, "hooks": {
+            "added": sorted(set(hb) - set(ha)), "removed": sorted(set(ha) - set(hb)),
+            "changed": sorted(n for n in set(ha) & set(hb) if ha[n] != hb[n]
+                              or (va.document or {}).get("hooks", {}).get(n)
+                              != (vb.document or {}).get("hooks", {}).get(n))}}
+        if ga != gb:
+            out["global_hooks"] = {"from": ga, "to": gb}
+        return json_response(out)
+
+    def _root_settings():
+        path = live.control.overlay
+        try:
+            ov = fmt.read(path) if path else fmt.empty()
+        except fmt.OverlayError:
+            ov = fmt.empty()        # unreadable: the read shows no overrides (a write refuses)
+        return ov["root"]
+
+    def settings(req):
+        return with_etag(json_response({
+            "applied": False, "config_version": live.current,
+            "settings": views.redact_settings(_root_settings())}), live)
+
+    async def put_settings(req):
+        check_if_match(req, live)
+        body = json_body(req)
+        if "persist" in body:
+            if not isinstance(body["persist"], bool):
+                raise AdminError(400, "invalid `persist`: expected a boolean (it is accepted and "
+                                 "has no effect: a mutable config is always durable)")
+            body = {k: v for k, v in body.items() if k != "persist"}
+        for k in body:
+            if k not in fmt.ROOT_KEYS:
+                raise AdminError(400, "unknown settings section `%s` (expected one of: %s)" % (
+                    k, ", ".join(fmt.ROOT_KEYS)))
+        for k, v in body.items():
+            if k in fmt.PATCH_KEYS and not isinstance(v, dict):
+                raise AdminError(400, "invalid `%s`: expected an object" % k)
+            if _has_redacted(v):
+                raise AdminError(400, "invalid `%s`: `settings_keys` is the redacted read of a "
+                                 "settings bag, not a value to write; send `settings` itself" % k)
+
+        def mutate(ov):
+            ov = dict(ov)
+            ov["root"] = fmt.merge_root(ov["root"], body)
+            return ov
+        _, ov = await mutation(live, live.mutate_overlay(
+            mutate, principal(req), "config.settings root:%s" % (",".join(sorted(body)) or "-")))
+        later = fmt.reload_to_apply(body)
+        note = ("stored durably in the overlay and live now" if not later else
+                "stored durably in the overlay; live now except %s, which take effect on the next "
+                "restart (POST restart)" % ", ".join(later))
+        return with_etag(json_response({
+            "applied": True, "config_version": live.current,
+            "settings": views.redact_settings(ov["root"]), "reload_to_apply": later,
+            "note": note}), live)
+
+    async def reset_overlay(req):
+        section = req.params["section"]
+        if section not in fmt.SECTIONS:
+            raise AdminError(400, "unknown overlay section `%s` (expected `groups`|`hooks`|"
+                             "`root`|`plugin_versions`)" % section)
+        check_if_match(req, live)
+        changed = False
+
+        def mutate(ov):
+            nonlocal changed
+            if not fmt.has_state(ov, section):
+                return None
+            changed = True
+            return fmt.clear(ov, section)
+        await mutation(live, live.mutate_overlay(mutate, principal(req),
+                                                 "overlay.reset section:%s" % section))
+        return with_etag(json_response({"reset": section, "config_version": live.current,
+                                        "changed": changed}), live)
+
+    def restart(req):
+        body = json_body(req, required=False)
+        no_unknown(body, ("confirm",))
+        confirm = body.get("confirm", False)
+        if not isinstance(confirm, bool):
+            raise AdminError(400, "invalid `confirm`: expected a boolean")
+        supervised = supervisor_detected()
+        if not supervised and not confirm:
+            raise AdminError(409, "no process supervisor was detected (systemd, Kubernetes), so "
+                             "exiting could leave busbar down; re-send with {\"confirm\": true} "
+                             "to restart anyway (busbar re-executes itself after the drain)")
+        plane.restart = True
+        gw.loop.call_later(RESTART_DELAY_SECS, os.kill, os.getpid(), signal.SIGTERM)
+        return json_response({
+            "restarting": True, "supervisor_detected": supervised,
+            "note": "draining: in-flight requests finish, then busbar starts again with the "
+                    "same command line (same process id), reading config.yaml and its overlay "
+                    "afresh; read this body before the connection closes"}, 202)
 
     def openapi(req):
         from busbar.admin.openapi import document
@@ -182,15 +403,33 @@ def mount(site, live, plane):
 
     r.add("GET", "/healthz", healthz, scope=PUBLIC,
           summary="any lane configured, and the governance store answering")
-    r.add("GET", PREFIX + "/info", info, summary="version, config version, start time, workers, listeners")
-    r.add("GET", PREFIX + "/pools", pools, summary="every pool with its members")
-    r.add("GET", PREFIX + "/pools/{name}", pool, summary="one pool")
-    r.add("GET", PREFIX + "/models", models, summary="every model (lane)")
-    r.add("GET", PREFIX + "/providers", providers, summary="providers; secret references, never values")
-    r.add("GET", PREFIX + "/config", config, summary="the effective config, secrets as references")
-    r.add("POST", PREFIX + "/config/validate", validate, summary="validate a config (YAML or JSON body)")
-    r.add("POST", PREFIX + "/config/reload", reload, summary="re-read the config file and swap it in every worker")
-    r.add("POST", PREFIX + "/config/apply", apply, summary="apply a whole config from the body")
-    r.add("GET", PREFIX + "/config/versions", versions, summary="the configs this process has run")
-    r.add("POST", PREFIX + "/config/rollback", rollback, summary="re-apply an earlier version {version}")
+    r.add("GET", PREFIX + "/info", info, summary="version, build, uptime, topology, config version")
+    r.add("GET", PREFIX + "/pools", pools, summary="pools and their members (?detail=true: live)")
+    r.add("GET", PREFIX + "/pools/{name}", pool, summary="one pool's live member status")
+    r.add("GET", PREFIX + "/models", models, summary="model lanes and their providers")
+    r.add("GET", PREFIX + "/providers", providers, summary="providers and their lane counts")
+    r.add("GET", PREFIX + "/config", config, summary="the effective config, redacted")
+    r.add("POST", PREFIX + "/config/validate", validate, summary="dry-run validate a config")
+    r.add("POST", PREFIX + "/config/reload", reload, summary="re-read the config files and swap")
+    r.add("POST", PREFIX + "/config/apply", apply, summary="apply a whole config (live only)")
+    r.add("POST", PREFIX + "/config/rollback", rollback, summary="restore a retained version")
+    r.add("GET", PREFIX + "/config/versions", versions, summary="config version history")
+    r.add("GET", PREFIX + "/config/versions/{v}", version, summary="one retained version")
+    r.add("GET", PREFIX + "/config/diff", diff, summary="hook-surface diff of two versions")
+    r.add("GET", PREFIX + "/config/settings", settings, summary="the overlay's root settings")
+    r.add("PUT", PREFIX + "/config/settings", put_settings, summary="set root settings durably")
+    r.add("DELETE", PREFIX + "/overlay/{section}", reset_overlay,
+          summary="revert one overlay section to config.yaml")
+    r.add("POST", PREFIX + "/restart", restart, summary="drain and start again")
     r.add("GET", PREFIX + "/openapi.json", openapi, summary="this API as OpenAPI 3.1")
+    from busbar.admin import named, plugins
+    named.mount(site, live)
+    plugins.mount(site, live)
+
+
+def _has_redacted(node) -> bool:
+    if isinstance(node, dict):
+        return "settings_keys" in node or any(_has_redacted(v) for v in node.values())
+    if isinstance(node, list):
+        return any(_has_redacted(v) for v in node)
+    return False

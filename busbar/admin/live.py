@@ -29,7 +29,7 @@ import orjson
 
 from busbar import observability
 from busbar.config import ConfigError
-from busbar.config.control import Control, restart_required, write_overlay
+from busbar.config.control import Control, restart_required
 from busbar.config.loader import build
 from busbar.engine.egress import Egress
 from busbar.engine.snapshot import Snapshot
@@ -133,23 +133,28 @@ def stop_unused_refreshers(gw) -> int:
 
 
 class Version:
-    __slots__ = ("version", "kind", "at", "document", "restart_required")
+    """One entry of the config history (GET config/versions): the document it served, who made it
+    and why."""
 
-    def __init__(self, version, kind, document, restart):
+    __slots__ = ("version", "ts", "principal", "summary", "document", "restart_required")
+
+    def __init__(self, version, principal, summary, document, restart=()):
         self.version = version
-        self.kind = kind
-        self.at = time.time()
+        self.ts = int(time.time())
+        self.principal = principal
+        self.summary = summary
         self.document = document
-        self.restart_required = restart
+        self.restart_required = list(restart)
 
-    def summary(self):
-        return {"version": self.version, "source": self.kind,
-                "applied_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at)),
-                "restart_required": self.restart_required}
+    def meta(self):
+        return {"version": self.version, "ts": self.ts, "principal": self.principal,
+                "summary": self.summary}
 
 
 class LiveConfig:
-    """The parent's view of the config history and the one place a swap is started from."""
+    """The parent's view of the config history and the one place a swap is started from. The
+    config version (`current`) is the Rust gateway's: 0 at boot, +1 per change, process-local; the
+    config plane's ETag is it, quoted."""
 
     def __init__(self, gw, path, workers):
         self.gw = gw
@@ -158,17 +163,56 @@ class LiveConfig:
         self.workers = workers              # [(pid, socket)] of the other workers
         self.lock = asyncio.Lock()
         cfg = gw.snapshot.config
-        self.versions = [Version(gw.snapshot.version, "boot", cfg.document, [])]
+        self.current = 0
+        self.versions = [Version(0, "system", "boot", cfg.document)]
         self.started = time.time()
+        self.on_swap = []                   # called with the new Config after every swap
 
     @property
     def control(self) -> Control:
         return self.gw.snapshot.config.control or Control()
 
+    @property
+    def etag(self) -> bytes:
+        return b'"%d"' % self.current
+
+    def version(self, v):
+        for ver in self.versions:
+            if ver.version == v:
+                return ver
+        return None
+
+    def record(self, principal, summary, document=None, restart=()) -> int:
+        """A new config version for a change that did not swap the snapshot (a governance change:
+        groups), so every config-plane mutation moves the ETag."""
+        self.current += 1
+        self.versions.append(Version(self.current, principal, summary,
+                                     document if document is not None
+                                     else self.gw.snapshot.config.document, restart))
+        del self.versions[:-MAX_VERSIONS]
+        return self.current
+
     # ---------------------------------------------------------------- building
-    def build_text(self, text: str):
-        """Validates a config given as YAML or JSON text: (config, problems, warnings)."""
-        config, out = build(text=text, base_dir=self.base_dir, overlay=False)
+    def build_text(self, text: str, providers: dict | None = None):
+        """Validates a config given as YAML or JSON text (and, when given, a providers.yaml
+        catalog as a document): (config, problems, warnings)."""
+        if providers is None:
+            config, out = build(text=text, base_dir=self.base_dir, overlay=False)
+            return config, out.errors, out.warnings
+        import json
+        import tempfile
+        fd, cat = tempfile.mkstemp(prefix="busbar-catalog-", suffix=".json")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                json.dump(providers, fh)
+            doc = orjson.loads(text)
+            doc["providers_file"] = cat
+            config, out = build(text=orjson.dumps(doc).decode(), base_dir=self.base_dir,
+                                overlay=False)
+        finally:
+            os.unlink(cat)
+        if config is not None and config.document is not None:
+            config.document.pop("providers_file", None)
         return config, out.errors, out.warnings
 
     def _apply_doc(self, doc: dict) -> str:
@@ -182,50 +226,73 @@ class LiveConfig:
         return orjson.dumps(doc).decode()
 
     # ---------------------------------------------------------------- operations
-    async def reload(self):
+    async def reload(self, principal="system"):
         if self.path is None:
             raise ConfigError(["config: this gateway runs an embedded config (--demo); there is "
                                "no file to reload"])
         config, out = build(self.path)
         if config is None:
             raise ConfigError(out.errors, out.warnings)
-        return await self.swap(config, "reload")
+        return await self.swap(config, principal, "config.reload")
 
-    async def apply(self, doc: dict):
-        ctl = self.control
-        if ctl.locked:
-            raise Locked()
-        config, errors, warnings = self.build_text(self._apply_doc(doc))
-        if config is None:
-            raise ConfigError(errors, warnings)
-        result = await self.swap(config, "apply")
-        if ctl.overlay:
-            applied = dict(config.document)
-            applied.pop("config", None)
-            write_overlay(ctl.overlay, applied)
-            result["overlay"] = ctl.overlay
-        return result
-
-    async def rollback(self, version: int):
+    async def apply(self, doc: dict, providers=None, principal="system", summary="config.apply"):
+        """A whole config from the body: live until the next reload or restart (config.yaml is
+        the source of truth; the overlay holds only what the named admin calls change)."""
         if self.control.locked:
             raise Locked()
-        for v in self.versions:
-            if v.version == version:
-                break
-        else:
+        config, errors, warnings = self.build_text(self._apply_doc(doc), providers)
+        if config is None:
+            raise ConfigError(errors, warnings)
+        return await self.swap(config, principal, summary)
+
+    async def rollback(self, version: int, principal="system"):
+        if self.control.locked:
+            raise Locked()
+        v = self.version(version)
+        if v is None:
             raise KeyError(version)
         config, errors, warnings = self.build_text(self._apply_doc(v.document))
         if config is None:
             raise ConfigError(errors, warnings)
-        result = await self.swap(config, "rollback to %d" % version)
-        ctl = self.control
-        if ctl.overlay:
-            applied = dict(config.document)
-            applied.pop("config", None)
-            write_overlay(ctl.overlay, applied)
-        return result
+        return await self.swap(config, principal, "config.rollback version:%d" % version)
 
-    async def swap(self, config, kind: str) -> dict:
+    async def mutate_overlay(self, mutate, principal, summary):
+        """A change to the overlay (settings, hooks, identity providers, exporters, a section
+        reset): the new overlay is written, config.yaml re-read with it, validated and swapped in
+        every worker. Refused on a locked config or one without files; an invalid result puts
+        the old overlay back and changes nothing. `mutate(overlay) -> overlay or None` (None: no
+        change, nothing is written or swapped). Returns (swap result or None, new overlay)."""
+        from busbar.admin import overlay as fmt
+        ctl = self.control
+        if ctl.locked:
+            raise Locked()
+        if self.path is None:
+            raise NoFiles()
+        path = ctl.overlay
+        if path is None:
+            raise ConfigError(["config.overlay: this config has no overlay to persist API "
+                               "changes in (config.overlay: false)"])
+        async with self.lock:
+            old = fmt.read(path)
+            new = mutate(old)
+            if new is None:
+                return None, old
+            previous = None
+            if os.path.exists(path):
+                with open(path, "rb") as fh:
+                    previous = fh.read()
+            fmt.write(path, new)
+            config, out = build(self.path)
+            if config is None:
+                _restore(path, previous)
+                raise ConfigError(out.errors, out.warnings)
+        try:
+            return await self.swap(config, principal, summary), new
+        except BaseException:
+            _restore(path, previous)
+            raise
+
+    async def swap(self, config, principal: str, summary: str) -> dict:
         """Every worker on `config` before this returns; serialized, so two admin calls never
         interleave their swaps."""
         async with self.lock:
@@ -234,7 +301,7 @@ class LiveConfig:
                 raise ConfigError(["auth: governance (auth.chain, groups, rate_card, store) was off "
                                    "when busbar started; restart busbar to turn it on"])
             old = gw.snapshot
-            version = max(v.version for v in self.versions) + 1
+            version = self.current + 1
             rel = gw.reliability
             slots = assign_slots(old.router, config, gw.shared,
                                  rel.offset if rel.slots is gw.shared else None)
@@ -253,19 +320,40 @@ class LiveConfig:
                 lambda ack: ack.get("version") == version)
             await swap_in_worker(gw, config, version, slots, plans)
             ms = (time.perf_counter() - t0) * 1000
+            for f in self.on_swap:
+                f(config)
             restart = restart_required(old.config.document, config.document)
-            self.versions.append(Version(version, kind, config.document, restart))
+            self.current = version
+            self.versions.append(Version(version, principal, summary, config.document, restart))
             del self.versions[:-MAX_VERSIONS]
-            what, _, to = kind.partition(" to ")
+            what, _, to = summary.partition(" version:")
             event(logging.WARNING if failed else logging.INFO, "reload", version=version,
-                  kind=what, **({"rollback_to": to} if to else {}),
+                  kind=what.split()[0], **({"rollback_to": to} if to else {}),
                   workers=1 + len(self.workers) - len(failed), workers_failed=len(failed),
                   swap_ms="%.1f" % ms, restart_required=",".join(restart) or "none")
             if failed:
                 raise WorkersFailed(version, failed)
-            return {"ok": True, "version": version, "workers": 1 + len(self.workers),
+            return {"version": version, "workers": 1 + len(self.workers),
                     "swap_ms": round(ms, 3), "restart_required": restart,
                     "warnings": list(config.warnings)}
+
+
+def _restore(path, previous):
+    """Puts the overlay file back as it was (bytes as they were; absent if it was absent)."""
+    if previous is None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        return
+    tmp = path + ".restore"
+    with open(tmp, "wb") as fh:
+        fh.write(previous)
+    os.replace(tmp, path)
+
+
+class NoFiles(Exception):
+    pass
 
 
 class Locked(Exception):

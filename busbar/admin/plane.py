@@ -30,6 +30,7 @@ class ControlPlane:
         ctl = config.control or Control()
         self.control = ctl
         self.workers = []           # [(pid, parent end)]
+        self.restart = False        # POST restart: start again after the drain (supervisor.py)
         probe(config.listen_host, config.listen_port, "listen")
         if (ctl.admin_host, ctl.admin_port) == (config.listen_host, config.listen_port):
             raise ListenError("admin_listen %s:%d: the same address as listen" % (

@@ -327,7 +327,8 @@ def parse_control(doc: dict, base_dir: str, env: Mapping[str, str], out: Problem
     if raw is False:
         overlay = None
     elif raw is None:
-        overlay = None if "config" not in doc else os.path.join(base_dir, DEFAULT_OVERLAY)
+        # Durable by default (the Rust 1.5.3 posture): API changes persist beside config.yaml.
+        overlay = None if locked else os.path.join(base_dir, DEFAULT_OVERLAY)
     elif isinstance(raw, dict):
         check_keys(raw, "config.overlay", ("file",), out)
         f = get_str(raw, "file", "config.overlay", out)
@@ -357,8 +358,11 @@ OVERLAY_FORMAT = 1
 
 
 def overlay_path(doc: dict, base_dir: str) -> str | None:
-    """Where a mutable config persists API mutations; None when locked or without `config:`."""
+    """Where a mutable config persists API mutations (beside config.yaml unless `config.overlay`
+    says otherwise); None when locked or `config.overlay: false`."""
     cfg = doc.get("config")
+    if cfg is None:
+        cfg = {}
     if not isinstance(cfg, dict) or cfg.get("locked") is True:
         return None
     raw = cfg.get("overlay")
@@ -372,34 +376,23 @@ def overlay_path(doc: dict, base_dir: str) -> str | None:
 
 
 def apply_overlay(doc: dict, base_dir: str, out: Problems) -> dict:
-    """config.yaml's document with the overlay's top-level sections in place of its own (SPEC
-    §2.4: reapplied over config.yaml at boot). The overlay holds what `POST config/apply` was
-    given; its `config:` section is ignored (where overlays live is config.yaml's to say). A
-    missing overlay is normal; a corrupt one is ignored with a warning, as the reference does."""
+    """config.yaml's document with the overlay applied (SPEC §2.4: reapplied over config.yaml at
+    boot), in the Rust gateway's overlay format (busbar/admin/overlay.py, which also carries an
+    earlier busbar's overlay over). A missing overlay is normal; a corrupt one is ignored with a
+    warning, as the reference does; one written by a newer busbar refuses boot."""
+    from busbar.admin import overlay as fmt
     path = overlay_path(doc, base_dir)
     if path is None or not os.path.exists(path):
         return doc
-    import json
     try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-        if not isinstance(data, dict) or not isinstance(data.get("config"), dict):
-            raise ValueError("not a busbar overlay")
-        if data.get("format") != OVERLAY_FORMAT:
-            out.error("config.overlay", f"{path} was written by another busbar version "
-                      f"(format {data.get('format')!r}); move it away to boot")
-            return doc
-    except (OSError, ValueError) as exc:
+        ov = fmt.read(path, warn=lambda m: out.warn("config.overlay", f"{path}: {m}"))
+    except fmt.OverlayTooNew as exc:
+        out.error("config.overlay", f"{path} was {exc}")
+        return doc
+    except fmt.OverlayError as exc:
         out.warn("config.overlay", f"ignoring unreadable overlay {path}: {exc}")
         return doc
-    merged = dict(doc)
-    for key, value in data["config"].items():
-        if key != "config":
-            merged[key] = value
-    for key in [k for k in merged if k not in data["config"] and k not in ("config",)]:
-        # A section the applied config left out is gone from it too: apply is a whole config.
-        del merged[key]
-    return merged
+    return fmt.apply(doc, ov)
 
 
 def write_overlay(path: str, applied: dict) -> None:

@@ -267,7 +267,7 @@ def build(
                                % (path if source == path else "FILE"), out):
         _scrub(out, text, env)
         return None, out
-    if overlay and not offline:
+    if overlay and not offline and source != "<embedded>":
         merged = apply_overlay(doc, base_dir, out)
         if merged is not doc and _retired(
                 merged, "in the overlay %s, which an earlier busbar wrote: apply the migrated "
