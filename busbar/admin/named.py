@@ -268,6 +268,15 @@ def mount(site, live):
         def get(req):
             return json_response(one(req.params["name"]))
 
+        def _pending(view):
+            # Exporters' writers (request-log sinks, OTLP, the metrics route) are made when a
+            # worker starts: a stored change takes effect on the next restart.
+            if section == "export":
+                view["reload_to_apply"] = ["export.%s" % view["name"]]
+                view["note"] = ("stored durably; exporters start with the process: POST restart "
+                                "to make this change live")
+            return view
+
         def _overlay_own(name, ov):
             own = (ov["named_maps"].get(section) or {})
             return name in own and own[name] is not None
@@ -301,7 +310,7 @@ def mount(site, live):
                                      "API: the trust ceiling is operator file policy (lower it "
                                      "here, raise it in config.yaml)")
             await _store(req, name, body)
-            return with_etag(json_response(one(name)), live)
+            return with_etag(json_response(_pending(one(name))), live)
 
         async def patch_settings(req):
             check_if_match(req, live)
@@ -316,7 +325,7 @@ def mount(site, live):
             ov = overlay()
             _check_base(name, ov)
             await _store(req, name, dict(ov["named_maps"][section][name], settings=bag))
-            return with_etag(json_response(one(name)), live)
+            return with_etag(json_response(_pending(one(name))), live)
 
         async def delete(req):
             check_if_match(req, live)

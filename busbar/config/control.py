@@ -354,8 +354,6 @@ def restart_required(old_doc: dict | None, new_doc: dict | None) -> list[str]:
     return [k for k in RESTART_ONLY if get(old_doc, k) != get(new_doc, k)]
 
 
-OVERLAY_FORMAT = 1
-
 
 def overlay_path(doc: dict, base_dir: str) -> str | None:
     """Where a mutable config persists API mutations (beside config.yaml unless `config.overlay`
@@ -393,24 +391,3 @@ def apply_overlay(doc: dict, base_dir: str, out: Problems) -> dict:
         out.warn("config.overlay", f"ignoring unreadable overlay {path}: {exc}")
         return doc
     return fmt.apply(doc, ov)
-
-
-def write_overlay(path: str, applied: dict) -> None:
-    """Writes the overlay atomically (temp file in the same folder + rename): a crash leaves the
-    old overlay or the new one, never half of one. config.yaml is never written."""
-    import json
-    import tempfile
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".busbar-overlay-", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({"format": OVERLAY_FORMAT, "config": applied}, fh, indent=1, default=str)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

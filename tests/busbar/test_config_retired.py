@@ -113,20 +113,24 @@ def test_serve_refuses_it_the_same_way(tmp_path):
         "(`busbar --migrate-config %s` converts the file)" % cfg)
 
 
-def test_an_overlay_an_earlier_busbar_wrote_is_named(tmp_path):
+def test_an_overlay_an_earlier_busbar_wrote_is_carried_over(tmp_path):
+    """An earlier busbar's overlay (a whole applied config) is read: the sections the Rust overlay
+    format has are carried over; the others (a retired section among them) are left out, and a
+    warning names them."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(BASE + "config: {overlay: {file: ov.json}}\n")
     applied = yaml.safe_load(BASE)
     applied["observability"] = {"metrics": True}
+    applied["routing"] = {"default_policy_timeout_ms": 9}
     (tmp_path / "ov.json").write_text(json.dumps({"format": 1, "config": applied}))
-    _, out = build(str(cfg), env=ENV)
-    assert out.errors == [
-        "observability: retired; write %s instead (in the overlay %s, which an earlier busbar "
-        "wrote: apply the migrated config again, or move the overlay away)"
-        % (legacy.RETIRED_TOP["observability"], tmp_path / "ov.json")]
+    config, out = build(str(cfg), env=ENV)
+    assert config is not None and not out.errors, out.errors
+    assert config.document["routing"] == {"default_policy_timeout_ms": 9}
+    assert "observability" not in config.document
+    assert any("not models, observability, providers" in w for w in out.warnings), out.warnings
     # --safe-mode (no overlay) boots the file alone
     config, out = build(str(cfg), env=ENV, overlay=False)
-    assert config is not None and not out.errors
+    assert config is not None and not out.errors and "routing" not in config.document
 
 
 def test_a_budget_in_usd_over_the_admin_api_is_refused_naming_cents():

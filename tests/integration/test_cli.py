@@ -44,18 +44,16 @@ def _config(tmp_path, port=None, text=CONFIG):
     return p
 
 
-def _overlay(tmp_path, models: dict, fmt=None):
-    """An overlay as `POST config/apply` leaves it (busbar/config/control.py), with `models`."""
-    from busbar.config import control
-    doc = {"listen": "127.0.0.1:1", "providers": {"m": {"protocol": "openai",
-                                                         "base_url": "http://127.0.0.1:9"}},
-           "models": models, "pools": {"p": {"members": [{"model": "x"}]}},
-           "advanced": {"worker_threads": 1}}
+def _overlay(tmp_path, root: dict, version=None):
+    """An overlay as the admin API leaves it (busbar/admin/overlay.py), with `root` settings."""
+    from busbar.admin import overlay
+    doc = overlay.empty()
+    doc["root"] = root
     path = tmp_path / "overlay.json"
-    control.write_overlay(str(path), doc)
-    if fmt is not None:
+    overlay.write(str(path), doc)
+    if version is not None:
         data = json.loads(path.read_text())
-        data["format"] = fmt
+        data["version"] = version
         path.write_text(json.dumps(data))
     return path
 
@@ -180,9 +178,9 @@ def test_validate_has_no_side_effects(tmp_path):
 
 def test_safe_mode_validates_the_config_file_without_its_overlay(tmp_path):
     cfg = _config(tmp_path)
-    _overlay(tmp_path, {"x": {"provider": "m"}, "y": {"provider": "m"}})
+    _overlay(tmp_path, {"routing": {"default_policy_timeout_ms": 0}})
     r = _busbar("--validate", "--config", str(cfg))
-    assert r.returncode == 0 and "2 model(s)" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 1 and "routing.default_policy_timeout_ms" in r.stderr, r.stdout + r.stderr
     for args in (("--validate", "--safe-mode"), ("--safe-mode", "--validate"),
                  ("validate", "--safe-mode")):
         r = _busbar(*args, "--config", str(cfg))
@@ -192,10 +190,10 @@ def test_safe_mode_validates_the_config_file_without_its_overlay(tmp_path):
 def test_safe_mode_boots_past_an_overlay_busbar_cannot_read(tmp_path):
     """An overlay written by another busbar version refuses the boot (exit 1, one [error] line
     naming it); `busbar --safe-mode` serves the config file alone and says so."""
-    from busbar.config.control import OVERLAY_FORMAT
+    from busbar.admin.overlay import OVERLAY_VERSION
     port = free_port()
     cfg = _config(tmp_path, port)
-    overlay = _overlay(tmp_path, {"x": {"provider": "m"}}, fmt=OVERLAY_FORMAT + 1)
+    overlay = _overlay(tmp_path, {}, version=OVERLAY_VERSION + 1)
     e = _env(BUSBAR_CONFIG=str(cfg))
     r = _busbar(e=e)
     assert r.returncode == 1 and r.stdout == ""
@@ -211,7 +209,7 @@ def test_safe_mode_boots_past_an_overlay_busbar_cannot_read(tmp_path):
     out, err = proc.communicate(timeout=10)
     assert proc.returncode == 0 and "listening on" in out, err
     assert "safe mode: the config overlay is not applied" in err
-    assert json.loads(overlay.read_text())["format"] == OVERLAY_FORMAT + 1    # left as it is
+    assert json.loads(overlay.read_text())["version"] == OVERLAY_VERSION + 1    # left as it is
 
 
 # --- --generate-signing-key --------------------------------------------------------------------
