@@ -232,15 +232,16 @@ def mount(site, live, plane):
     async def apply(req):
         check_if_match(req, live)
         cfg, provs = _proposed(req)
-        await mutation(live, live.apply(cfg, provs, principal(req)))
+        done = await mutation(live, live.apply(cfg, provs, principal(req)))
         return with_etag(json_response({
-            "applied": True, "config_version": live.current,
+            "applied": True, "config_version": live.current, **_acks(done),
             "note": "live until the next reload or restart, which return to the config files; "
                     "persist the change by updating config.yaml"}), live)
 
     async def reload(req):
-        await mutation(live, live.reload(principal(req)))
-        return with_etag(json_response({"reloaded": True, "config_version": live.current}), live)
+        done = await mutation(live, live.reload(principal(req)))
+        return with_etag(json_response({"reloaded": True, "config_version": live.current,
+                                        **_acks(done)}), live)
 
     async def rollback(req):
         check_if_match(req, live)
@@ -425,6 +426,12 @@ def mount(site, live, plane):
     from busbar.admin import named, plugins
     named.mount(site, live)
     plugins.mount(site, live)
+
+
+def _acks(done: dict) -> dict:
+    """busbar's additions to a swap's answer (the contract's views only grow): how many worker
+    processes acknowledged the new config, and how long the swap took."""
+    return {"workers": done["workers"], "swap_ms": done["swap_ms"]}
 
 
 def _has_redacted(node) -> bool:

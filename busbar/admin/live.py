@@ -328,7 +328,7 @@ class LiveConfig:
             del self.versions[:-MAX_VERSIONS]
             what, _, to = summary.partition(" version:")
             event(logging.WARNING if failed else logging.INFO, "reload", version=version,
-                  kind=what.split()[0], **({"rollback_to": to} if to else {}),
+                  kind=_kind(what), **({"rollback_to": to} if to else {}),
                   workers=1 + len(self.workers) - len(failed), workers_failed=len(failed),
                   swap_ms="%.1f" % ms, restart_required=",".join(restart) or "none")
             if failed:
@@ -336,6 +336,14 @@ class LiveConfig:
             return {"version": version, "workers": 1 + len(self.workers),
                     "swap_ms": round(ms, 3), "restart_required": restart,
                     "warnings": list(config.warnings)}
+
+
+def _kind(summary: str) -> str:
+    """The `reload` event's kind: reload, apply or rollback for the config calls, else the
+    change (hook.register, config.settings, identity-providers.put, ...)."""
+    first = summary.split()[0]
+    return first[len("config."):] if first in ("config.reload", "config.apply",
+                                                "config.rollback") else first
 
 
 def _restore(path, previous):

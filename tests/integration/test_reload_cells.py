@@ -4,6 +4,8 @@ swap, so a lane one worker trips is open in the other, and /stats answers the sa
 import http.client
 import json
 
+import yaml
+
 from tests.conftest import stop
 from tests.hostile import HostileUpstream, http_response, openai_body
 from tests.integration.test_admin import A, call, start
@@ -44,8 +46,7 @@ def test_cells_of_a_pool_added_by_apply_are_shared_by_both_workers(tmp_path, moc
     up = HostileUpstream({"newbad": _down, "newgood": _fine})
     g = start(tmp_path, mock_port, workers=2)
     try:
-        st, cur = call(g.admin, "GET", A("config"))
-        doc = cur["config"]
+        doc = yaml.safe_load(g.path.read_text())
         doc["providers"]["h"] = {"protocol": "openai", "base_url": up.url,
                                  "api_key": {"env": "MOCK_KEY"}}
         doc["models"]["nb"] = {"provider": "h", "upstream_model": "newbad"}
@@ -53,7 +54,7 @@ def test_cells_of_a_pool_added_by_apply_are_shared_by_both_workers(tmp_path, moc
         doc["pools"]["q"] = {"members": [{"model": "nb", "weight": 100}, {"model": "ng"}],
                              "breaker": {"trip": {"mode": "consecutive", "consecutive_n": 1},
                                          "base_cooldown_secs": 60, "max_cooldown_secs": 120}}
-        st, body = call(g.admin, "POST", A("config/apply"), doc)
+        st, body = call(g.admin, "POST", A("config/apply"), {"config": doc})
         assert st == 200 and body["workers"] == 2, body
         # Forty requests over fresh connections, so both workers serve them: the failing member
         # is tried once in the whole gateway, then its (q, nb) cell is open in both workers.
@@ -71,7 +72,7 @@ def test_cells_of_a_pool_added_by_apply_are_shared_by_both_workers(tmp_path, moc
         doc["pools"]["r"] = {"members": [{"model": "nb"}, {"model": "ng"}],
                              "breaker": {"trip": {"mode": "consecutive", "consecutive_n": 1},
                                          "base_cooldown_secs": 60, "max_cooldown_secs": 120}}
-        st, body = call(g.admin, "POST", A("config/apply"), doc)
+        st, body = call(g.admin, "POST", A("config/apply"), {"config": doc})
         assert st == 200, body
         assert {_cell(g.port, "r", "nb") for _ in range(8)} == {("closed", 0, 0, 0)}
         assert _cell(g.port, "q", "nb") is None

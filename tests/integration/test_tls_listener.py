@@ -140,7 +140,7 @@ def test_admin_mtls_requires_a_client_certificate(tls_gw, pki):
     url = "https://localhost:%d/api/v1/admin/info" % admin
     with httpx.Client(verify=_ctx(pki, True)) as c:
         r = c.get(url)
-        assert r.status_code == 200 and r.json()["listeners"]["admin"].startswith("https://")
+        assert r.status_code == 200 and "config_version" in r.json()
     with httpx.Client(verify=_ctx(pki)) as c:
         with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)):
             c.get(url)

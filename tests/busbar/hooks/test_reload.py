@@ -6,6 +6,8 @@ from __future__ import annotations
 import http.client
 import json
 
+import yaml
+
 from tests.conftest import stop
 from tests.integration.test_admin import A, call, start
 from tests.sidecar import Sidecar
@@ -29,16 +31,15 @@ def test_a_reload_brings_hooks_and_strategies_to_every_worker(tmp_path, mock_por
                   if "nope" in json.dumps(m["request"].get("messages")) else {}})
     g = start(tmp_path, mock_port, workers=2)
     try:
-        st, cur = call(g.admin, "GET", A("config"))
-        doc = cur["config"]
+        doc = yaml.safe_load(g.path.read_text())
         doc["pools"]["q"] = {"members": [{"model": "b"}, {"model": "a"}]}
-        assert call(g.admin, "POST", A("config/apply"), doc)[0] == 200
+        assert call(g.admin, "POST", A("config/apply"), {"config": doc})[0] == 200
         assert {_ask(g.port, "q")[1]["model"] for _ in range(8)} == {"model-a", "model-b"}
         doc["hooks"] = {"g": {"module": "busbar-webrequest-hook", "settings": {"url": sc.url + "/g"},
                               "prompt": "ro", "timeout_ms": 2000, "on_error": "reject"}}
         doc["pools"]["q"]["hooks"] = ["least_busy", "g"]
         doc["pools"]["q"]["affinity"] = {"mode": "session"}
-        st, body = call(g.admin, "POST", A("config/apply"), doc)
+        st, body = call(g.admin, "POST", A("config/apply"), {"config": doc})
         assert st == 200 and body["workers"] == 2, body
         # least_busy: b's four permits against a lane without max_concurrent (2^61 - 1 free), so
         # a, from either worker, every time.

@@ -13,6 +13,7 @@ import re
 import time
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, free_port, start_gateway, stop, wait_http
@@ -72,8 +73,8 @@ def hostile():
 
 
 class Gw:
-    def __init__(self, proc, port, admin, err):
-        self.proc, self.port, self.admin, self.err = proc, port, admin, err
+    def __init__(self, proc, port, admin, err, path=None):
+        self.proc, self.port, self.admin, self.err, self.path = proc, port, admin, err, path
 
     def events(self, prefix):
         """The stderr lines (the operational events) that contain `prefix`."""
@@ -91,7 +92,7 @@ def launch(tmp_path, text, workers=2):
     with open(err, "wb") as f:
         gw = start_gateway(tmp_path, text.format(port=port, admin=admin), workers, port=port,
                            stderr=f, ready=ready)
-    return Gw(gw.proc, port, admin, err)
+    return Gw(gw.proc, port, admin, err, gw.config_path)
 
 
 def call(port, method, path, body=None):
@@ -227,15 +228,14 @@ def test_the_grafana_dashboard_reads_only_series_busbar_serves(hostile, tmp_path
 def test_a_pool_added_by_apply_is_counted_by_both_workers(hostile, tmp_path):
     gw = launch(tmp_path, CONFIG.replace("{h}", str(hostile.port)))
     try:
-        st, cur = call(gw.admin, "GET", "/api/v1/admin/config")
-        doc = json.loads(cur)["config"]
+        doc = yaml.safe_load(gw.path.read_text())
         doc["models"]["down"] = {"provider": "h", "upstream_model": "down"}
         doc["models"]["fine2"] = {"provider": "h", "upstream_model": "fine2"}
         doc["pools"]["added"] = {
             "members": [{"model": "down", "weight": 100}, {"model": "fine2"}],
             "breaker": {"trip": {"mode": "consecutive", "consecutive_n": 1},
                         "base_cooldown_secs": 60, "max_cooldown_secs": 60}}
-        st, body = call(gw.admin, "POST", "/api/v1/admin/config/apply", doc)
+        st, body = call(gw.admin, "POST", "/api/v1/admin/config/apply", {"config": doc})
         assert st == 200 and json.loads(body)["workers"] == 2, body
         n = 40
         for _ in range(n):      # fresh connections: the kernel spreads them over both workers
@@ -268,7 +268,7 @@ def test_a_pool_added_by_apply_is_counted_by_both_workers(hostile, tmp_path):
         time.sleep(0.2)
         lines = gw.events(" reload ")
         assert len(lines) == 1, lines
-        assert "reload version=2 kind=apply workers=2 workers_failed=0 swap_ms=" in lines[0]
+        assert "reload version=1 kind=apply workers=2 workers_failed=0 swap_ms=" in lines[0]
         assert lines[0].endswith("restart_required=none")
     finally:
         stop(gw.proc)
