@@ -349,12 +349,17 @@ def mount(site, live, plane):
             ov = dict(ov)
             ov["root"] = fmt.merge_root(ov["root"], body)
             return ov
-        _, ov = await mutation(live, live.mutate_overlay(
-            mutate, principal(req), "config.settings root:%s" % (",".join(sorted(body)) or "-")))
+        done, ov = await mutation(live, live.mutate_overlay(
+            mutate, principal(req), "config.settings root:%s" % (",".join(sorted(body)) or "-"),
+            stored_if_restart=True))
         later = fmt.reload_to_apply(body)
         note = ("stored durably in the overlay and live now" if not later else
                 "stored durably in the overlay; live now except %s, which take effect on the next "
                 "restart (POST restart)" % ", ".join(later))
+        if done and "needs_restart" in done:
+            later = sorted(body)
+            note = ("stored durably in the overlay; none of it is live yet: %s (POST restart)"
+                    % done["needs_restart"].partition(": ")[2])
         return with_etag(json_response({
             "applied": True, "config_version": live.current,
             "settings": views.redact_settings(ov["root"]), "reload_to_apply": later,

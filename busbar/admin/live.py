@@ -256,12 +256,14 @@ class LiveConfig:
             raise ConfigError(errors, warnings)
         return await self.swap(config, principal, "config.rollback version:%d" % version)
 
-    async def mutate_overlay(self, mutate, principal, summary):
+    async def mutate_overlay(self, mutate, principal, summary, stored_if_restart=False):
         """A change to the overlay (settings, hooks, identity providers, exporters, a section
         reset): the new overlay is written, config.yaml re-read with it, validated and swapped in
         every worker. Refused on a locked config or one without files; an invalid result puts
         the old overlay back and changes nothing. `mutate(overlay) -> overlay or None` (None: no
-        change, nothing is written or swapped). Returns (swap result or None, new overlay)."""
+        change, nothing is written or swapped). `stored_if_restart`: a valid change this process
+        cannot take live (it turns governance on) stays stored for the next start, and the result
+        says `needs_restart`. Returns (swap result or None, new overlay)."""
         from busbar.admin import overlay as fmt
         ctl = self.control
         if ctl.locked:
@@ -288,6 +290,11 @@ class LiveConfig:
                 raise ConfigError(out.errors, out.warnings)
         try:
             return await self.swap(config, principal, summary), new
+        except NeedsRestart as e:
+            if not stored_if_restart:
+                _restore(path, previous)
+                raise
+            return {"needs_restart": e.problems[0]}, new
         except BaseException:
             _restore(path, previous)
             raise
@@ -298,8 +305,8 @@ class LiveConfig:
         async with self.lock:
             gw = self.gw
             if config.governance is not None and gw.gate is None:
-                raise ConfigError(["auth: governance (auth.chain, groups, rate_card, store) was off "
-                                   "when busbar started; restart busbar to turn it on"])
+                raise NeedsRestart(["auth: governance (auth.chain, groups, rate_card, store) was "
+                                    "off when busbar started; restart busbar to turn it on"])
             old = gw.snapshot
             version = self.current + 1
             rel = gw.reliability
@@ -362,6 +369,10 @@ def _restore(path, previous):
 
 class NoFiles(Exception):
     pass
+
+
+class NeedsRestart(ConfigError):
+    """A valid config this process cannot swap in: it needs a start (governance turned on)."""
 
 
 class Locked(Exception):

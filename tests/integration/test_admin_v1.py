@@ -420,3 +420,35 @@ def test_a_supervisor_marker_lets_restart_proceed(tmp_path, mock_port):
             time.sleep(0.1)
     finally:
         stop(g.proc)
+
+
+def test_a_store_set_over_the_api_is_stored_redacted_and_taken_at_the_restart(tmp_path, mock_port):
+    g = start(tmp_path, mock_port)
+    try:
+        db = tmp_path / "gov.db"
+        st, body = call(g.admin, "PUT", A("config/settings"),
+                        {"store": {"module": "sqlite", "settings": {"db_path": str(db)}}})
+        assert st == 200 and body["reload_to_apply"] == ["store"], body
+        assert body["settings"] == {"store": {"module": "sqlite", "settings_keys": ["db_path"]}}
+        st, got = call(g.admin, "GET", A("config/settings"), token=VIEW)
+        assert got["settings"] == body["settings"] and str(db) not in json.dumps(got)
+        # the redacted read is not a value to write back
+        st, resp = call(g.admin, "PUT", A("config/settings"), got["settings"])
+        assert st == 400 and "settings_keys" in resp["error"]["message"]
+        st, resp = call(g.admin, "PUT", A("config/settings"), {"observability": {}})
+        assert st == 400 and "observability" in resp["error"]["message"]
+        assert call(g.admin, "GET", A("keys"))[0] == 404       # no governance in this process
+        assert call(g.admin, "POST", A("restart"), {"confirm": True})[0] == 202
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                st, _ = call(g.admin, "GET", A("keys"))
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline and g.proc.poll() is None
+            time.sleep(0.1)
+        assert db.exists()
+    finally:
+        stop(g.proc)
