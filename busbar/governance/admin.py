@@ -32,9 +32,10 @@ NAME_MAX = 200
 ACK_TIMEOUT_SECS = 5.0
 
 
-def mount(r, gw, boot):
+def mount(r, gw):
     """Governance's endpoints into `r`, the admin listener's route table (gw.admin_routes)."""
     P = "/api/v1/admin"
+    boot = _Boot(gw)
 
     def gov():
         g = gw.snapshot.governance
@@ -393,6 +394,16 @@ def mount(r, gw, boot):
         r.add(method, P + path, _when_ready(boot, handler), summary="governance: " + summary)
 
 
+class _Boot:
+    """gw.gov_boot, looked up when a call needs it (None while governance is off)."""
+
+    def __init__(self, gw):
+        self.gw = gw
+
+    def __getattr__(self, name):
+        return getattr(self.gw.gov_boot, name)
+
+
 # How long an admin call waits for the store to open at boot before it is refused (a Redis that
 # answers at all opens in milliseconds; the socket timeout bounds each try).
 STORE_READY_SECS = 10.0
@@ -400,7 +411,7 @@ STORE_READY_SECS = 10.0
 
 def _when_ready(boot, handler):
     async def call(req):
-        ready = boot.ready
+        ready = boot.gw.gov_boot.ready if boot.gw.gov_boot is not None else None
         if ready is not None and not ready.is_set():
             try:
                 await asyncio.wait_for(ready.wait(), STORE_READY_SECS)

@@ -140,11 +140,8 @@ class GovBoot:
     async def start(self, gw):
         gate = gw.gate
         self.ready = asyncio.Event()
-        if not self.is_child:
-            # The routes exist as soon as the admin listener does (another worker may already
-            # serve data); a call waits for the store to open (busbar/governance/admin.py).
-            from .admin import mount
-            mount(gw.admin_routes, gw, self)
+        # Governance's admin routes are the admin site's (busbar/admin/site.py mounts them whether
+        # or not governance is on); a call waits for the store to open (busbar/governance/admin.py).
         if not self.local:
             await gate.directory.start()
             await gate.ledger.start()

@@ -91,6 +91,8 @@ PUBSUB_DEAD = 5.0               # ...and is declared dead (cache dropped) after 
 # REVOCATION_SYNC_TTL_SECS, so a revocation reaches either gateway as late).
 POLICY_TTL = 5.0
 PREFIX = "busbar:"
+# An audit record's fields, in the Rust AuditRecord's order (its JSON in the `audit` sorted set).
+AUDIT_FIELDS = ("seq", "ts", "action", "resource", "outcome", "principal", "prev_hash", "hash")
 SCHEMA_VERSION = 6
 TIERS = ("input", "output", "cache_read", "cache_write")
 # A CAS write (a key row changed between its read and its write) is tried again this often.
@@ -845,6 +847,24 @@ class RedisStore:
         await self._call(self._r.publish(self.channel, "all"))
 
     # -- usage
+    # -- audit: the valkey store's layout, a sorted set of the records' JSON scored by seq
+    audit_sync = False
+
+    async def append_audit(self, rec: dict) -> None:
+        key = self.prefix + "audit"
+        body = orjson.dumps({f: rec[f] for f in AUDIT_FIELDS})
+        pipe = self._r.pipeline(transaction=True)
+        pipe.zremrangebyscore(key, rec["seq"], rec["seq"])
+        pipe.zadd(key, {body: rec["seq"]})
+        await self._call(pipe.execute())
+
+    async def audit_tail(self):
+        rows = await self._call(self._r.zrange(self.prefix + "audit", -1, -1))
+        return orjson.loads(rows[0]) if rows else None
+
+    async def list_audit(self) -> list:
+        return [orjson.loads(m) for m in await self._call(self._r.zrange(self.prefix + "audit", 0, -1))]
+
     async def add_usage(self, rows: list[Usage], windows=None) -> None:
         w = _usage_writes(self.prefix, rows, windows, time.time())
         if w:

@@ -26,6 +26,10 @@ store that cannot answer raises):
     usage_totals()            the same summed over every day per (key_id, group, model), day None
     window(bucket_id, start)  (local stores, synchronous) a bucket's ledger: (requests, billable,
                               {model: [input, output, cache read, cache write]})
+    audit (busbar/admin/audit.py, which computes the hash chain; a store keeps records verbatim):
+      local stores (audit_sync = True): append_audit_sync(rec), audit_tail_sync() -> the record
+      of the highest seq or None, list_audit_sync() -> every record, oldest first;
+      Redis: the same as coroutines append_audit, audit_tail, list_audit
 
 Each key, credential, denylist entry, metering row and window is a row of the Rust store's own
 tables, so a file one gateway wrote is read by the other as it is (docs/governance.md, "Stores").
@@ -74,6 +78,9 @@ class MemoryStore:
         self.groups = {}        # name -> GroupRecord (made through the admin API)
         self.metering = {}      # (bucket, key, provider, model) -> [group at use, 6 counts]
         self.windows = {}       # (bucket id, window start) -> [requests, billable, {model: [4]}]
+        self.audit = []         # audit records (dicts), oldest first
+
+    audit_sync = True
 
     async def open(self):
         pass
@@ -184,6 +191,17 @@ class MemoryStore:
         if cur is None:
             return 0, 0, {}
         return cur[0], cur[1], {m: list(t) for m, t in cur[2].items()}
+
+
+    # -- audit
+    def append_audit_sync(self, rec: dict):
+        self.audit.append(dict(rec))
+
+    def audit_tail_sync(self):
+        return dict(self.audit[-1]) if self.audit else None
+
+    def list_audit_sync(self):
+        return [dict(r) for r in self.audit]
 
 
 def _usage_row(bucket, key_id, group, model, provider, counts) -> dict:
@@ -650,6 +668,24 @@ class SqliteStore(MemoryStore):
     async def delete_group(self, name):
         self.db.execute("DELETE FROM store_meta WHERE k = ?", (GROUP_META + name,))
         await MemoryStore.delete_group(self, name)
+
+    # -- audit: the v6 schema's audit_log, append-only (its triggers refuse UPDATE and DELETE)
+    _AUDIT_COLS = "seq, ts, action, resource, outcome, principal, prev_hash, hash"
+
+    def append_audit_sync(self, rec: dict):
+        self.db.execute("INSERT INTO audit_log (%s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)" % self._AUDIT_COLS,
+                        (rec["seq"], rec["ts"], rec["action"], rec["resource"], rec["outcome"],
+                         rec["principal"], rec["prev_hash"], rec["hash"]))
+
+    def audit_tail_sync(self):
+        row = self.db.execute("SELECT %s FROM audit_log ORDER BY seq DESC LIMIT 1"
+                              % self._AUDIT_COLS).fetchone()
+        return None if row is None else dict(zip(self._AUDIT_COLS.split(", "), row))
+
+    def list_audit_sync(self):
+        cols = self._AUDIT_COLS.split(", ")
+        return [dict(zip(cols, r)) for r in self.db.execute(
+            "SELECT %s FROM audit_log ORDER BY seq" % self._AUDIT_COLS)]
 
     # -- usage
     def _write_usage(self, db, rows, windows):
