@@ -6,17 +6,17 @@ plugin catalog busbar/admin/plugins.py's. Reads come from the parent's current s
 worker runs the same one: swaps are acknowledged before they return)."""
 from __future__ import annotations
 
-import base64
 import os
 import signal
-from urllib.parse import parse_qs
 
 import orjson
 
 from busbar.admin import overlay as fmt
 from busbar.admin import views
 from busbar.admin.live import Locked, NoFiles, NoSlot, WorkersFailed
-from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, error_response, json_response
+from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, check_version, config_if_match
+from busbar.admin.site import compact_response as json_response
+from busbar.admin.site import page as cursor_page
 from busbar.config import ConfigError
 
 # GET config/versions: page size when none is asked, and the most one page holds (the Rust
@@ -33,18 +33,13 @@ RESTART_DELAY_SECS = 0.05
 
 # ---------------------------------------------------------------------- shared helpers
 def query(req) -> dict:
-    return {k: v[-1] for k, v in parse_qs(req.query or "", keep_blank_values=True).items()}
+    return req.query_params()
 
 
 def principal(req) -> str:
-    """Who made a change, for the history: the Rust gateway's principal ids (every static admin
-    token is the one principal "admin"; an open admin plane is "anonymous")."""
-    p = getattr(req, "principal", None)
-    if isinstance(p, str):
-        return p
-    if p is not None and getattr(p, "name", None):
-        return "admin"
-    return "anonymous" if req.site.open else "admin"
+    """Who made a change, for the history: the Rust gateway's principal ids (busbar/admin/site.py:
+    every static admin token is the one principal "admin"; an open admin plane is "anonymous")."""
+    return req.principal
 
 
 def with_etag(resp: Response, live) -> Response:
@@ -53,26 +48,9 @@ def with_etag(resp: Response, live) -> Response:
 
 
 def check_if_match(req, live) -> None:
-    """RFC 7232 If-Match against the config-plane ETag: absent or `*` is unguarded; a stale tag is
-    409 version_conflict; a malformed header is 400 (a broken guard never passes as no guard)."""
-    raw = req.headers.get(b"if-match")
-    if raw is None:
-        return
-    value = raw.decode("latin-1").strip()
-    if value == "*":
-        return
-    tags = []
-    for part in value.split(","):
-        t = part.strip()
-        if t.startswith("W/"):
-            t = t[2:]
-        if len(t) < 2 or t[0] != '"' or t[-1] != '"' or '"' in t[1:-1]:
-            raise AdminError(400, "malformed If-Match header: expected a quoted ETag such as "
-                             "\"%d\" or *" % live.current)
-        tags.append(t[1:-1])
-    if str(live.current) not in tags:
-        raise AdminError(409, "the config changed (config version is now %d): re-read for a fresh "
-                         "ETag and retry" % live.current, code="version_conflict")
+    """RFC 7232 If-Match against the config-plane ETag (busbar/admin/site.py): absent or `*` is
+    unguarded; a stale tag is 409 version_conflict; a malformed one is 400."""
+    check_version(config_if_match(req), live.current)
 
 
 def json_body(req, required=True):
@@ -96,10 +74,6 @@ def no_unknown(body, allowed, what="body"):
             what, extra[0], ", ".join("`%s`" % a for a in allowed)))
 
 
-def _config_error(e: ConfigError):
-    return error_response(400, "invalid config; nothing changed: " + "; ".join(e.problems[:20]))
-
-
 async def mutation(live, coro):
     """Runs a config-plane change, mapping its failures to the error envelope."""
     try:
@@ -121,36 +95,6 @@ async def mutation(live, coro):
         raise AdminError(409, str(e)) from None
     except WorkersFailed as e:
         raise AdminError(500, str(e)) from None
-
-
-# ---------------------------------------------------------------------- cursors
-def encode_cursor(kind: str, value: int) -> str:
-    return base64.urlsafe_b64encode(b"%s:%d" % (kind.encode(), value)).decode().rstrip("=")
-
-
-def decode_cursor(kind: str, raw: str) -> int:
-    try:
-        text = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).decode()
-        k, _, v = text.partition(":")
-        if k != kind:
-            raise ValueError
-        return int(v)
-    except (ValueError, UnicodeDecodeError):
-        raise AdminError(400, "malformed or foreign pagination cursor: pass `next_cursor` "
-                         "back verbatim") from None
-
-
-def page_limit(q, default, cap):
-    raw = q.get("limit")
-    if raw is None:
-        return default
-    try:
-        n = int(raw)
-    except ValueError:
-        raise AdminError(400, "invalid `limit`: expected a positive integer") from None
-    if n < 1:
-        raise AdminError(400, "invalid `limit`: expected a positive integer")
-    return min(n, cap)
 
 
 # ---------------------------------------------------------------------- restart
@@ -259,15 +203,8 @@ def mount(site, live, plane):
                          live)
 
     def versions(req):
-        q = query(req)
-        limit = page_limit(q, VERSIONS_PAGE_DEFAULT, VERSIONS_PAGE_MAX)
-        rows = list(reversed(live.versions))
-        if q.get("cursor"):
-            below = decode_cursor("cv", q["cursor"])
-            rows = [v for v in rows if v.version < below]
-        items = rows[:limit]
-        nxt = encode_cursor("cv", items[-1].version) if len(rows) > limit else None
-        return json_response({"items": [v.meta() for v in items], "next_cursor": nxt})
+        rows = [v.meta() for v in reversed(live.versions)]
+        return json_response(cursor_page(req, rows, VERSIONS_PAGE_DEFAULT, VERSIONS_PAGE_MAX))
 
     def _version_arg(raw, what):
         try:

@@ -21,7 +21,8 @@ from busbar.admin.api import (
     principal,
     with_etag,
 )
-from busbar.admin.site import PREFIX, AdminError, Response, json_response
+from busbar.admin.site import PREFIX, AdminError, Response
+from busbar.admin.site import compact_response as json_response
 from busbar.hooks.config import MODULES as HOOK_MODULES
 from busbar.hooks.config import SETTINGS_KEYS as HOOK_SETTINGS_KEYS
 

@@ -19,7 +19,8 @@ import tarfile
 
 from busbar.admin import views
 from busbar.admin.api import json_body, no_unknown, query
-from busbar.admin.site import PREFIX, AdminError, Response, json_response
+from busbar.admin.site import PREFIX, AdminError, Response
+from busbar.admin.site import compact_response as json_response
 from busbar.governance.config import STORE_MODULES
 
 TYPES = ("auth", "hooks", "store", "secret")

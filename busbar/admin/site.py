@@ -293,10 +293,17 @@ def config_plane_version(gw) -> int:
     """The config-plane ETag's value: the running config's version plus the config-plane changes
     made since without a config swap (groups through the API: `gw.plane_bumps`). Both only grow, so
     the sum changes whenever either does."""
+    live = getattr(gw, "live", None)
+    if live is not None:        # the parent: the config history's version (busbar/admin/live.py)
+        return live.current
     return gw.snapshot.version + getattr(gw, "plane_bumps", 0)
 
 
-def bump_plane(gw):
+def bump_plane(gw, principal=OPERATOR, summary="groups"):
+    live = getattr(gw, "live", None)
+    if live is not None:        # a change without a swap is a config version too (the history)
+        live.record(principal, summary)
+        return
     gw.plane_bumps = getattr(gw, "plane_bumps", 0) + 1
 
 

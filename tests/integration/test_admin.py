@@ -116,7 +116,7 @@ def test_tokens_and_scopes(gw):
     st, _ = call(gw.admin, "GET", A("info"), token=None, headers={"x-admin-token": VIEW})
     assert st == 200
     st, body = call(gw.admin, "POST", A("config/reload"), token=VIEW)
-    assert st == 403 and body["error"]["code"] == "forbidden" and "'full'" in body["error"]["message"]
+    assert st == 403 and body["error"]["code"] == "forbidden" and "`full`" in body["error"]["message"]
     # validate is a read-only POST
     st, body = call(gw.admin, "POST", A("config/validate"), {"config": {"providers": {}, "models": {}}},
                     token=VIEW)
