@@ -167,6 +167,7 @@ class LiveConfig:
         self.versions = [Version(0, "system", "boot", cfg.document)]
         self.started = time.time()
         self.on_swap = []                   # called with the new Config after every swap
+        self.trips = None                   # busbar/admin/views.py TripClock (GET pools)
 
     @property
     def control(self) -> Control:

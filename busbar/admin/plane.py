@@ -164,3 +164,6 @@ class ParentAgent:
             self.server.close()
         if self.site is not None:
             self.site.close()
+        trips = getattr(getattr(self, "live", None), "trips", None)
+        if trips is not None:
+            trips.close()

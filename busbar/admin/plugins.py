@@ -65,7 +65,7 @@ def catalog(snap, ptype) -> list:
     if ptype == "store":
         store = doc.get("store") if isinstance(doc.get("store"), dict) else {}
         module = STORE_MODULES.get(store.get("module", "memory"))
-        kinds = {"memory": "memory", "sqlite": "sqlite", "valkey": "redis"}
+        kinds = {"memory": "memory", "sqlite": "sqlite", "valkey": "redis", "postgres": "postgres"}
         return [row(n, "store", active=(module == k) if store else None)
                 for n, k in kinds.items()]
     return []      # secret: env and file are handled inline, not as plugins

@@ -30,6 +30,48 @@ def doc_of(snap) -> dict:
 
 
 # ------------------------------------------------------------------ topology
+# How often the parent looks at the breaker cells' trip counters to stamp `last_trip_at`: a second
+# is the field's own unit (epoch seconds), and a pass reads one shared counter per cell.
+TRIP_SAMPLE_SECS = 1.0
+
+
+class TripClock:
+    """`last_trip_at` of each (pool, model) cell: the breaker counts trips in memory every worker
+    shares (busbar/reliability/breaker.py S_TRIPS) but keeps no time, so the admin process reads the
+    counters once a second and stamps the second it saw one move (at most a second late)."""
+
+    def __init__(self, gw):
+        self.gw = gw
+        self.seen = {}
+        self.at = {}
+        self.handle = None
+
+    def start(self):
+        self.tick()
+
+    def tick(self):
+        from busbar.reliability.breaker import S_TRIPS
+        gw = self.gw
+        rel = gw.reliability
+        if rel is not None:
+            now = None
+            for key, cell in list(rel.cells.items()):
+                n = cell.slots.value(cell.base + S_TRIPS)
+                # A cell starts at 0 (boot, or a reload that added it): one first seen above 0
+                # tripped since the last pass.
+                before = self.seen.get(key, 0)
+                if n > before:
+                    now = now or int(time.time())
+                    self.at[key] = now
+                self.seen[key] = n
+        if not gw.draining:
+            self.handle = gw.loop.call_later(TRIP_SAMPLE_SECS, self.tick)
+
+    def close(self):
+        if self.handle is not None:
+            self.handle.cancel()
+
+
 def pool_view(pool) -> dict:
     return {"name": pool.name, "members": [{"model": m.model.name, "weight": m.weight}
                                            for m in pool.members]}
@@ -59,9 +101,15 @@ def member_status(gw, snap, pool_name, member) -> dict:
         "available_concurrency": s["free_slots"] if limit is not None else 4294967295,
         "inflight": s["inflight"], "ok": s["ok"], "err": s["err"], "dead": s["dead"],
         "trip_count": s["trips"],
+        "last_trip_at": _trip_at(gw, pool_name, name),
         "latency_ms": signals.latency_ms(lane) if signals is not None else None,
     })
     return row
+
+
+def _trip_at(gw, pool, name):
+    clock = getattr(getattr(gw, "live", None), "trips", None)
+    return None if clock is None else clock.at.get((pool, name))
 
 
 def pool_detail(gw, snap, pool) -> dict:

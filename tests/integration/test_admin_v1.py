@@ -351,7 +351,7 @@ def test_plugins_answer_as_with_plugins_disabled(gw, tmp_path):
     import io
     import tarfile
     st, body = call(gw.admin, "GET", A("plugins?type=store"), token=VIEW)
-    assert [p["name"] for p in body["items"]] == ["memory", "sqlite", "valkey"]
+    assert [p["name"] for p in body["items"]] == ["memory", "sqlite", "valkey", "postgres"]
     assert all(p["loader"] == "compiled-in" and p["file"] is None for p in body["items"])
     st, body = call(gw.admin, "GET", A("plugins?type=auth"), token=VIEW)
     assert {p["name"]: p["active"] for p in body["items"]} == {"keys": True, "admin-tokens": True}
@@ -493,3 +493,46 @@ def test_a_store_set_over_the_api_is_stored_redacted_and_taken_at_the_restart(tm
         assert db.exists()
     finally:
         stop(g.proc)
+
+
+def test_a_trip_shows_in_the_pools_live_status_with_its_time(tmp_path, mock_port):
+    """A member whose upstream fails trips its breaker in either worker: pools/{name} then says
+    usable false, a cooldown, trip_count 1 and the second of the trip (last_trip_at)."""
+    from tests.hostile import HostileUpstream, http_response
+    up = HostileUpstream({"down": lambda c, req: c.sendall(http_response(
+        500, b'{"error":{"message":"down","type":"server_error"}}'))})
+    g = start(tmp_path, mock_port, workers=2)
+    try:
+        import yaml
+        doc = yaml.safe_load(g.path.read_text())
+        doc["providers"]["h"] = {"protocol": "openai", "base_url": up.url, "api_key": {"env": "MOCK_KEY"}}
+        doc["models"]["d"] = {"provider": "h", "upstream_model": "down"}
+        doc["pools"]["q"] = {"members": [{"model": "d", "weight": 3}, {"model": "a"}],
+                             "breaker": {"trip": {"mode": "consecutive", "consecutive_n": 1},
+                                         "base_cooldown_secs": 60, "max_cooldown_secs": 60}}
+        assert call(g.admin, "POST", A("config/apply"), {"config": doc})[0] == 200
+        st, pool = call(g.admin, "GET", A("pools/q"))
+        d = pool["members"][0]
+        assert (d["model"], d["weight"], d["usable"], d["trip_count"], d["last_trip_at"]) == (
+            "d", 3, True, 0, None)
+        t0 = int(time.time())
+        c = http.client.HTTPConnection("127.0.0.1", g.port, timeout=10)
+        c.request("POST", "/v1/chat/completions",
+                  json.dumps({"model": "q", "messages": [{"role": "user", "content": "hi"}]}),
+                  {"content-type": "application/json"})
+        c.getresponse().read()
+        deadline = time.monotonic() + 5
+        while True:
+            d = call(g.admin, "GET", A("pools/q"))[1]["members"][0]
+            if d["last_trip_at"] is not None:
+                break
+            assert time.monotonic() < deadline, d
+            time.sleep(0.1)
+        assert d["trip_count"] == 1 and d["usable"] is False and d["err"] == 1
+        assert 50 <= d["cooldown_remaining_seconds"] <= 60
+        assert t0 <= d["last_trip_at"] <= int(time.time())
+        detail = call(g.admin, "GET", A("pools?detail=true"))[1]["items"]
+        assert [p for p in detail if p["name"] == "q"][0]["members"][0]["trip_count"] == 1
+    finally:
+        stop(g.proc)
+        up.close()
