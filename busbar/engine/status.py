@@ -3,8 +3,9 @@ lines, and a header's value in a parsed response's header list."""
 from __future__ import annotations
 
 REASONS = {
-    100: b"Continue", 200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
-    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout",
+    100: b"Continue", 200: b"OK", 201: b"Created", 202: b"Accepted", 204: b"No Content",
+    400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden",
+    404: b"Not Found", 405: b"Method Not Allowed", 408: b"Request Timeout", 409: b"Conflict",
     413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large",
     500: b"Internal Server Error", 502: b"Bad Gateway", 503: b"Service Unavailable",
     504: b"Gateway Timeout", 529: b"Site Overloaded",
