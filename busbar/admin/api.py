@@ -6,6 +6,7 @@ plugin catalog busbar/admin/plugins.py's. Reads come from the parent's current s
 worker runs the same one: swaps are acknowledged before they return)."""
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 
@@ -95,6 +96,45 @@ async def mutation(live, coro):
         raise AdminError(409, str(e)) from None
     except WorkersFailed as e:
         raise AdminError(500, str(e)) from None
+
+
+# ---------------------------------------------------------------------- audit
+def audited(action, resource):
+    """A handler whose every attempt is a row of the audit log (busbar/admin/site.py req.audit):
+    `applied` when it answers below 400, `rejected` otherwise (a stale If-Match, an invalid
+    config, an unknown name: probing leaves a trail). `action` and `resource` are the Rust
+    gateway's words (hook.register, hook:<name>); `resource` may be a function of the request."""
+    def wrap(handler):
+        async def run(req):
+            res = resource(req) if callable(resource) else resource
+            try:
+                out = handler(req)
+                if asyncio.iscoroutine(out):
+                    out = await out
+            except AdminError:
+                req.audit(action, res, "rejected")
+                raise
+            req.audit(action, res, "applied" if out.status < 400 else "rejected")
+            return out
+        return run
+    return wrap
+
+
+def param(prefix, name):
+    """A resource named by a path parameter: `hook:<name>`."""
+    return lambda req: "%s:%s" % (prefix, req.params.get(name, "?"))
+
+
+def body_field(fmt, field):
+    """A resource named by a field of the JSON body (`hook:%s` of POST hooks' name, `config:v%s` of
+    a rollback's version), `?` when the body does not have it."""
+    def name(req):
+        try:
+            v = orjson.loads(req.body or b"{}").get(field)
+        except (orjson.JSONDecodeError, AttributeError):
+            v = None
+        return fmt % (v if isinstance(v, (str, int)) and not isinstance(v, bool) else "?")
+    return name
 
 
 # ---------------------------------------------------------------------- restart
@@ -289,7 +329,7 @@ def mount(site, live, plane):
             ov["root"] = fmt.merge_root(ov["root"], body)
             return ov
         done, ov = await mutation(live, live.mutate_overlay(
-            mutate, principal(req), "config.settings root:%s" % (",".join(sorted(body)) or "-"),
+            mutate, principal(req), "config.settings (root section applied)",
             stored_if_restart=True))
         later = fmt.reload_to_apply(body)
         note = ("stored durably in the overlay and live now" if not later else
@@ -319,7 +359,7 @@ def mount(site, live, plane):
             changed = True
             return fmt.clear(ov, section)
         await mutation(live, live.mutate_overlay(mutate, principal(req),
-                                                 "overlay.reset section:%s" % section))
+                                                 "overlay.reset %s (revert to config.yaml)" % section))
         return with_etag(json_response({"reset": section, "config_version": live.current,
                                         "changed": changed}), live)
 
@@ -355,17 +395,25 @@ def mount(site, live, plane):
     r.add("GET", PREFIX + "/providers", providers, summary="providers and their lane counts")
     r.add("GET", PREFIX + "/config", config, summary="the effective config, redacted")
     r.add("POST", PREFIX + "/config/validate", validate, summary="dry-run validate a config")
-    r.add("POST", PREFIX + "/config/reload", reload, summary="re-read the config files and swap")
-    r.add("POST", PREFIX + "/config/apply", apply, summary="apply a whole config (live only)")
-    r.add("POST", PREFIX + "/config/rollback", rollback, summary="restore a retained version")
+    r.add("POST", PREFIX + "/config/reload", audited("config.reload", "config:disk")(reload),
+          summary="re-read the config files and swap")
+    r.add("POST", PREFIX + "/config/apply", audited("config.apply", "config:body")(apply),
+          summary="apply a whole config (live only)")
+    r.add("POST", PREFIX + "/config/rollback",
+          audited("config.rollback", body_field("config:v%s", "version"))(rollback),
+          summary="restore a retained version")
     r.add("GET", PREFIX + "/config/versions", versions, summary="config version history")
     r.add("GET", PREFIX + "/config/versions/{v}", version, summary="one retained version")
     r.add("GET", PREFIX + "/config/diff", diff, summary="hook-surface diff of two versions")
     r.add("GET", PREFIX + "/config/settings", settings, summary="the overlay's root settings")
-    r.add("PUT", PREFIX + "/config/settings", put_settings, summary="set root settings durably")
-    r.add("DELETE", PREFIX + "/overlay/{section}", reset_overlay,
+    r.add("PUT", PREFIX + "/config/settings",
+          audited("config.settings", "config:settings")(put_settings),
+          summary="set root settings durably")
+    r.add("DELETE", PREFIX + "/overlay/{section}",
+          audited("overlay.reset", param("overlay", "section"))(reset_overlay),
           summary="revert one overlay section to config.yaml")
-    r.add("POST", PREFIX + "/restart", restart, summary="drain and start again")
+    r.add("POST", PREFIX + "/restart", audited("admin.restart", "process")(restart),
+          summary="drain and start again")
     r.add("GET", PREFIX + "/openapi.json", openapi, summary="this API as OpenAPI 3.1")
     from busbar.admin import named, plugins
     named.mount(site, live)

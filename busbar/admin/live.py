@@ -234,9 +234,9 @@ class LiveConfig:
         config, out = build(self.path)
         if config is None:
             raise ConfigError(out.errors, out.warnings)
-        return await self.swap(config, principal, "config.reload")
+        return await self.swap(config, principal, "config.reload (from disk)")
 
-    async def apply(self, doc: dict, providers=None, principal="system", summary="config.apply"):
+    async def apply(self, doc: dict, providers=None, principal="system", summary="config.apply (request body)"):
         """A whole config from the body: live until the next reload or restart (config.yaml is
         the source of truth; the overlay holds only what the named admin calls change)."""
         if self.control.locked:
@@ -255,7 +255,7 @@ class LiveConfig:
         config, errors, warnings = self.build_text(self._apply_doc(v.document))
         if config is None:
             raise ConfigError(errors, warnings)
-        return await self.swap(config, principal, "config.rollback version:%d" % version)
+        return await self.swap(config, principal, "config.rollback to v%d" % version)
 
     async def mutate_overlay(self, mutate, principal, summary, stored_if_restart=False):
         """A change to the overlay (settings, hooks, identity providers, exporters, a section
@@ -334,7 +334,7 @@ class LiveConfig:
             self.current = version
             self.versions.append(Version(version, principal, summary, config.document, restart))
             del self.versions[:-MAX_VERSIONS]
-            what, _, to = summary.partition(" version:")
+            what, _, to = summary.partition(" to v")
             event(logging.WARNING if failed else logging.INFO, "reload", version=version,
                   kind=_kind(what), **({"rollback_to": to} if to else {}),
                   workers=1 + len(self.workers) - len(failed), workers_failed=len(failed),

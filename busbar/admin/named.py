@@ -14,10 +14,13 @@ import time
 from busbar.admin import overlay as fmt
 from busbar.admin import views
 from busbar.admin.api import (
+    audited,
+    body_field,
     check_if_match,
     json_body,
     mutation,
     no_unknown,
+    param,
     principal,
     with_etag,
 )
@@ -40,6 +43,9 @@ FORWARDER_SCHEMA = {
 }
 SCOPE_RANK = {"read-only": 0, "full": 1}
 SECTION_NAMES = {"identity-providers": "identity provider", "export": "exporter"}
+# The audit log's and the history's name of a definition (`identity-provider:corp`): the Rust
+# gateway's.
+AUDIT_NOUNS = {"identity-providers": "identity-provider", "export": "exporter"}
 
 
 def _rank(scope):
@@ -96,7 +102,7 @@ def mount(site, live):
             if tok is None or tok.scope != "full":
                 raise AdminError(409, "the new admin_auth chain would lock the caller out (its "
                                  "credential would not hold `full` under it); nothing changed")
-        await mutation(live, live.apply(new, None, principal(req), "admin_auth.put"))
+        await mutation(live, live.apply(new, None, principal(req), "auth.admin_chain_put"))
         view = views.admin_auth_view(gw.snapshot)
         view.update(applied=True, config_version=live.current,
                     note="live until the next reload or restart, which return to config.yaml")
@@ -152,7 +158,7 @@ def mount(site, live):
             o["global_hooks"] = g
             return o
         await mutation(live, live.mutate_overlay(
-            mutate, principal(req), "hook.%s hook:%s" % ("register" if creating else "put", name)))
+            mutate, principal(req), "hook.%s hook:%s" % ("register" if creating else "replace", name)))
         return existing is None
 
     async def post_hook(req):
@@ -251,6 +257,7 @@ def mount(site, live):
     # ------------------------------------------------------------------ named maps
     def named_routes(section):
         what = SECTION_NAMES[section]
+        noun = AUDIT_NOUNS[section]
         base = PREFIX + "/" + section
 
         def entries():
@@ -287,7 +294,7 @@ def mount(site, live):
                 raise AdminError(409, "%s `%s` is defined in config.yaml (edit it there)" % (
                     what, name))
 
-        async def _store(req, name, definition):
+        async def _store(req, name, definition, verb="replace"):
             def mutate(o):
                 o = dict(o)
                 maps = dict(o["named_maps"])
@@ -295,7 +302,7 @@ def mount(site, live):
                 o["named_maps"] = maps
                 return o
             await mutation(live, live.mutate_overlay(mutate, principal(req),
-                                                     "%s.put %s:%s" % (section, section, name)))
+                                                     "%s.%s %s:%s" % (noun, verb, noun, name)))
 
         async def put(req):
             check_if_match(req, live)
@@ -325,7 +332,7 @@ def mount(site, live):
                 raise AdminError(404, "%s `%s` not found" % (what, name))
             ov = overlay()
             _check_base(name, ov)
-            await _store(req, name, dict(ov["named_maps"][section][name], settings=bag))
+            await _store(req, name, dict(ov["named_maps"][section][name], settings=bag), "settings")
             return with_etag(json_response(_pending(one(name))), live)
 
         async def delete(req):
@@ -353,25 +360,34 @@ def mount(site, live):
                 o["named_maps"] = maps
                 return o
             await mutation(live, live.mutate_overlay(mutate, principal(req),
-                                                     "%s.delete %s:%s" % (section, section, name)))
+                                                     "%s.delete %s:%s" % (noun, noun, name)))
             return with_etag(Response(204, b""), live)
 
         r.add("GET", base, listing, summary="every %s definition" % what)
         r.add("GET", base + "/{name}", get, summary="one %s definition" % what)
-        r.add("PUT", base + "/{name}", put, summary="create or replace an API-owned %s" % what)
-        r.add("DELETE", base + "/{name}", delete, summary="remove an API-owned %s" % what)
-        r.add("PATCH", base + "/{name}/settings", patch_settings,
+        r.add("PUT", base + "/{name}", audited(noun + ".replace", param(noun, "name"))(put),
+              summary="create or replace an API-owned %s" % what)
+        r.add("DELETE", base + "/{name}", audited(noun + ".delete", param(noun, "name"))(delete),
+              summary="remove an API-owned %s" % what)
+        r.add("PATCH", base + "/{name}/settings",
+              audited(noun + ".settings", param(noun, "name"))(patch_settings),
               summary="replace an API-owned %s's settings bag" % what)
 
     r.add("GET", PREFIX + "/auth", auth, summary="the ingress auth chain and upstream credentials")
     r.add("GET", PREFIX + "/admin-auth", admin_auth, summary="the admin auth chain")
-    r.add("PUT", PREFIX + "/admin-auth", put_admin_auth, summary="replace the admin auth chain")
+    r.add("PUT", PREFIX + "/admin-auth",
+          audited("auth.admin_chain_put", "auth:admin_auth")(put_admin_auth),
+          summary="replace the admin auth chain")
     r.add("GET", PREFIX + "/hooks", hooks, summary="the hook registry")
-    r.add("POST", PREFIX + "/hooks", post_hook, summary="register a hook")
+    r.add("POST", PREFIX + "/hooks", audited("hook.register", body_field("hook:%s", "name"))(post_hook),
+          summary="register a hook")
     r.add("GET", PREFIX + "/hooks/{name}", hook, summary="one hook")
-    r.add("PUT", PREFIX + "/hooks/{name}", put_hook, summary="replace an API-registered hook")
-    r.add("DELETE", PREFIX + "/hooks/{name}", delete_hook, summary="remove an API-registered hook")
-    r.add("PATCH", PREFIX + "/hooks/{name}/settings", patch_hook_settings,
+    r.add("PUT", PREFIX + "/hooks/{name}", audited("hook.replace", param("hook", "name"))(put_hook),
+          summary="replace an API-registered hook")
+    r.add("DELETE", PREFIX + "/hooks/{name}", audited("hook.delete", param("hook", "name"))(delete_hook),
+          summary="remove an API-registered hook")
+    r.add("PATCH", PREFIX + "/hooks/{name}/settings",
+          audited("hook.settings", param("hook", "name"))(patch_hook_settings),
           summary="replace a hook's settings")
     r.add("GET", PREFIX + "/hooks/{name}/health", hook_health, summary="a hook's module")
     r.add("GET", PREFIX + "/hooks/{name}/schema", hook_schema, summary="a hook's settings schema")

@@ -18,7 +18,7 @@ import re
 import tarfile
 
 from busbar.admin import views
-from busbar.admin.api import json_body, no_unknown, query
+from busbar.admin.api import audited, body_field, json_body, no_unknown, param, query
 from busbar.admin.site import PREFIX, AdminError, Response
 from busbar.admin.site import compact_response as json_response
 from busbar.governance.config import STORE_MODULES
@@ -192,10 +192,14 @@ def mount(site, live):
                          % req.params["file"])
 
     r.add("GET", PREFIX + "/plugins", listing, summary="the plugin catalog for one type")
-    r.add("POST", PREFIX + "/plugins", install, summary="install a plugin tarball (refused)")
+    r.add("POST", PREFIX + "/plugins", audited("plugin.install", body_field("plugin:%s", "file"))(install),
+          summary="install a plugin tarball (refused)")
     r.add("POST", PREFIX + "/plugins/inspect", inspect, scope="read-only",
           summary="preview a plugin tarball's manifest")
     r.add("POST", PREFIX + "/plugins/reload", reload, summary="reload the plugin layer")
-    r.add("POST", PREFIX + "/plugins/rollback", rollback, summary="pin a plugin to a prior version")
-    r.add("DELETE", PREFIX + "/plugins/{file}", remove, summary="remove a tarball from plugins.dir")
+    r.add("POST", PREFIX + "/plugins/rollback",
+          audited("plugin.rollback", body_field("plugin:%s", "file"))(rollback),
+          summary="pin a plugin to a prior version")
+    r.add("DELETE", PREFIX + "/plugins/{file}", audited("plugin.remove", param("plugin", "file"))(remove),
+          summary="remove a tarball from plugins.dir")
     r.add("GET", PREFIX + "/plugins/{file}/schema", schema, summary="a plugin's settings schema")

@@ -221,7 +221,7 @@ def test_apply_versions_rollback_and_restart_only_keys(gw):
     assert _spread(gw.port) == {"model-applied"}  # still served on the old listener
     st, vs = call(gw.admin, "GET", A("config/versions"), token=VIEW)
     assert vs["items"][0] == {"version": before + 1, "ts": vs["items"][0]["ts"], "principal": "admin",
-                              "summary": "config.apply"}
+                              "summary": "config.apply (request body)"}
     st, body = call(gw.admin, "POST", A("config/rollback"), {"version": before},
                     headers={"If-Match": '"%d"' % before})
     assert st == 409 and body["error"]["code"] == "version_conflict"

@@ -260,6 +260,16 @@ def test_hooks_register_replace_settings_and_delete(gw):
     assert st == 204 and hdrs["ETag"] == '"%d"' % (cfg["version"] + 1)
     assert call(gw.admin, "DELETE", A("hooks/audit1"))[0] == 404
     assert call(gw.admin, "GET", A("config"))[1]["global_hooks"] == []
+    # every attempt is in the audit log, the refused ones too, attributed to the operator
+    st, log = call(gw.admin, "GET", A("audit?resource=hook:audit1"))
+    rows = [(e["action"], e["outcome"], e["principal"]) for e in reversed(log["items"])]
+    assert rows == [("hook.register", "applied", "admin"), ("hook.register", "rejected", "admin"),
+                    ("hook.register", "applied", "admin"), ("hook.replace", "rejected", "admin"),
+                    ("hook.settings", "applied", "admin"), ("hook.delete", "applied", "admin"),
+                    ("hook.delete", "rejected", "admin")], rows
+    st, versions = call(gw.admin, "GET", A("config/versions?limit=3"))
+    assert [v["summary"] for v in versions["items"]] == [
+        "hook.delete hook:audit1", "hook.settings hook:audit1", "hook.register hook:audit1"]
 
 
 def test_a_hook_from_the_config_file_is_the_files(tmp_path, mock_port):
@@ -403,7 +413,7 @@ def test_config_versions_are_paginated_newest_first(gw):
     vs = [v["version"] for v in page["items"]]
     assert len(vs) == 2 and vs[0] > vs[1] and page["next_cursor"]
     assert set(page["items"][0]) == {"version", "ts", "principal", "summary"}
-    assert page["items"][0]["summary"] == "config.reload"
+    assert page["items"][0]["summary"] == "config.reload (from disk)"
     seen = list(vs)
     while page["next_cursor"]:
         st, page = call(gw.admin, "GET", A("config/versions?limit=2&cursor=" + page["next_cursor"]))
