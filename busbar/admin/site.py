@@ -290,21 +290,24 @@ def check_version(expected: int | None, current: int):
 
 
 def config_plane_version(gw) -> int:
-    """The config-plane ETag's value: the running config's version plus the config-plane changes
-    made since without a config swap (groups through the API: `gw.plane_bumps`). Both only grow, so
-    the sum changes whenever either does."""
+    """The config-plane ETag's value. Where the live config keeps the Rust gateway's config version
+    (`live.current`: +1 per config-plane change, a group write included), that; otherwise the
+    running config's version plus the group writes since (`gw.plane_bumps`): both only grow, so the
+    sum moves whenever either does."""
     live = getattr(gw, "live", None)
-    if live is not None:        # the parent: the config history's version (busbar/admin/live.py)
+    if live is not None and hasattr(live, "current"):
         return live.current
     return gw.snapshot.version + getattr(gw, "plane_bumps", 0)
 
 
-def bump_plane(gw, principal=OPERATOR, summary="groups"):
+def bump_plane(gw, principal=OPERATOR, summary="") -> int:
+    """A config-plane change that swapped no config (a group write): a new config version, in the
+    version history where the live config keeps one."""
     live = getattr(gw, "live", None)
-    if live is not None:        # a change without a swap is a config version too (the history)
-        live.record(principal, summary)
-        return
+    if live is not None and hasattr(live, "record"):
+        return live.record(principal, summary)
     gw.plane_bumps = getattr(gw, "plane_bumps", 0) + 1
+    return config_plane_version(gw)
 
 
 def etag(resp: Response, tag) -> Response:
