@@ -546,3 +546,40 @@ def test_a_trip_shows_in_the_pools_live_status_with_its_time(tmp_path, mock_port
     finally:
         stop(g.proc)
         up.close()
+
+
+def test_every_read_answers_the_schema_its_document_names(gw):
+    """Each GET of this half, and the error envelope, validated against the component schema the
+    served OpenAPI document gives for that status (JSON Schema 2020-12, references resolved)."""
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+    from referencing.jsonschema import DRAFT202012
+    st, doc = call(gw.admin, "GET", A("openapi.json"))
+    registry = Registry().with_resource("urn:doc", Resource.from_contents(
+        doc, default_specification=DRAFT202012))
+
+    def check(path, status=200, method="GET", template=None):
+        st, body = call(gw.admin, method, A(path))
+        assert st == status, (path, body)
+        op = doc["paths"]["/api/v1/admin/" + (template or path.split("?")[0])][method.lower()]
+        ref = op["responses"][str(status)]["content"]["application/json"]["schema"]["$ref"]
+        v = Draft202012Validator({"$ref": "urn:doc" + ref}, registry=registry)
+        errors = sorted(v.iter_errors(body), key=str)
+        assert not errors, (path, [e.message for e in errors[:3]])
+
+    assert call(gw.admin, "POST", A("hooks"), {"name": "sch", "config": {
+        "module": "busbar-webrequest-hook", "settings": {"url": SIDECAR}}})[0] in (200, 201)
+    for path in ("info", "pools", "pools?detail=true", "models", "providers", "config",
+                 "config/settings", "config/versions", "auth", "admin-auth", "hooks",
+                 "identity-providers", "export", "plugins?type=auth", "plugins?type=hooks",
+                 "plugins?type=store", "plugins?type=secret"):
+        check(path)
+    check("pools/p", template="pools/{name}")
+    check("config/versions/0", template="config/versions/{v}")
+    check("config/diff?from=0&to=1", template="config/diff")
+    check("identity-providers/ops", template="identity-providers/{name}")
+    for sub in ("", "/health", "/schema", "/status"):
+        check("hooks/sch" + sub, template="hooks/{name}" + sub)
+    check("pools/none", 404, template="pools/{name}")
+    check("plugins?type=x", 400, template="plugins")
+    assert call(gw.admin, "DELETE", A("hooks/sch"))[0] == 204
