@@ -7,6 +7,7 @@ worker runs the same one: swaps are acknowledged before they return)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -19,6 +20,8 @@ from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, check_versio
 from busbar.admin.site import compact_response as json_response
 from busbar.admin.site import page as cursor_page
 from busbar.config import ConfigError
+
+log = logging.getLogger("busbar.admin")
 
 # GET config/versions: page size when none is asked, and the most one page holds (the Rust
 # gateway's: docs/admin-api.md, Pagination).
@@ -96,6 +99,12 @@ async def mutation(live, coro):
         raise AdminError(409, str(e)) from None
     except WorkersFailed as e:
         raise AdminError(500, str(e)) from None
+    except OSError as e:
+        # The overlay could not be written (a read-only config folder): fail closed, nothing
+        # changed; the path and reason go to the log, not to the caller.
+        log.error("admin: the config overlay %s could not be written: %s", live.control.overlay, e)
+        raise AdminError(500, "internal error: the config overlay could not be written; nothing "
+                         "changed") from None
 
 
 # ---------------------------------------------------------------------- audit

@@ -583,3 +583,17 @@ def test_every_read_answers_the_schema_its_document_names(gw):
     check("pools/none", 404, template="pools/{name}")
     check("plugins?type=x", 400, template="plugins")
     assert call(gw.admin, "DELETE", A("hooks/sch"))[0] == 204
+
+
+def test_an_overlay_that_cannot_be_written_changes_nothing(tmp_path, mock_port):
+    g = start(tmp_path, mock_port, extra="config: {overlay: {file: no-such-dir/ov.json}}\n")
+    try:
+        v = call(g.admin, "GET", A("info"))[1]["config_version"]
+        st, body = call(g.admin, "PUT", A("config/settings"), {"routing": {"default_policy_timeout_ms": 9}})
+        assert st == 500 and body["error"]["code"] == "internal", body
+        assert "no-such-dir" not in body["error"]["message"]       # the path is in the log only
+        assert call(g.admin, "GET", A("info"))[1]["config_version"] == v
+        assert call(g.admin, "GET", A("config/settings"))[1]["settings"] == {}
+        assert "could not be written" in (tmp_path / "stderr").read_text()
+    finally:
+        stop(g.proc)
