@@ -285,7 +285,7 @@ class LiveConfig:
                 with open(path, "rb") as fh:
                     previous = fh.read()
             fmt.write(path, new)
-            config, out = build(self.path)
+            config, out = build(self.path, overlay_strict=True)
             if config is None:
                 _restore(path, previous)
                 raise ConfigError(out.errors, out.warnings)

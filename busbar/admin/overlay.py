@@ -218,3 +218,41 @@ def reload_to_apply(settings: dict) -> list:
         if isinstance(sub, dict):
             out += ["%s.%s" % (section, f) for f in fields if f in sub]
     return out
+
+
+def implicated(ov: dict, errors: list) -> set | None:
+    """The overlay entries that the config problems `errors` ("<path>: <message>") are about, as
+    (section, name) pairs: ("hooks", n), ("groups", n), ("root", key), (<named section>, n). None
+    when a problem is not about an overlay entry (config.yaml's own: the config stays invalid)."""
+    out = set()
+    for e in errors:
+        path = e.split(":", 1)[0]
+        head, _, rest = path.partition(".")
+        name = rest.split(".", 1)[0].split("[", 1)[0]
+        if head == "hooks" and name in ov["hooks"]:
+            out.add(("hooks", name))
+        elif head == "groups" and name in ov["groups"]:
+            out.add(("groups", name))
+        elif head in (ov.get("named_maps") or {}) and name in ov["named_maps"][head]:
+            out.add((head, name))
+        elif head.split("[", 1)[0] in ov["root"]:
+            out.add(("root", head.split("[", 1)[0]))
+        else:
+            return None
+    return out
+
+
+def without(ov: dict, entries: set) -> dict:
+    """The overlay less `entries` (a dropped hook leaves the all-pools list too)."""
+    ov = dict(ov, hooks=dict(ov["hooks"]), groups=dict(ov["groups"]), root=dict(ov["root"]),
+              named_maps={k: dict(v) for k, v in (ov.get("named_maps") or {}).items()})
+    for section, name in entries:
+        if section == "hooks":
+            ov["hooks"].pop(name, None)
+            ov["global_hooks"] = [n for n in ov["global_hooks"] if n != name]
+        elif section in ("groups", "root"):
+            ov[section].pop(name, None)
+        else:
+            ov["named_maps"][section].pop(name, None)
+    return ov
+

@@ -373,7 +373,7 @@ def overlay_path(doc: dict, base_dir: str) -> str | None:
     return None
 
 
-def apply_overlay(doc: dict, base_dir: str, out: Problems) -> dict:
+def apply_overlay(doc: dict, base_dir: str, out: Problems, drop=frozenset()) -> dict:
     """config.yaml's document with the overlay applied (SPEC §2.4: reapplied over config.yaml at
     boot), in the Rust gateway's overlay format (busbar/admin/overlay.py, which also carries an
     earlier busbar's overlay over). A missing overlay is normal; a corrupt one is ignored with a
@@ -390,4 +390,17 @@ def apply_overlay(doc: dict, base_dir: str, out: Problems) -> dict:
     except fmt.OverlayError as exc:
         out.warn("config.overlay", f"ignoring unreadable overlay {path}: {exc}")
         return doc
+    if drop:
+        ov = fmt.without(ov, drop)
     return fmt.apply(doc, ov)
+
+
+def overlay_entries_at_fault(doc: dict, base_dir: str, errors: list) -> set | None:
+    """The entries of the overlay (busbar/admin/overlay.py) that every problem of a config built
+    with it is about, or None when some problem is config.yaml's own."""
+    from busbar.admin import overlay as fmt
+    try:
+        ov = fmt.read(overlay_path(doc, base_dir))
+    except fmt.OverlayError:
+        return None
+    return fmt.implicated(ov, errors)

@@ -49,7 +49,7 @@ from .schema import (
     Pool,
     Provider,
 )
-from .control import apply_overlay, overlay_path, parse_control
+from .control import apply_overlay, overlay_entries_at_fault, overlay_path, parse_control
 from .secrets import OFFLINE_PLACEHOLDER, OfflineEnv, resolve_secret, secrets_section
 from .urls import HostPolicy, normalize_host, parse_base_url
 from busbar.governance.config import parse as _governance
@@ -233,12 +233,15 @@ def validate_main(path: str | None, offline: bool = False) -> int:
 def build(
     path: str | None = None, *, text: str | None = None, env: Mapping[str, str] = os.environ,
     base_dir: str | None = None, offline: bool = False, overlay: bool = True,
+    overlay_strict: bool = False,
 ) -> tuple[Config | None, Problems]:
     """The whole pipeline, returning the Config (None when there are errors) and every problem.
     `base_dir`: where relative files resolve for a `text` config (default: the working folder;
     given, it is also where a providers.yaml beside the config is looked for);
     `offline`: secrets are not resolved (busbar validate --offline); `overlay`: apply the overlay
-    file of a mutable config (busbar/admin/live.py writes it)."""
+    file of a mutable config (busbar/admin/live.py writes it); an overlay entry that does not
+    validate is left out with a warning, unless `overlay_strict` (the admin API's own writes,
+    which must refuse an invalid change)."""
     out = Problems()
     if text is None:
         given = path is not None
@@ -267,6 +270,7 @@ def build(
                                % (path if source == path else "FILE"), out):
         _scrub(out, text, env)
         return None, out
+    base = doc
     if overlay and not offline and source != "<embedded>":
         merged = apply_overlay(doc, base_dir, out)
         if merged is not doc and _retired(
@@ -274,11 +278,38 @@ def build(
                 "config again, or move the overlay away" % overlay_path(doc, base_dir), out):
             return None, out
         doc = merged
+    before = list(out.warnings)
     config = _build_config(doc, source, base_dir, env, out, offline, located=located)
+    if out.errors and doc is not base and not overlay_strict:
+        config, out = _without_bad_overlay_entries(base, out, before, source, base_dir, env,
+                                                   offline, located)
     _scrub(out, text, env)
     if out.errors:
         return None, out
     return config, out
+
+
+def _without_bad_overlay_entries(base, out, before, source, base_dir, env, offline, located):
+    """A bad overlay never bricks a start (the Rust gateway's rule): when every problem of the
+    config is about entries of the overlay (a hook whose secret is gone, an exporter this version
+    does not know), those entries are left out, with a warning each, and the rest is served."""
+    dropped: set = set()
+    for _ in range(3):      # leaving entries out can show a problem they hid; a few rounds
+        fault = overlay_entries_at_fault(base, base_dir, out.errors)
+        if not fault:
+            return None, out
+        dropped |= fault
+        again = Problems()
+        again.warnings = list(before)
+        doc = apply_overlay(base, base_dir, again, drop=frozenset(dropped))
+        for section, name in sorted(dropped):
+            again.warn("config.overlay", f"{section}.{name}: left out: it does not validate "
+                       f"({'; '.join(e for e in out.errors if e.startswith((section + '.' + name, name)))})")
+        config = _build_config(doc, source, base_dir, env, again, offline, located=located)
+        out = again
+        if not out.errors:
+            return config, out
+    return None, out
 
 
 def _retired(doc: dict, how: str, out: Problems) -> bool:
