@@ -9,6 +9,7 @@ import time
 from busbar import __version__
 from busbar.config.control import DEFAULT_ADMIN_AUTH, IDP_MODULES
 from busbar.hooks.config import STRATEGIES
+from busbar.routing.plan import UNBOUNDED
 
 # What this build has built in (GET /info `build`, GET /plugins): the identity-provider modules and
 # the ranking policies a pool's `hooks:` may name besides the always-present weighted floor.
@@ -96,9 +97,10 @@ def member_status(gw, snap, pool_name, member) -> dict:
     row.update({
         "usable": s["usable"],
         "cooldown_remaining_seconds": int(-(-s["cooldown_remaining_s"] // 1)),  # rounded up
-        # An unlimited lane has no cap to be short of: report the room the Rust gateway's
-        # unbounded semaphore reports (u32::MAX permits) rather than inventing a cap.
-        "available_concurrency": s["free_slots"] if limit is not None else 4294967295,
+        # An unlimited lane: the Rust gateway's unbounded semaphore (tokio's MAX_PERMITS) less
+        # what is in flight, as the hooks' candidates say it (busbar/routing/plan.py).
+        "available_concurrency": s["free_slots"] if limit is not None else
+        UNBOUNDED - s["inflight"],
         "inflight": s["inflight"], "ok": s["ok"], "err": s["err"], "dead": s["dead"],
         "trip_count": s["trips"],
         "last_trip_at": _trip_at(gw, pool_name, name),
