@@ -504,6 +504,7 @@ def _build_config(
             pools[name] = pool
 
     reliability_config.check_fallbacks(pools, out)
+    _inert_keys(section_creds, pools, providers, out)
     limits = _limits(get_mapping(doc, "limits", "", out), out)
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
     _plugins(get_mapping(doc, "plugins", "", out), out)
@@ -537,6 +538,7 @@ def _build_config(
         governance=governance,
         hooks={n: h for n, h in hooks.items() if h is not None},
         document=doc,
+        upstream_credentials=section_creds,
     )
 
 
@@ -1291,6 +1293,22 @@ def _upstream_credentials(entry: dict, where: str, out: Problems, default: str) 
     return raw
 
 
+def _inert_keys(section_creds: str, pools: dict[str, Pool], providers: dict[str, Provider],
+                out: Problems) -> None:
+    """With `pools.upstream_credentials: passthrough` (the default of every pool and of a model
+    named directly), a provider's own api_key that no `own` pool sends is never used for a
+    request (only for its health probes): said, as the Rust gateway warns of it."""
+    if section_creds != "passthrough":
+        return
+    sent = {m.model.provider.name for p in pools.values() if p.upstream_credentials == "own"
+            for m in p.members}
+    for name, provider in providers.items():
+        if provider.api_key and name not in sent and provider.upstream_credentials == "own":
+            out.warn(join(join("providers", name), "api_key"), "pools.upstream_credentials is "
+                     "passthrough and no pool with upstream_credentials: own uses this provider, so "
+                     "its key is never sent with a request (the caller's own key is)")
+
+
 def _affinity(raw: object, where: str, out: Problems) -> str | None:
     if raw is None:
         return None
@@ -1401,10 +1419,8 @@ def _pool(
     strategies = [h for h in own if h in STRATEGIES] or [h for h in section_hooks if h in STRATEGIES]
     strategy = strategies[0] if strategies else "weighted"
     affinity = _affinity(entry.get("affinity"), join(path, "affinity"), out)
+    # A scalar: the pool's own value replaces the all-pools default outright.
     creds = _upstream_credentials(entry, path, out, section_creds)
-    if creds == "passthrough":
-        out.error(join(path, "upstream_credentials"), "passthrough per pool is not supported by "
-                  "this busbar version; set upstream_credentials: passthrough on the providers")
     # reliability (SPEC §4.2, §4.3)
     failover = reliability_config.failover(get_mapping(entry, "failover", path, out), path, sorted(seen), out)
     return Pool(name, tuple(members),

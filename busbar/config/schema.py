@@ -290,3 +290,6 @@ class Config:
     # busbar/hooks/config.py: {name: HookDef}, the top-level `hooks:` definitions.
     hooks: dict = field(default_factory=dict)
     document: dict | None = field(default=None, compare=False, repr=False)
+    # `pools.upstream_credentials`: whose key goes upstream for a model named directly (a pool's
+    # own `upstream_credentials` is on its Pool, the default already applied).
+    upstream_credentials: str = "own"

@@ -200,8 +200,11 @@ def error_class(status: int, code, message, error_map=(), signals=None) -> str:
     return "client_error"
 
 
-def classify_status(codec, status: int, headers, body: bytes, provider) -> Fault:
-    """Stages 1 and 2 for a non-2xx answer of `provider` read with its protocol's `codec`."""
+def classify_status(codec, status: int, headers, body: bytes, provider,
+                    passthrough: bool = False) -> Fault:
+    """Stages 1 and 2 for a non-2xx answer of `provider` read with its protocol's `codec`.
+    `passthrough`: the request carried the caller's own key (its pool's upstream_credentials),
+    as every request to a provider with upstream_credentials: passthrough does."""
     message, code = codec.read_error_detail(body) if body else (None, None)
     if code is not None and not isinstance(code, str):
         code = str(code)
@@ -212,7 +215,7 @@ def classify_status(codec, status: int, headers, body: bytes, provider) -> Fault
             signals.append(code)
     cls = error_class(status, code, message, provider.error_map, signals)
     d = CLASS_DISPOSITION[cls]
-    if d == D_HARD_DOWN and provider.upstream_credentials == "passthrough":
+    if d == D_HARD_DOWN and (passthrough or provider.upstream_credentials == "passthrough"):
         # The caller's own key failed: theirs to fix, relayed, the lane untouched (SPEC §4.1).
         d = D_CLIENT_FAULT
     return Fault(d, cls, code, retry_after(headers), message)

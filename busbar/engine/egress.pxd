@@ -6,7 +6,7 @@ cdef class Egress:
     cdef public object provider, protocol
     cdef public tuple key
     cdef public object host, prefix
-    cdef public bytes head_json, head_stream
+    cdef public bytes head_json, head_stream, bare_json, bare_stream
     cdef public object signer, source
     cdef public bint ready
     cdef public dict _lines, _paths
@@ -14,3 +14,5 @@ cdef class Egress:
     cdef public object vertex_publisher, vertex_body, accept_stream
     cdef public bint passthrough
     cpdef bytes request(self, path, bytes body, bint stream, bytes extra=*)
+    cpdef bytes forward(self, path, bytes body, bint stream, bytes extra, req)
+    cdef bytes _write(self, path, bytes body, bint stream, bytes extra, signer, bint own)

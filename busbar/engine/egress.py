@@ -100,6 +100,10 @@ class Egress:
         base = self._base + self._auth
         self.head_json = base + b"Accept: application/json\r\n"
         self.head_stream = base + b"Accept: " + self.accept_stream + b"\r\n"
+        # The same heads without busbar's credential: what a request carrying the caller's own
+        # goes with (pools.upstream_credentials: passthrough).
+        self.bare_json = self._base + b"Accept: application/json\r\n"
+        self.bare_stream = self._base + b"Accept: " + self.accept_stream + b"\r\n"
         self._lines = {}
 
     def apply(self, value):
@@ -149,44 +153,65 @@ class Egress:
             quote(str(model or ""), safe="@._-"), "streamRawPredict" if stream else "rawPredict")
         return path, body
 
-    def caller_auth(self, req) -> bytes:
-        """The caller's key (wherever its SDK put it) as this provider's auth header; b"" when
-        the caller sent none (the upstream answers 401, relayed as the caller's own)."""
+    def caller_auth(self, req):
+        """(auth header lines, SigV4 signer or None) of the caller's key, wherever its SDK put it,
+        in this provider's carrier; (b"", None) when the caller sent none (the upstream answers
+        401, relayed as the caller's own). A provider that signs (Bedrock) signs with a caller's
+        ACCESS_KEY_ID:SECRET_ACCESS_KEY[:SESSION_TOKEN], as the Rust gateway does with the token
+        it forwards; any other token goes as a bearer, which is how Bedrock takes its API keys."""
         from busbar.engine.request import credential
         kind, value = credential(req)
         if kind != "token" or not value or b"\r" in value or b"\n" in value:
-            return b""
+            return b"", None
         auth = self.provider.auth
+        if auth == "sigv4":
+            from busbar.upstream.sigv4 import SigV4Signer, parse_credential
+            try:
+                access, secret, token = parse_credential(value.decode("latin-1"))
+            except ValueError:
+                return b"Authorization: Bearer " + value + b"\r\n", None
+            return b"", SigV4Signer(access, secret, token, self.provider.region or "us-east-1")
         if auth == "x-api-key":
-            return b"x-api-key: " + value + b"\r\n"
+            return b"x-api-key: " + value + b"\r\n", None
         if auth == "x-goog-api-key":
-            return b"x-goog-api-key: " + value + b"\r\n"
+            return b"x-goog-api-key: " + value + b"\r\n", None
         if auth == "api-key":
-            return b"api-key: " + value + b"\r\n"
-        return b"Authorization: Bearer " + value + b"\r\n"
+            return b"api-key: " + value + b"\r\n", None
+        return b"Authorization: Bearer " + value + b"\r\n", None
+
+    def forward(self, path, body, stream, extra, req):
+        """`request()` with the caller's own credential in place of busbar's: a pool (or
+        provider) with upstream_credentials: passthrough. Never busbar's key, not even when the
+        caller sent none (the upstream's 401 is then the caller's to read)."""
+        auth, signer = self.caller_auth(req)
+        return self._write(path, body, stream, extra + auth, signer, False)
 
     def request(self, path, body, stream, extra=b""):
         """The whole HTTP/1.1 request: request line, headers, body."""
+        return self._write(path, body, stream, extra, self.signer, True)
+
+    def _write(self, path, body, stream, extra, signer, own):
+        if own:
+            head = self.head_stream if stream else self.head_json
+        else:
+            head = self.bare_stream if stream else self.bare_json
         if self.vertex_body is not None:
             full, body = self._vertex_request(path, body, stream)
-            return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n",
-                             self.head_stream if stream else self.head_json, extra,
+            return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n", head, extra,
                              b"Content-Length: %d\r\n\r\n" % len(body), body))
-        if self.signer is None:
+        if signer is None:
             # Paths come from the configured upstream models, so this cache is bounded.
-            k = (path, stream)
-            head = self._lines.get(k)
-            if head is None:
-                head = self._lines[k] = b"".join((
-                    b"POST ", self.provider_path(path).encode("ascii"), b" HTTP/1.1\r\n",
-                    self.head_stream if stream else self.head_json))
-            return b"".join((head, extra, b"Content-Length: %d\r\n\r\n" % len(body), body))
+            k = (path, stream, own)
+            line = self._lines.get(k)
+            if line is None:
+                line = self._lines[k] = b"".join((
+                    b"POST ", self.provider_path(path).encode("ascii"), b" HTTP/1.1\r\n", head))
+            return b"".join((line, extra, b"Content-Length: %d\r\n\r\n" % len(body), body))
         full = self._paths.get(path)
         if full is None:
             full = self._paths[path] = self.provider_path(path)
-        head = self.head_stream if stream else self.head_json
         p, _, q = full.partition("?")
-        for name, value in self.signer.sign("POST", self.host, p, q, body):
+        for name, value in signer.sign("POST", self.host, p, q, body):
             extra += b"%s: %s\r\n" % (name.encode("ascii"), value.encode("ascii"))
         return b"".join((b"POST ", full.encode("ascii"), b" HTTP/1.1\r\n", head, extra,
                          b"Content-Length: %d\r\n\r\n" % len(body), body))

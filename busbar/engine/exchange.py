@@ -225,8 +225,9 @@ class Exchange(Timed):
         self.codec = codec
         wire = model.upstream_model
         self.last_model = wire
-        if not eg.ready:
-            # The provider's refreshed credentials (AWS chain, GCP OAuth) have not arrived yet.
+        if not eg.ready and not self.target.passthrough:
+            # The provider's refreshed credentials (AWS chain, GCP OAuth) have not arrived yet
+            # (a passthrough pool sends the caller's, and needs none of its own).
             self.end_attempt(F_CREDENTIALS, "no upstream credentials yet")
             self.attempt()
             return
@@ -279,11 +280,13 @@ class Exchange(Timed):
                 return
         if op is None:
             path = codec.upstream_path(wire, stream)
-        if eg.passthrough:
-            extra += eg.caller_auth(self.req)
         if self.site.trace_header is not None:    # observe: W3C traceparent upstream
             extra += self.site.trace_header(self)
-        self.data = eg.request(path, body, stream, extra)
+        if eg.passthrough or self.target.passthrough:
+            # upstream_credentials: passthrough (the pool's, or the provider's): the caller's key
+            self.data = eg.forward(path, body, stream, extra, self.req)
+        else:
+            self.data = eg.request(path, body, stream, extra)
         self.deadline(D_ATTEMPT)
         # Upstream time starts here: a connect (and TLS handshake) the pool has to make is the
         # upstream's time, not busbar's (Server-Timing); a reused connection restarts it at the send.
@@ -470,7 +473,7 @@ class Exchange(Timed):
         error for that status, in its shape."""
         status = self.status
         f = RC.classify_status(self.codec, status, self.up_headers, body or b"",
-                               self.egress.provider)
+                               self.egress.provider, self.target.passthrough)
         att = self.att
         att.disposition = d = f.disposition
         att.retry_after = f.retry_after

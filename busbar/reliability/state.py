@@ -312,7 +312,7 @@ class Reliability:
             return
         ra = a.retry_after
         cell.record(d, ra, a.reason)
-        if ra is not None and d == D_TRANSIENT and \
+        if ra is not None and d == D_TRANSIENT and not target.passthrough and \
                 a.lane.model.provider.upstream_credentials != "passthrough":
             # (passthrough: the limit is the caller's key's, not the lane's; other callers' keys
             # may still be served, so only the breaker cooldown steers)

@@ -21,7 +21,7 @@ cdef class Target:
     cdef public dict _reasoning, _lacking
     cdef public object cells, policy, excluded
     cdef public object plan     # busbar/routing/plan.py PoolPlan, or None: SWRR alone
-    cdef public bint byok
+    cdef public bint byok, passthrough
     cpdef lacking(self, op)
     cpdef bint eligible(self, Lane lane) except -1
 

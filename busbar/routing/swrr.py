@@ -95,18 +95,22 @@ class Target:
     current weight untouched, exactly as nginx treats a peer that is down or at max_conns.
     """
 
-    def __init__(self, name, is_pool, members):
-        """members: [(Lane, weight, reasoning override or None)]."""
+    def __init__(self, name, is_pool, members, passthrough=False):
+        """members: [(Lane, weight, reasoning override or None)]. passthrough: the caller's own
+        credential goes upstream on every lane (the pool's upstream_credentials, else the
+        all-pools default of pools.upstream_credentials)."""
         self.name = name
         self.is_pool = is_pool
         self.lanes = tuple(lane for lane, _, _ in members)
         self.weights = tuple(weight for _, weight, _ in members)
         self.current = [0] * len(members)
-        # governance: every member's provider takes the caller's own key (upstream_credentials:
-        # passthrough), so busbar's own key check is skipped for this target (issue 10, BYOK).
-        self.byok = bool(self.lanes) and all(
+        self.passthrough = passthrough
+        # governance: every member takes the caller's own key (upstream_credentials: passthrough,
+        # the target's or each provider's), so busbar's own key check is skipped for this target
+        # (issue 10, BYOK).
+        self.byok = passthrough or (bool(self.lanes) and all(
             getattr(lane.model.provider, "upstream_credentials", "own") == "passthrough"
-            for lane in self.lanes)
+            for lane in self.lanes))
         # reliability (busbar/reliability/state.py attaches them): the breaker cell of each member,
         # parallel to `lanes`; the target's failover policy; members never selected through it.
         self.cells = None
@@ -223,8 +227,11 @@ class Router:
             slots = {name: i for i, name in enumerate(sorted(config.models))}
             lanes = {name: Lane(model, shared, slots[name]) for name, model in config.models.items()}
         self.lanes = lanes
+        # A model named directly has no pool: the all-pools default says whose key goes up.
+        direct = getattr(config, "upstream_credentials", "own") == "passthrough"
         targets = {
-            name: Target(name, False, [(lane, 1, None)]) for name, lane in self.lanes.items()
+            name: Target(name, False, [(lane, 1, None)], direct)
+            for name, lane in self.lanes.items()
         }
         # Pools first (SPEC §1.1): inserted last so a pool wins should a name ever overlap.
         for name, pool in config.pools.items():
@@ -232,6 +239,7 @@ class Router:
                 name,
                 True,
                 [(self.lanes[m.model.name], m.weight, m.reasoning) for m in pool.members],
+                pool.upstream_credentials == "passthrough",
             )
         self._targets = targets
         self._names = sorted(config.pools) + sorted(config.models)

@@ -289,10 +289,18 @@ def test_pool_keys_of_the_rust_grammar():
     """)
     for want in ("pools.p.hooks[2]: unknown hook 'my-hook'; define it under the top-level hooks:",
                  "pools.p.hooks: at most one ordering strategy per pool",
-                 "pools.p.affinity.mode: expected session",
-                 "pools.p.upstream_credentials: passthrough per pool is not supported by this "
-                 "busbar version; set upstream_credentials: passthrough on the providers"):
+                 "pools.p.affinity.mode: expected session"):
         assert want in errs
+    assert not [e for e in errs if "upstream_credentials" in e]
+    c = cfg("""
+        pools:
+          upstream_credentials: passthrough
+          p: {members: [{model: claude}]}
+          q: {upstream_credentials: own, members: [{model: claude}]}
+    """)
+    assert c.upstream_credentials == "passthrough"
+    assert (c.pools["p"].upstream_credentials, c.pools["q"].upstream_credentials) == (
+        "passthrough", "own")
 
 
 def test_limits_by_their_rust_names():

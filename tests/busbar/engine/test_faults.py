@@ -382,8 +382,12 @@ def test_a_non_stream_answer_to_a_stream_request_fails_over(gw):
 
 # ------------------------------------------------------------------ defect 7: secrets
 
+# echo401's provider forwards the caller's key (passthrough; busbar's own is never sent in its
+# place): the caller here sends the configured secret, which the echo must not show.
+
 def test_an_upstream_error_echoing_the_key_is_masked_same_protocol(gw):
-    status, data, _, _ = chat(gw, "h-echo401", "hello")
+    status, data, _, _ = chat(gw, "h-echo401", "hello",
+                              headers={"authorization": "Bearer " + HOSTILE_KEY})
     assert status == 401
     assert HOSTILE_KEY.encode() not in data
     msg = json.loads(data)["error"]["message"]
@@ -391,7 +395,8 @@ def test_an_upstream_error_echoing_the_key_is_masked_same_protocol(gw):
 
 
 def test_an_upstream_error_echoing_the_key_is_masked_cross_protocol(gw):
-    status, data, _, _ = chat(gw, "h-echo401", "hello", path="/v1/messages")
+    status, data, _, _ = chat(gw, "h-echo401", "hello", path="/v1/messages",
+                              headers={"x-api-key": HOSTILE_KEY})
     assert status == 401 and HOSTILE_KEY.encode() not in data
     err = json.loads(data)["error"]
     assert err["type"] == "authentication_error"
