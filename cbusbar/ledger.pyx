@@ -305,6 +305,7 @@ cdef class Ticket:
     cdef readonly double now
     cdef public object pool
     cdef public object prices           # the rate card as {model: Price}, for the actual cost
+    cdef public long long fee           # per_request_fee reserved (nano-units), kept on a 2xx
     # plan.n windows then plan.n charges, in one small block: inline arrays for MAX_CHECKS made
     # the object 1 KiB, past pymalloc's 512 bytes (a malloc and a memset per request).
     cdef long long* window
@@ -325,17 +326,20 @@ cdef class Ticket:
 cdef class Pass:
     """What one key may take on one target, decided once by the gate (pool ACL, rate card
     coverage, the group chain): the chain's Plan (None: nothing to take), the reservation's
-    Pricing (None: no rate card), the pool, and the card's prices for settlement."""
+    Pricing (None: no rate card), the pool, the card's prices for settlement, and the flat
+    `per_request_fee` in nano-units (charged to every budget with the tokens' reservation)."""
     cdef readonly Plan plan
     cdef readonly Pricing pricing
     cdef readonly object pool
     cdef readonly object prices
+    cdef readonly long long fee
 
-    def __init__(self, Plan plan, Pricing pricing, pool, prices):
+    def __init__(self, Plan plan, Pricing pricing, pool, prices, long long fee=0):
         self.plan = plan if plan is not None and plan.n else None
         self.pricing = pricing
         self.pool = pool
         self.prices = prices
+        self.fee = fee
 
 
 cdef class Admission:
@@ -371,17 +375,21 @@ cdef class Admission:
     def take(self, Pass p, bytes body, spans, codec, bint no_output, double now,
              int bytes_per_token, fallback):
         """One request under a Pass: its reservation (Pricing.reserve, when the chain has a
-        budget), then `admit`. None when there is nothing to take."""
+        budget, plus the flat fee), then `admit`. None when there is nothing to take."""
         cdef Plan plan = p.plan
         cdef long long reserve = 0
         if plan is None:
             return None
-        if plan.has_budget and p.pricing is not None:
-            reserve = p.pricing.reserve(body, spans, codec, no_output, bytes_per_token, fallback)
+        if plan.has_budget:
+            if p.pricing is not None:
+                reserve = p.pricing.reserve(body, spans, codec, no_output, bytes_per_token,
+                                            fallback)
+            reserve += p.fee
         t = self.admit(plan, reserve, now)
         if type(t) is Ticket:
             (<Ticket>t).pool = p.pool
             (<Ticket>t).prices = p.prices
+            (<Ticket>t).fee = p.fee if plan.has_budget else 0
         return t
 
     def admit(self, Plan plan, long long reserve, double now):
@@ -425,11 +433,12 @@ cdef class Admission:
             table._unlock()
         return t
 
-    def settle(self, Ticket t, usage, lane):
+    def settle(self, Ticket t, usage, lane, bint ok=True):
         """The request's end: a concurrent slot back, its tokens added, the reservation replaced
         by the actual cost (`t.prices`: model name -> Price, the rate card; `lane`: the model that
-        answered); each to the bucket only if it still holds the window it was taken in (a window
-        that rolled meanwhile keeps its fresh count)."""
+        answered; the flat fee when `ok`, a 2xx: a refused request pays none); each to the bucket
+        only if it still holds the window it was taken in (a window that rolled meanwhile keeps
+        its fresh count)."""
         cdef Plan plan = t.plan
         cdef int i, k
         cdef long long d, inp = 0, out = 0, cr = 0, cw = 0, cost = 0
@@ -447,6 +456,8 @@ cdef class Admission:
                 price = <Price?>p
                 cost = bb_nano(price.input, price.output, price.cache_read, price.cache_write,
                                inp, out, cr, cw)
+        if ok:
+            cost += t.fee
         table._lock()
         try:
             for i in range(plan.n):

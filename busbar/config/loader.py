@@ -509,7 +509,6 @@ def _build_config(
     workers, server_timing = _advanced(get_mapping(doc, "advanced", "", out), out)
     _plugins(get_mapping(doc, "plugins", "", out), out)
     _routing(get_mapping(doc, "routing", "", out), out)
-    _per_request_fee(doc, out)
     _public_url(doc, policy, out)
     secrets_section(doc.get("secrets"), out)
     # observability: parsed by its own module (busbar/observability/settings.py).
@@ -1521,13 +1520,6 @@ def _public_url(doc: dict, policy: HostPolicy, out: Problems) -> None:
     checked = parse_base_url("%s://%s" % (u.scheme, u.netloc), policy)
     if isinstance(checked, str):
         out.error("public_url", checked)
-
-
-def _per_request_fee(doc: dict, out: Problems) -> None:
-    fee = get_int(doc, "per_request_fee", "", out, 0, 0)
-    if fee:
-        out.error("per_request_fee", "a fee per request is not supported by this busbar version "
-                  "(0 is); spend comes from the rate card")
 
 
 def _advanced(section: dict | None, out: Problems) -> tuple[int | None, bool]:

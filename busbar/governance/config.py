@@ -22,7 +22,7 @@ from busbar.config.checks import Problems, check_keys, describe, get_mapping, jo
 from busbar.config.modules import require
 from busbar.config.secrets import resolve_secret
 
-from .model import (MAX_GROUP_DEPTH, SEED_BYTES, GroupRecord, Rate, Signer, parse_limit,
+from .model import (MAX_GROUP_DEPTH, NANO_PER_CENT, SEED_BYTES, GroupRecord, Rate, Signer, parse_limit,
                     parse_signing_secret)
 
 CHAINS = ("keys",)
@@ -90,15 +90,19 @@ class StoreConfig:
 class Governance:
     """What the data plane enforces. `keys` is True when a signed virtual key is required."""
 
-    __slots__ = ("keys", "signing_key", "groups", "rate_card", "store", "key_ttl_secs")
+    __slots__ = ("keys", "signing_key", "groups", "rate_card", "store", "key_ttl_secs", "fee")
 
-    def __init__(self, keys, signing_key, groups, rate_card, store, key_ttl_secs=DEFAULT_KEY_TTL_SECS):
+    def __init__(self, keys, signing_key, groups, rate_card, store, key_ttl_secs=DEFAULT_KEY_TTL_SECS,
+                 fee=0):
         self.keys = keys
         self.signing_key = signing_key      # a model.Signer, or None
         self.groups = groups                # {name: GroupRecord} owned by the config file
         self.rate_card = rate_card          # {model: Rate} or None (tokens cost 0)
         self.store = store
         self.key_ttl_secs = key_ttl_secs    # a minted key's default lifetime
+        # `per_request_fee` in nano-units: what every 2xx request adds to each budget it counts
+        # in, beside its tokens at the rate card (a non-2xx one is refunded).
+        self.fee = fee
 
     def __eq__(self, other):
         return isinstance(other, Governance) and all(
@@ -171,9 +175,25 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
             out.error("advanced.usage_flush_interval_ms", "expected an integer between 10 and 60000")
         else:
             store.flush_secs = flush / 1000
+    fee = _per_request_fee(doc, out)
     if not keys and not groups and rate_card is None and "store" not in doc:
         return None
-    return Governance(keys, signing_key, groups, rate_card, store, key_ttl)
+    return Governance(keys, signing_key, groups, rate_card, store, key_ttl, fee)
+
+
+def _per_request_fee(doc: dict, out: Problems) -> int:
+    """`per_request_fee`: integer cents of the rate card's unit (the Rust grammar), >= 0, as
+    nano-units."""
+    raw = doc.get("per_request_fee", 0)
+    if raw is None:
+        return 0
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 0:
+        out.error("per_request_fee", "expected a non-negative integer (cents of the rate card's "
+                  "unit, charged per request to every budget), got %s" % (
+                      describe(raw) if not isinstance(raw, int) or isinstance(raw, bool)
+                      else raw))
+        return 0
+    return raw * NANO_PER_CENT
 
 
 def _role_bindings(raw, out: Problems) -> None:

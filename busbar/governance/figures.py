@@ -3,8 +3,9 @@ the store's ledger as the Rust gateway reads its own: per virtual key its attrib
 key's id, one window for all time): spend, tokens, tokens per (model, tier); per (group, window,
 pool scope) enforcement bucket (`group:<name>@<window>`, `#pool:<pool>` when its limits are scoped
 to a pool) the same in its current window, and what its budget leaves. Spend is derived, never
-stored: the ledger's tokens priced with the running rate card, in whole cents (nano-units //
-NANO_PER_CENT), so a corrected rate re-prices the next figures.
+stored: the ledger's tokens priced with the running rate card, plus per_request_fee per billable
+request, in whole cents (nano-units // NANO_PER_CENT), so a corrected rate re-prices the next
+figures.
 
 Computed by the parent (busbar/governance/plane.py) every few seconds, off the request path.
 """
@@ -19,23 +20,23 @@ from .model import NANO_PER_CENT, limit_value, rust_bucket, window_start
 class KeyFigures:
     __slots__ = ("id", "labels", "spend_cents", "tokens", "models")
 
-    def __init__(self, id, labels, ledger, card):
+    def __init__(self, id, labels, ledger, card, fee=0):
         self.id = id
         self.labels = labels
         self.models = ledger[2]      # model -> [input, output, cache_read, cache_write]
-        self.spend_cents = limit_value("budget_usd", ledger, card) // NANO_PER_CENT
+        self.spend_cents = limit_value("budget_usd", ledger, card, fee) // NANO_PER_CENT
         self.tokens = sum(sum(t) for t in self.models.values())
 
 
 class BucketFigures:
     __slots__ = ("id", "group", "window", "spend_cents", "remaining_cents", "models")
 
-    def __init__(self, id, group, window, ledger, card, cap):
+    def __init__(self, id, group, window, ledger, card, cap, fee=0):
         self.id = id
         self.group = group
         self.window = window
         self.models = ledger[2]
-        self.spend_cents = limit_value("budget_usd", ledger, card) // NANO_PER_CENT
+        self.spend_cents = limit_value("budget_usd", ledger, card, fee) // NANO_PER_CENT
         # The budget's cap less that spend (None: no budget limit in this bucket).
         self.remaining_cents = None if cap is None else max(0, cap // NANO_PER_CENT -
                                                              self.spend_cents)
@@ -79,9 +80,11 @@ async def compute(gov, store, keys, groups: dict, now: float | None = None) -> F
     the config's and the admin API's."""
     now = time.time() if now is None else now
     card = gov.rate_card
-    kf = [KeyFigures(k.id, k.labels, await _ledger(store, k.id, 0), card)
+    fee = getattr(gov, "fee", 0)
+    kf = [KeyFigures(k.id, k.labels, await _ledger(store, k.id, 0), card, fee)
           for k in keys if k.state != "tombstoned"]
-    bf = [BucketFigures(bid, g, per, await _ledger(store, bid, window_start(per, now)), card, cap)
+    bf = [BucketFigures(bid, g, per, await _ledger(store, bid, window_start(per, now)), card, cap,
+                        fee)
           for bid, g, per, _pool, cap in buckets_of(groups)]
     bf.sort(key=lambda b: b.id)
     return Figures(kf, bf)

@@ -391,7 +391,7 @@ class Gate:
         if plan.__class__ is Denial:
             return self.deny(ex, plan)
         p = Pass(plan, priced.pricing if priced is not None else None, pool,
-                 self.card_prices(card) if card is not None else None)
+                 self.card_prices(card) if card is not None else None, gov.fee)
         self._keep_pass(gov, ex.principal, ex.target, p)
         return self.admit(ex, gov, cont)
 
@@ -451,13 +451,13 @@ class Gate:
             cont()
             return
         try:
-            r = await self.ledger.admit(checks, now, gov.rate_card, reserve)
+            r = await self.ledger.admit(checks, now, gov.rate_card, reserve, gov.fee)
         except Exception:
             log.exception("governance: admission failed")
             r = UNAVAILABLE
         if ex.closed:
             if r is None:   # admitted for a client that left meanwhile: give it back
-                self.ledger.undo(checks, reserve)
+                self.ledger.undo(checks, reserve, gov.fee)
             return
         try:
             self._admitted(ex, r, checks, reserve, now, pool, cont)
@@ -626,7 +626,7 @@ class Gate:
             self._settle_remote(ex, ticket, gov, rec_key, lane_name, pool, usage, ok)
             return
         if ticket is not None:
-            ledger.admission.settle(ticket, usage, lane_name)
+            ledger.admission.settle(ticket, usage, lane_name, ok)
             pool = ticket.pool
         else:
             pool = ex.target.name if ex.target else None
@@ -648,4 +648,4 @@ class Gate:
         model = ex.snap.config.models.get(lane_name) if lane_name else None
         self.ledger.settle(checks, reserve, Usage(
             day_of(time.time()), rec_key.id, rec_key.group, lane_name, pool, 1, inp, out, cr, cw,
-            1 if ok else 0, model.provider.name if model is not None else ""), ok, cost)
+            1 if ok else 0, model.provider.name if model is not None else ""), ok, cost, gov.fee)

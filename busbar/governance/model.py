@@ -675,18 +675,18 @@ def usage_totals(rows) -> list:
     return list(acc.values())
 
 
-def limit_value(kind: str, ledger, card) -> int:
+def limit_value(kind: str, ledger, card, fee: int = 0) -> int:
     """A limit's counter as the ledger (requests, billable, {model: [4 tiers]}) implies it:
     requests admitted; tokens (all four tiers: input, output, cache read and cache write, as the
     Rust ledger's total counts a tokens limit); the budget's spend in nano-units at the current
-    rate card."""
-    requests, _billable, models = ledger
+    rate card, plus `fee` (per_request_fee, nano-units) per billable request."""
+    requests, billable, models = ledger
     if kind == "requests":
         return requests
     if kind == "tokens":
         return sum(t[0] + t[1] + t[2] + t[3] for t in models.values())
     if kind == "budget_usd":
-        total = 0
+        total = fee * billable
         for model, t in models.items():
             rate = (card or {}).get(model)
             if rate is not None:

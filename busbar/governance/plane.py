@@ -263,7 +263,7 @@ def seed(table, gov, api_groups: dict, store, now: float):
             if lim.per is None or lim.kind == "concurrent":
                 continue
             ledger = store.window(rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
-            value = limit_value(lim.kind, ledger, card)
+            value = limit_value(lim.kind, ledger, card, gov.fee)
             if value:
                 wid, _ = window(lim.per, now)
                 table.seed(bucket_key(name, i, lim), wid, value)

@@ -203,12 +203,15 @@ def _per_of(bucket_id: str) -> str | None:
     return bucket_id.rpartition("@")[2].partition("#")[0]
 
 
-def rates_key(p: str, card) -> tuple[str, dict]:
+def rates_key(p: str, card, fee: int = 0) -> tuple[str, dict]:
     """The hash a rate card is kept in for the admission script, and its fields: per model the
     nano-units per token of input, output, cache read, cache write (Rate's USD per million tokens
-    x 1000), and `_` so that an empty card exists too. Named by its content: instances with
+    x 1000), `_` so that an empty card exists too, and `bb:fee`, the per_request_fee in
+    nano-units per billable request, when there is one. Named by its content: instances with
     different cards price with their own."""
     fields = {b"_": b"1"}
+    if fee:
+        fields[b"bb:fee"] = b"%d" % fee
     for model, rate in sorted((card or {}).items()):
         fields[model.encode()] = ("%r,%r,%r,%r" % (1000.0 * rate.input, 1000.0 * rate.output,
                                                   1000.0 * rate.cache_read,
@@ -219,7 +222,9 @@ def rates_key(p: str, card) -> tuple[str, dict]:
 
 # ---------------------------------------------------------------------------- scripts
 # KEYS: nb ledger hashes, nc gauges, the rate card hash. ARGV: nb, nc, per hash (ttl, reserve),
-# then per check (kind code, key index, limit). Tests every check, then charges every bucket
+# then per check (kind code, key index, limit). A budget's spend is its tokens at the card, its
+# billable requests at the card's fee, and its reservations; admission tests it with the
+# reservation and the fee added. Tests every check, then charges every bucket
 # (requests +1, billable +1, its budget reservation) and gauge (+1), or nothing: returns {0, v1..vn}
 # (each check's value before the charge), {i, v1..vi} with i the first failing check (1-based), or
 # {-1} when a budget is checked and the rate card hash is missing (the caller writes it, retries).
@@ -235,11 +240,12 @@ local cache = {}
 local function ledger(i)
   local L = cache[i]
   if L then return L end
-  L = {req = 0, tok = 0, res = 0, models = {}}
+  L = {req = 0, tok = 0, res = 0, bill = 0, models = {}}
   local h = redis.call('HGETALL', KEYS[i])
   for j = 1, #h, 2 do
     local f, v = h[j], tonumber(h[j + 1]) or 0
     if f == 'requests' then L.req = v
+    elseif f == 'billable_requests' then L.bill = v
     elseif f == 'bb:reserved' then L.res = v
     else
       local m, tier = string.match(f, '^m:(.*):([%a_]+)$')
@@ -256,9 +262,10 @@ local function ledger(i)
   cache[i] = L
   return L
 end
+local fee
 local function spend(L)
   if L.spend then return L.spend end
-  local s = L.res
+  local s = L.res + L.bill * fee
   for m, t in pairs(L.models) do
     local r = redis.call('HGET', rates, m)
     if r then
@@ -289,9 +296,10 @@ for c = a, #ARGV, 3 do
     if v >= lim then out[1] = n return out end
   else
     if redis.call('EXISTS', rates) == 0 then return {-1} end
+    if not fee then fee = tonumber(redis.call('HGET', rates, 'bb:fee') or '0') end
     v = spend(ledger(i))
     out[n + 1] = math.floor(v)
-    if v + reserve[i] > lim then out[1] = n return out end
+    if v + reserve[i] + fee > lim then out[1] = n return out end
   end
 end
 for i = 1, nb do
@@ -1034,13 +1042,13 @@ class RedisLedger:
             await asyncio.wait([self._flusher])
 
     # -- admission
-    def _rate_card(self, card):
-        got = self._rates.get(id(card))
+    def _rate_card(self, card, fee=0):
+        got = self._rates.get((id(card), fee))
         if got is None or got[0] is not card:
-            key, fields = rates_key(self.prefix, card)
+            key, fields = rates_key(self.prefix, card, fee)
             if len(self._rates) > 16:
                 self._rates.clear()
-            got = self._rates[id(card)] = [card, key, fields, False]
+            got = self._rates[(id(card), fee)] = [card, key, fields, False]
         return got
 
     def _layout(self, checks, reserve):
@@ -1062,17 +1070,18 @@ class RedisLedger:
         order = {k: i + 1 for i, k in enumerate(hashes + gauges)}
         return hashes, gauges, [(ttl[k], res.get(k, 0)) for k in hashes], order
 
-    async def admit(self, checks, now: float, card=None, reserve: int = 0):
+    async def admit(self, checks, now: float, card=None, reserve: int = 0, fee: int = 0):
         """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
         reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
-        tokens are priced with."""
+        tokens are priced with; `fee`: per_request_fee (nano-units), which a budget counts per
+        billable request."""
         if not checks:
             return None
         if not self.up:
-            return self._admit_local(checks, now, reserve) if self.fail_mode == "open" \
+            return self._admit_local(checks, now, reserve, fee) if self.fail_mode == "open" \
                 else UNAVAILABLE
         hashes, gauges, per_hash, order = self._layout(checks, reserve)
-        rc = self._rate_card(card)
+        rc = self._rate_card(card, fee)
         keys = hashes + gauges + [rc[1]]
         args = [len(hashes), len(gauges)]
         for ttl, res in per_hash:
@@ -1081,12 +1090,12 @@ class RedisLedger:
         for c in checks:
             args += (_KIND_CODE[c[C_KIND]], order[ledger_key(p, c)], c[C_LIMIT])
         try:
-            out = await self._run_admit(keys, args, rc, checks, reserve)
+            out = await self._run_admit(keys, args, rc, checks, reserve, fee)
         except asyncio.CancelledError:
             raise
         except self._down as e:
             self._went_down(e)
-            return self._admit_local(checks, now, reserve) if self.fail_mode == "open" \
+            return self._admit_local(checks, now, reserve, fee) if self.fail_mode == "open" \
                 else UNAVAILABLE
         except Exception as e:
             _log_error("admission script failed: %r" % e)
@@ -1099,14 +1108,14 @@ class RedisLedger:
             c = checks[i]
             v = out[i + 1]
             if not failed:
-                v += _charge(c, reserve)
+                v += _charge(c, reserve, fee)
             exp = now + c[C_ROLL] if c[C_WINDOW] and c[C_ROLL] is not None else None
             seen[(ledger_key(p, c), c[C_KIND])] = (v, exp)
         if failed:
             return _denial(checks[failed - 1])
         return None
 
-    async def _run_admit(self, keys, args, rc, checks, reserve):
+    async def _run_admit(self, keys, args, rc, checks, reserve, fee=0):
         """The admission script, the rate card written first where it may be missing. Shielded: a
         caller cancelled mid-flight (its client went away) must not leave charges nobody will
         settle; if the script admitted, they are given back when it answers."""
@@ -1118,7 +1127,7 @@ class RedisLedger:
             try:
                 out = await asyncio.shield(call)
             except asyncio.CancelledError:
-                call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve))
+                call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve, fee))
                 raise
             if out and out[0] == -1:         # the card's hash is gone (a Redis restart): again
                 rc[3] = False
@@ -1126,16 +1135,16 @@ class RedisLedger:
             return out
         raise RuntimeError("the rate card could not be written to Redis")
 
-    def _undo_if_admitted(self, fut, checks, reserve):
+    def _undo_if_admitted(self, fut, checks, reserve, fee=0):
         if fut.cancelled() or fut.exception() is not None or fut.result()[0]:
             return
-        self.undo(checks, reserve)
+        self.undo(checks, reserve, fee)
 
     def _value(self, key, kind):
         s = self._seen.get((key, kind))
         return (s[0] if s is not None else 0) + self._drift.get((key, kind), 0)
 
-    def _admit_local(self, checks, now, reserve):
+    def _admit_local(self, checks, now, reserve, fee=0):
         """fail_mode open: the same test against this worker's count (the last value it saw in
         Redis plus what it charged and settled since), charged to the pending writes."""
         p = self.prefix
@@ -1144,13 +1153,14 @@ class RedisLedger:
             if c[C_KIND] == "tokens":
                 if v >= c[C_LIMIT]:
                     return _denial(c)
-            elif v + _charge(c, reserve) > c[C_LIMIT]:
+            elif v + _charge(c, reserve, fee) > c[C_LIMIT]:
                 return _denial(c)
-        self._take(checks, reserve, 1)
+        self._take(checks, reserve, 1, fee)
         return None
 
-    def _take(self, checks, reserve, sign):
-        """Admission's charges (sign 1) or their refund (-1), as pending writes."""
+    def _take(self, checks, reserve, sign, fee=0):
+        """Admission's charges (sign 1) or their refund (-1), as pending writes (the fee rides on
+        the billable request count; the local count takes it at once)."""
         p = self.prefix
         w = self._pend
         done = set()
@@ -1167,9 +1177,10 @@ class RedisLedger:
                     w.hinc(k, "requests", sign, True, ttl)
                     w.hinc(k, "billable_requests", sign, True, ttl)
                     self._drift_add(k, "requests", sign)
-                if kind == "budget_usd" and (k, "b") not in done and reserve:
-                    w.hinc(k, "bb:reserved", sign * reserve, True, ttl)
-                    self._drift_add(k, "budget_usd", sign * reserve)
+                if kind == "budget_usd" and (k, "b") not in done and (reserve or fee):
+                    if reserve:
+                        w.hinc(k, "bb:reserved", sign * reserve, True, ttl)
+                    self._drift_add(k, "budget_usd", sign * (reserve + fee))
                     done.add((k, "b"))
             done.add(k)
         if self.up and (self._flusher is None or self._flusher.done()):
@@ -1179,16 +1190,16 @@ class RedisLedger:
         if delta:
             self._drift[(key, kind)] = self._drift.get((key, kind), 0) + delta
 
-    def undo(self, checks, reserve: int = 0) -> None:
+    def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
         """An admission that was not used (its client left before it started): every charge back."""
         try:
-            self._take(checks, reserve, -1)
+            self._take(checks, reserve, -1, fee)
         except Exception as e:
             _log_error("undo failed: %r" % e)
 
     # -- settlement
     def settle(self, checks, reserve: int, usage: Usage | None, ok: bool = True,
-               cost: int = 0) -> None:
+               cost: int = 0, fee: int = 0) -> None:
         """A request's end: its tokens into every ledger bucket of its checks (and, as the Rust
         ledger has it, into the key's own bucket, which also counts it), its reservation replaced
         by nothing (the tokens now price it), a non-2xx answer taken off the billable count, its
@@ -1227,7 +1238,8 @@ class RedisLedger:
                     done.add((k, "b"))
                     if reserve:
                         w.hinc(k, "bb:reserved", -reserve, True, ttl)
-                    self._drift_add(k, "budget_usd", cost - reserve)
+                    # (a non-2xx answer leaves the billable count, and its fee with it)
+                    self._drift_add(k, "budget_usd", cost - reserve - (0 if ok else fee))
             if usage is not None:
                 w.ledger(p, usage.key_id, 0, 1, 1 if ok else 0, {model: list(tokens)} if model
                          else {})
@@ -1328,13 +1340,14 @@ class RedisLedger:
             seen.clear()
 
 
-def _charge(check, reserve) -> int:
-    """What admission adds to a check's value: 1 request or slot, the reservation, no tokens."""
+def _charge(check, reserve, fee=0) -> int:
+    """What admission adds to a check's value: 1 request or slot, the reservation and the fee,
+    no tokens."""
     kind = check[C_KIND]
     if kind == "tokens":
         return 0
     if kind == "budget_usd":
-        return reserve
+        return reserve + fee
     return 1
 
 

@@ -224,8 +224,10 @@ def test_per_request_fee_plugins_routing_advanced():
     """)
     assert any(w.startswith("plugins.enabled: busbar loads no plugins") for w in c.warnings)
     assert any(w.startswith("plugins.fetch: busbar fetches no plugins") for w in c.warnings)
+    c = cfg("per_request_fee: 2\ngroups: {g: {limits: [{budget: 10, per: day}]}}\n")
+    assert c.governance.fee == 2 * 10_000_000       # cents as nano-units
     errs = problems("""
-        per_request_fee: 2
+        per_request_fee: -2
         routing: {default_policy_timeout_ms: 0}
         advanced: {upstream_h2_prior_knowledge: true}
     """)
@@ -233,8 +235,8 @@ def test_per_request_fee_plugins_routing_advanced():
         "advanced.upstream_h2_prior_knowledge: busbar speaks HTTP/1.1 to upstreams; HTTP/2 is not "
         "supported by this busbar version",
         "routing.default_policy_timeout_ms: must be >= 1, got 0",
-        "per_request_fee: a fee per request is not supported by this busbar version (0 is); "
-        "spend comes from the rate card",
+        "per_request_fee: expected a non-negative integer (cents of the rate card's unit, charged "
+        "per request to every budget), got -2",
     ]
 
 
