@@ -68,6 +68,7 @@ cdef class Exchange(Timed):
     cdef public int fallbacks
     cdef public object principal, ticket, denied, spans, relay, queued
     cdef public object routing      # busbar/routing/plan.py Run: a pool with a plan, or hooks
+    cdef public object downgraded   # pools a budget's on_exhaust: downgrade moved it to (gate.py)
 
     # The request's steps: called from each other as C calls, and from Python (the connection,
     # the pool, the deadline sweep, the gate) through their Python wrappers.

@@ -75,7 +75,8 @@ class Exchange(Timed):
     # KeyRecord once authenticated), ticket (what admission took, busbar/governance/gate.py) and
     # denied (the gate that refused); spans = the body's top-level members the codec names
     # (SCAN_KEYS); relay = a same-protocol stream's relay filter (codec.stream_usage_request);
-    # queued = reliability's Waiter once on_exhausted queued the request. Storing those defaults
+    # queued = reliability's Waiter once on_exhausted queued the request; downgraded = the pools
+    # a budget's on_exhaust: downgrade re-routed it to (None: none). Storing those defaults
     # again cost ~30 cache lines of code a request (bench/code_lines.py), code a request at
     # concurrency 1 finds cold.
     def __init__(self, site, conn, req, route, snap):

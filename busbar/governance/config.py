@@ -165,7 +165,8 @@ def parse(doc: dict, auth: dict, models: dict, pools: dict, env, base_dir: str, 
         out.error("auth.signing_key", "required when auth.chain has 'keys' (a secret reference, "
                   "the same on every instance; e.g. {env: BUSBAR_SIGNING_KEY})")
 
-    groups = _groups(get_mapping(doc, "groups", "", out) or {}, set(pools) | set(models), out)
+    groups = _groups(get_mapping(doc, "groups", "", out) or {}, set(pools) | set(models), out,
+                     set(pools))
     rate_card = _rate_card(doc.get("rate_card"), models, out)
     store = _store(doc.get("store"), env, base_dir, out)
     flush = (doc.get("advanced") or {}).get("usage_flush_interval_ms") if isinstance(
@@ -228,7 +229,7 @@ def _key_ttl(raw, out: Problems) -> int:
     return secs
 
 
-def _groups(raw: dict, pools: dict, out: Problems) -> dict:
+def _groups(raw: dict, pools: dict, out: Problems, pool_names=None) -> dict:
     groups = {}
     for name, entry in raw.items():
         where = join("groups", name)
@@ -241,15 +242,16 @@ def _groups(raw: dict, pools: dict, out: Problems) -> dict:
             out.error(where, "expected a mapping {parent?, limits?, enabled?}, got %s" % describe(entry))
             continue
         check_keys(entry, where, GROUP_KEYS, out)
-        _child_default(entry.get("child_default"), join(where, "child_default"), pools, out)
-        g = group_from_body(name, entry, where, out, pools, source="config")
+        _child_default(entry.get("child_default"), join(where, "child_default"), pools, out,
+                       pool_names)
+        g = group_from_body(name, entry, where, out, pools, source="config", pool_names=pool_names)
         if g is not None:
             groups[name] = g
     check_chains(groups, out)
     return groups
 
 
-def _child_default(raw, where: str, pools, out: Problems) -> None:
+def _child_default(raw, where: str, pools, out: Problems, pool_names=None) -> None:
     """`child_default: {limits}`: what a group auto-provisioned under this one starts with. Groups
     are auto-provisioned only for identity providers that assert users, which busbar's built-in
     ones do not; the limits are checked as any group's."""
@@ -259,10 +261,14 @@ def _child_default(raw, where: str, pools, out: Problems) -> None:
         out.error(where, "expected {limits: [...]}, got %s" % describe(raw))
         return
     check_keys(raw, where, ("limits",), out)
-    group_from_body("child", {"limits": raw.get("limits")}, where, out, pools, source="config")
+    group_from_body("child", {"limits": raw.get("limits")}, where, out, pools, source="config",
+                    pool_names=pool_names)
 
 
-def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, source="api"):
+def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, source="api",
+                    pool_names=None):
+    """A group from config or an admin body. `pools`: the names a limit's `pool:` may scope to
+    (pools and models); `pool_names`: the pools a budget may downgrade to (None: not checked)."""
     problems = []
     limits = []
     raw = entry.get("limits") or []
@@ -274,6 +280,10 @@ def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, so
         if lim is not None:
             if pools is not None and lim.pool is not None and lim.pool not in pools:
                 problems.append("%s.limits[%d].pool: unknown pool or model '%s'" % (where, i, lim.pool))
+            if pool_names is not None and lim.downgrade_to is not None and \
+                    lim.downgrade_to not in pool_names:
+                problems.append("%s.limits[%d].downgrade_to: unknown pool '%s'" % (
+                    where, i, lim.downgrade_to))
             limits.append(lim)
     for p in problems:
         path, _, msg = p.partition(": ")

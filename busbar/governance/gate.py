@@ -352,7 +352,7 @@ class Gate:
                     ex.ticket = t
                     cont()
                 else:
-                    self._refused(ex, p.plan, t, now)
+                    self._refused(ex, gov, p.plan, t, now)
                 return
         return self._admit(ex, gov, cont)
 
@@ -404,15 +404,16 @@ class Gate:
             self._pass_version = d.version
         self._passes[(key, target)] = p
 
-    def _refused(self, ex, plan, t, now):
+    def _refused(self, ex, gov, plan, t, now):
         if t == DENIED_FULL:
             log.error("governance: the shared limit table is full (limits.max_limit_buckets); "
                       "refusing admission")
             self._unavailable(ex)
             return
         bucket, kind, amount, per, name = plan.chain[t]
-        self.deny(ex, denial_of((bucket, kind, amount, None, None,
-                                 self.ledger.admission.roll(PERIOD_INDEX[per], now), name, per)))
+        self.refuse(ex, gov, denial_of((bucket, kind, amount, None, None,
+                                        self.ledger.admission.roll(PERIOD_INDEX[per], now),
+                                        name, per)))
 
     async def _admit_remote(self, ex, gov, group, pool, cont):
         """Redis: the group chain from the worker's cache (a read on a miss), then one admission
@@ -460,11 +461,11 @@ class Gate:
                 self.ledger.undo(checks, reserve, gov.fee)
             return
         try:
-            self._admitted(ex, r, checks, reserve, now, pool, cont)
+            self._admitted(ex, gov, r, checks, reserve, now, pool, cont, chain.get)
         except Exception as exc:
             ex.crash(exc)
 
-    def _admitted(self, ex, r, checks, reserve, now, pool, cont):
+    def _admitted(self, ex, gov, r, checks, reserve, now, pool, cont, lookup=None):
         """Redis: the admission script's answer."""
         if r is None:
             ex.ticket = Ticket(checks, reserve, now, pool)
@@ -472,7 +473,7 @@ class Gate:
         elif r == UNAVAILABLE:
             self._unavailable(ex)
         else:
-            self.deny(ex, r)
+            self.refuse(ex, gov, r, lookup)
 
     def plan(self, ex, gov, group_name, pool, now, lookup):
         """Redis: the checks of the group chain for this request, and the reservation
@@ -595,6 +596,56 @@ class Gate:
         return self.priced(ex, card).pricing.reserve(ex.req.body, ex.spans, ex.ingress,
                                                      ex.op is not None, BYTES_PER_TOKEN,
                                                      requested_max_tokens)
+
+    def refuse(self, ex, gov, why: Denial, lookup=None):
+        """A limit refused `ex`: the caller's answer (deny), or, when the limit is a pool-scoped
+        budget with `on_exhaust: downgrade`, the request re-routed through its `downgrade_to` pool
+        and admitted there (its limits, its charges: accounting follows the traffic), as the Rust
+        gateway does. The key's pool ACL holds on every hop (a pool it may not use is the plain
+        refusal) and a pool is downgraded to once per request (a cycle ends in a refusal)."""
+        to = self.downgrade_target(ex, gov, why, lookup)
+        if to is None:
+            self.deny(ex, why)
+            return
+        log.info("governance: group '%s' budget per %s exhausted on pool %s; downgrading to %s "
+                 "(on_exhaust: downgrade)", why.group, why.per, ex.target.name, to.name)
+        ex.downgraded = (ex.downgraded or ()) + (to.name,)
+        ex.target = to
+        ex.tried.clear()        # no attempt yet: only the old target's lanes lacking the operation
+        ex.routed()
+
+    def downgrade_target(self, ex, gov, why: Denial, lookup=None):
+        """The Target `ex` downgrades to after `why`, or None (refuse). The limit is the group's
+        budget for the refused window scoped to the request's pool (the most restrictive, should
+        there be several: the one that blocks)."""
+        if why.kind != "budget_usd" or why.reason is not None or ex.target is None:
+            return None
+        g = gov.groups.get(why.group)
+        if g is None and lookup is not None:
+            g = lookup(why.group)
+        if g is None and not self.directory.remote:
+            g = self.directory.group(why.group)
+        if g is None:
+            return None
+        pool = ex.target.name
+        lim = None
+        for x in g.limits:
+            if x.kind == "budget_usd" and x.per == why.per and x.pool == pool and (
+                    lim is None or x.amount < lim.amount):
+                lim = x
+        if lim is None or lim.downgrade_to is None:
+            return None
+        to = lim.downgrade_to
+        visited = ex.downgraded or ()
+        if to in visited or len(visited) >= len(ex.snap.config.pools):
+            return None
+        target = ex.snap.router.resolve(to)
+        if target is None or not target.is_pool:
+            return None
+        allowed = ex.principal.allowed_pools if ex.principal is not None else None
+        if allowed is not None and to not in allowed:
+            return None
+        return target
 
     def deny(self, ex, why: Denial):
         ex.denied = DENIED_GATE.get(why.reason or why.kind, "rate_limit")

@@ -350,15 +350,18 @@ def record_of(vk: dict, revoked: bool, cred: dict | None, now: float) -> KeyReco
 class Limit:
     """One limit of a group: exactly one metric. `amount` is requests, tokens, nano-units of cost
     (a budget, converted at parse) or concurrent requests; `per` is None for concurrent. A budget
-    is written and read back as `budget: N`, integer cents of the rate card's unit."""
+    is written and read back as `budget: N`, integer cents of the rate card's unit.
+    `downgrade_to`: a pool-scoped budget's `on_exhaust: downgrade` target (None: block), the pool
+    its exhausted pool's requests are re-admitted through instead of refused."""
 
-    __slots__ = ("kind", "amount", "per", "pool")
+    __slots__ = ("kind", "amount", "per", "pool", "downgrade_to")
 
-    def __init__(self, kind, amount, per=None, pool=None):
+    def __init__(self, kind, amount, per=None, pool=None, downgrade_to=None):
         self.kind = kind
         self.amount = amount
         self.per = per
         self.pool = pool
+        self.downgrade_to = downgrade_to
 
     def public(self) -> dict:
         if self.kind == "budget_usd":
@@ -369,6 +372,9 @@ class Limit:
             d["per"] = self.per
         if self.pool is not None:
             d["pool"] = self.pool
+        if self.downgrade_to is not None:
+            d["on_exhaust"] = "downgrade"
+            d["downgrade_to"] = self.downgrade_to
         return d
 
     def __eq__(self, other):
@@ -401,7 +407,9 @@ class GroupRecord:
 def parse_limit(raw, where: str, problems: list) -> Limit | None:
     """A limit from config or an admin body: `{requests: 60, per: minute, pool?: p}`,
     `{tokens: N, per}`, `{budget: 500, per}` (integer cents), `{concurrent: 4}`. `on_exhaust: block`
-    is a budget's default. Problems are appended as 'path: message' lines."""
+    is a budget's default; `on_exhaust: downgrade, downgrade_to: q` (a budget scoped to a pool:
+    another pool) re-admits the pool's requests through q once the budget is spent. Problems are
+    appended as 'path: message' lines."""
     if not isinstance(raw, dict):
         problems.append("%s: expected a mapping like {requests: 60, per: minute}" % where)
         return None
@@ -427,11 +435,21 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
     if kind != "budget" and "on_exhaust" in raw:
         problems.append("%s.on_exhaust: only a budget has one" % where)
         return None
+    downgrade_to = raw.get("downgrade_to")
     if on_exhaust == "downgrade":
-        problems.append("%s.on_exhaust: downgrade (to another pool) is not supported by this busbar "
-                        "version; block is" % where)
-        return None
-    if "downgrade_to" in raw:
+        if not isinstance(downgrade_to, str) or not downgrade_to:
+            problems.append("%s.downgrade_to: on_exhaust: downgrade needs the pool to downgrade to"
+                            % where)
+            return None
+        if raw.get("pool") is None:
+            problems.append("%s.pool: on_exhaust: downgrade needs the budget scoped to a pool (the "
+                            "one whose requests downgrade)" % where)
+            return None
+        if downgrade_to == raw.get("pool"):
+            problems.append("%s.downgrade_to: must name another pool than pool: %s"
+                            % (where, downgrade_to))
+            return None
+    elif "downgrade_to" in raw:
         problems.append("%s.downgrade_to: needs on_exhaust: downgrade" % where)
         return None
     if kind == "budget":
@@ -459,7 +477,7 @@ def parse_limit(raw, where: str, problems: list) -> Limit | None:
         problems.append("%s.pool: expected a pool name" % where)
         return None
     if kind == "budget":
-        return Limit("budget_usd", amount, per, pool)
+        return Limit("budget_usd", amount, per, pool, downgrade_to)
     return Limit(kind, amount, per, pool)
 
 
@@ -727,13 +745,15 @@ def bucket_key(group: str, index: int, lim: Limit) -> str:
 
 def group_to_dict(g: GroupRecord) -> dict:
     return {"name": g.name, "parent": g.parent, "enabled": g.enabled, "source": g.source,
-            "limits": [{"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool}
+            "limits": [dict({"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool},
+                            **({"downgrade_to": x.downgrade_to} if x.downgrade_to else {}))
                        for x in g.limits]}
 
 
 def group_from_dict(d: dict) -> GroupRecord:
     return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
-                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"))
+                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"),
+                              x.get("downgrade_to"))
                         for x in d.get("limits", ())], d.get("source", "api"))
 
 

@@ -207,8 +207,8 @@ def test_budgets_in_cents_and_child_default():
         "groups.g.child_default.extra: unknown key",
         "groups.g.child_default.limits[0].budget: expected a positive integer (cents)",
         "groups.g.limits[0].budget: expected a positive integer (cents)",
-        "groups.g.limits[1].on_exhaust: downgrade (to another pool) is not supported by this "
-        "busbar version; block is",
+        "groups.g.limits[1].pool: unknown pool or model 'p'",
+        "groups.g.limits[1].downgrade_to: unknown pool 'q'",
         "groups.g.limits[2].downgrade_to: needs on_exhaust: downgrade",
         "groups.g.limits[3].on_exhaust: only a budget has one",
     ]

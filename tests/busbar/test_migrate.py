@@ -186,8 +186,6 @@ KNOWN_GAPS = {
     "v1.2.0_attempt-timeout-reasoning.yaml": ["limits.reasoning_effort_budgets: this busbar version"],
     "v1.4.0_provider-path-overrides.yaml": ["providers.gemini.path_base: not supported",
                                             "models.claude-sonnet-4-5.prompt_caching: not supported"],
-    "v1.5.0_signed-keys-groups-rate-card.yaml": [
-        "groups.summit-research.limits[1].on_exhaust: downgrade (to another pool) is not supported"],
 }
 
 
