@@ -4,9 +4,33 @@ Claude's extended-thinking rules (declared in reasoning.pxd)."""
 
 # SPEC 1.5 limits.reasoning_effort_budgets defaults. "none" is OpenAI's newest word and means what
 # Gemini spells thinkingBudget 0 (no thinking).
-cdef dict BUDGET_OF_EFFORT = {"none": 0, "minimal": 1024, "low": 4096, "medium": 8192,
-                              "high": 16384}
-EFFORT_BUDGETS = dict(BUDGET_OF_EFFORT)
+DEFAULT_BUDGETS = (1024, 4096, 8192, 16384)     # minimal, low, medium, high
+EFFORTS = ("minimal", "low", "medium", "high")
+cdef dict BUDGET_OF_EFFORT = {"none": 0}
+# The same table as C integers, for a budget's word: the largest budget of each word but high.
+cdef long long B_MINIMAL, B_LOW, B_MEDIUM
+
+
+def configure(budgets=DEFAULT_BUDGETS):
+    """The process's effort table: `limits.reasoning_effort_budgets` (minimal, low, medium, high;
+    ascending, all > 0, as the config loader checks), set when a config's snapshot is built
+    (busbar/engine/snapshot.py), so a request reads it as a C global. One table per process: a
+    worker serves one config at a time (a reload swaps it with the snapshot)."""
+    global B_MINIMAL, B_LOW, B_MEDIUM
+    budgets = tuple(int(b) for b in budgets)
+    if len(budgets) != 4 or any(b <= 0 for b in budgets) or list(budgets) != sorted(budgets):
+        raise ValueError("effort budgets are four ascending positive integers")
+    for word, b in zip(EFFORTS, budgets):
+        BUDGET_OF_EFFORT[word] = b
+    B_MINIMAL, B_LOW, B_MEDIUM = budgets[0], budgets[1], budgets[2]
+
+
+def effort_budgets():
+    """The effort table in force: {word: tokens}, "none" included."""
+    return dict(BUDGET_OF_EFFORT)
+
+
+configure()
 
 # With thinking on, Claude only accepts top_p in [0.95, 1] (Anthropic extended-thinking docs).
 cdef double CLAUDE_THINKING_MIN_TOP_P = 0.95
@@ -19,19 +43,20 @@ cpdef object budget_of_effort(str effort):
 
 
 cpdef str effort_of_budget(object budget):
-    """A thinking budget in tokens -> the smallest effort word whose default budget covers it.
-    Gemini's -1 (dynamic) means medium; 0 (thinking off) and a non-integer mean no word."""
+    """A thinking budget in tokens -> the smallest effort word whose budget (the configured
+    table) covers it. Gemini's -1 (dynamic) means medium; 0 (thinking off) and a non-integer mean
+    no word."""
     cdef long long b
     if type(budget) is not int or budget == 0:
         return None
     b = budget
     if b < 0:
         return "medium"
-    if b <= 1024:
+    if b <= B_MINIMAL:
         return "minimal"
-    if b <= 4096:
+    if b <= B_LOW:
         return "low"
-    if b <= 8192:
+    if b <= B_MEDIUM:
         return "medium"
     return "high"
 

@@ -141,9 +141,10 @@ LIMITS_UNSUPPORTED = ()
 # busbar's identity providers provision nothing themselves (keys are minted over the admin API),
 # so these are checked (>= 0, 0 = unlimited) and bound nothing.
 LIMITS_SELF_SERVICE = ("max_keys_per_principal", "max_auto_provisioned_groups")
-# The reasoning budget each effort level maps to (cbusbar/reasoning.pyx), as the Rust grammar's
-# `limits.reasoning_effort_budgets` spells them; busbar's codecs hold these fixed.
-REASONING_EFFORT_BUDGETS = {"minimal": 1024, "low": 4096, "medium": 8192, "high": 16384}
+# The reasoning budget each effort level maps to by default (cbusbar/reasoning.pyx), as the Rust
+# grammar's `limits.reasoning_effort_budgets` spells them.
+REASONING_EFFORT_BUDGETS = dict(zip(("minimal", "low", "medium", "high"),
+                                    Limits().reasoning_effort_budgets))
 ADVANCED_KEYS = ("worker_threads", "response_headers", "rate_sweep_interval",
                  "usage_flush_interval_ms", "upstream_http1_only", "upstream_h2_prior_knowledge")
 ADVANCED_UNSUPPORTED = ()
@@ -1439,9 +1440,9 @@ def _limits(section: dict | None, out: Problems) -> Limits:
     check_keys(section, "limits", known, out, LIMITS_UNSUPPORTED)
     for key in LIMITS_SELF_SERVICE:
         get_int(section, key, "limits", out, 0)
-    _reasoning_budgets(section.get("reasoning_effort_budgets"), out)
     defaults = Limits()
-    values = {}
+    values = {"reasoning_effort_budgets":
+              _reasoning_budgets(section.get("reasoning_effort_budgets"), out)}
     for key, floor in LIMIT_INT_FLOORS.items():
         values[key] = get_int(section, key, "limits", out, floor, getattr(defaults, key))
     for key in LIMIT_SECONDS:
@@ -1449,27 +1450,30 @@ def _limits(section: dict | None, out: Problems) -> Limits:
     return Limits(**values)
 
 
-def _reasoning_budgets(raw, out: Problems) -> None:
+def _reasoning_budgets(raw, out: Problems) -> tuple:
+    """(minimal, low, medium, high): the configured words over the defaults; ascending (equal
+    neighbours allowed, as the Rust check), each > 0."""
+    defaults = tuple(REASONING_EFFORT_BUDGETS.values())
     if raw is None:
-        return
+        return defaults
     where = "limits.reasoning_effort_budgets"
     if not isinstance(raw, dict):
         out.error(where, f"expected a mapping of effort: tokens, got {describe(raw)}")
-        return
+        return defaults
     check_keys(raw, where, tuple(REASONING_EFFORT_BUDGETS), out)
     merged = dict(REASONING_EFFORT_BUDGETS)
     for k, v in raw.items():
         if k in merged:
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 out.error(join(where, k), f"expected a positive integer, got {describe(v)}")
-                return
+                return defaults
             merged[k] = v
     values = [merged[k] for k in REASONING_EFFORT_BUDGETS]
     if values != sorted(values):
-        out.error(where, "budgets must ascend from minimal to high")
-    elif merged != REASONING_EFFORT_BUDGETS:
-        out.error(where, "this busbar version maps efforts to fixed budgets (%s); other values "
-                  "are not supported" % ", ".join("%s %d" % kv for kv in REASONING_EFFORT_BUDGETS.items()))
+        out.error(where, "budgets must ascend from minimal to high (minimal <= low <= medium <= "
+                  "high), got %s" % "/".join(str(v) for v in values))
+        return defaults
+    return tuple(values)
 
 
 def _plugins(section: dict | None, out: Problems) -> None:

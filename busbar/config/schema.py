@@ -77,6 +77,11 @@ class Limits:
     max_inbound_concurrent: int = 8192
     # max_tokens injected on a cross-protocol hop to Anthropic when the caller gave none (SPEC §1.6).
     default_max_tokens: int = 4096
+    # `reasoning_effort_budgets`: the thinking tokens of each effort word (minimal, low, medium,
+    # high) where a request crosses between words (OpenAI reasoning_effort) and budgets (Anthropic
+    # thinking, Gemini thinkingBudget): the Rust gateway's defaults, which are Anthropic's
+    # minimum budget (1024) and doublings up to a 16 Ki budget that fits its models' output caps.
+    reasoning_effort_budgets: tuple = (1024, 4096, 8192, 16384)
     # Upstream error bodies are buffered to be classified and re-enveloped (SPEC §8: 256 KiB).
     upstream_error_body_max_bytes: int = 256 * _KiB
     # Reading an upstream error body once its status arrived, within what is left of the

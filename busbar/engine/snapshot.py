@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import orjson
 
+from cbusbar import reasoning
+
 from busbar.engine.egress import BETA_HEADERS, Egress
 from busbar.routing.swrr import Router
 
@@ -91,6 +93,9 @@ class Snapshot:
         self.governance = config.governance
         self.version = version
         self.limits = config.limits
+        # The effort <-> thinking budget table the codecs translate with: the process's, set
+        # here, where a worker takes a config (at boot and at every reload).
+        reasoning.configure(config.limits.reasoning_effort_budgets)
         self.router = router if router is not None else Router(config, shared)
         self.egress = egress if egress is not None else {
             name: Egress(p) for name, p in config.providers.items()}

@@ -311,11 +311,12 @@ def test_limits_by_their_rust_names():
     lim = c.limits
     assert (lim.pool_max_idle_per_host, lim.pool_idle_timeout_secs,
             lim.upstream_error_body_max_bytes) == (1024, 300, 4096)
-    errs = problems("limits: {reasoning_effort_budgets: {low: 5000}}\n")
-    assert errs == [
-        "limits.reasoning_effort_budgets: this busbar version maps efforts to fixed budgets "
-        "(minimal 1024, low 4096, medium 8192, high 16384); other values are not supported",
-    ]
+    assert lim.reasoning_effort_budgets == (1024, 4096, 8192, 16384)
+    c = cfg("limits: {reasoning_effort_budgets: {low: 5000}}\n")
+    assert c.limits.reasoning_effort_budgets == (1024, 5000, 8192, 16384)
+    errs = problems("limits: {reasoning_effort_budgets: {low: 0}}\n")
+    assert errs == ["limits.reasoning_effort_budgets.low: expected a positive integer, got an "
+                    "integer"]
 
 
 # --- the Rust project's own configs -------------------------------------------------------------

@@ -183,7 +183,6 @@ def test_what_is_not_a_config_is_refused_in_one_line(tmp_path, capsys, text, why
 # (the errors `busbar --validate` names). A feature that lands removes its file here, and a file
 # that starts validating without being removed fails this test, so the list cannot go stale.
 KNOWN_GAPS = {
-    "v1.2.0_attempt-timeout-reasoning.yaml": ["limits.reasoning_effort_budgets: this busbar version"],
     "v1.4.0_provider-path-overrides.yaml": ["providers.gemini.path_base: not supported",
                                             "models.claude-sonnet-4-5.prompt_caching: not supported"],
 }
