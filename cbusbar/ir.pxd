@@ -156,6 +156,9 @@ cdef class Request:
     cdef public object logprobs              # bool or None
     cdef public object top_logprobs          # int or None
     cdef public dict extra                   # protocol-only fields; cleared on a cross-protocol hop
+    # The lane's model takes prompt-cache markers where a dialect gates them on the model
+    # (models.X.prompt_caching: Bedrock Converse's cachePoint, which Nova refuses).
+    cdef public bint prompt_caching
 
 
 cdef class Response:

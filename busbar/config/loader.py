@@ -105,8 +105,9 @@ PROVIDER_KEYS = (
     "allow_metadata_hosts", "profile", "role_arn", "credentials", "token_url", "vertex", "azure",
     "error_map", "upstream_credentials", "health",  # reliability
     "path",     # the request path in place of the protocol's (the Rust grammar)
+    "path_base",    # the base of a URL-model protocol's paths (Vertex AI, the Rust grammar)
 )
-PROVIDER_UNSUPPORTED = ("path_base", "scope", "subject")
+PROVIDER_UNSUPPORTED = ("scope", "subject")
 AZURE_KEYS = ("deployment", "api_version")
 VERTEX_KEYS = ("project", "location")
 # The catalog's placeholder host for Azure OpenAI: every resource has its own host.
@@ -114,14 +115,14 @@ AZURE_PLACEHOLDER_HOST = "your-resource.openai.azure.com"
 
 MODEL_KEYS = (
     "provider", "upstream_model", "max_concurrent", "default_max_tokens", "reasoning",
-    "attempt_timeout_ms", "operations", "max_requests",
+    "attempt_timeout_ms", "operations", "max_requests", "prompt_caching",
 )
 # What a model can serve. Token counting rides on chat (a chat model counts its own tokens).
 OPERATIONS = ("chat", "embeddings")
 # Embedding models are named so by every vendor (text-embedding-3-small, gemini-embedding-001,
 # embed-v4.0, amazon.titan-embed-text-v2:0, cohere.embed-english-v3): the default follows the name.
 _EMBED_NAME = re.compile(r"embed", re.IGNORECASE)
-MODEL_UNSUPPORTED = ("prompt_caching",)
+MODEL_UNSUPPORTED = ()
 
 POOL_KEYS = ("members", "breaker", "failover", "on_exhausted", "hooks", "affinity",
              "upstream_credentials")
@@ -821,12 +822,13 @@ def _provider(
     host_policy = policy.with_allowed(allowed)
     azure = _azure(entry, base, path, protocol, out)
     vertex = _vertex(entry, base, path, protocol, out)
-    request_path = _catalog_merge_paths(entry, base, path, azure, vertex, out)
+    request_path, path_base = _catalog_merge_paths(entry, base, path, azure, vertex, protocol, out)
     profile, role_arn = _aws_source(entry, path, protocol, out)
     service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out)
-    if service_account is not None and vertex is None and protocol is not None:
-        out.error(join(path, "credentials"),
-                  "service-account credentials are for Vertex AI; add vertex: {project, location}")
+    if service_account is not None and vertex is None and path_base is None and \
+            protocol is not None:
+        out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add "
+                  "vertex: {project, location} (or its path_base)")
     raw_url = entry.get("base_url", base.get("base_url"))
     if protocol in AWS_PROTOCOLS and "base_url" not in entry and isinstance(entry.get("region"), str) \
             and isinstance(raw_url, str):
@@ -969,28 +971,44 @@ def _provider(
                          **dict(reliability_config.error_map(entry.get("error_map"), path, out))}
                         .items()),
         path=request_path,
+        path_base=path_base,
         upstream_credentials=reliability_config.credentials(entry, path, out),
         health=health,
     )
 
 
-def _catalog_merge_paths(entry: dict, base: dict, path: str, azure, vertex, out: Problems):
-    """The request `path` of a provider: its own, else its catalog entry's. A `path_base` is the
-    reference's way to Vertex AI's URLs, which busbar spells `vertex:`; it is refused where used."""
-    if "path" in entry and "path" not in PROVIDER_UNSUPPORTED:
+def _catalog_merge_paths(entry: dict, base: dict, path: str, azure, vertex, protocol, out: Problems):
+    """(path, path_base) of a provider: each its own, else its catalog entry's. `path` replaces the
+    protocol's request path; `path_base` the base of a URL-model protocol's (gemini's
+    /v1beta/models; anthropic's becomes Vertex AI's rawPredict form under it)."""
+    if "path" in entry:
         request_path = _request_path(entry["path"], join(path, "path"), out)
         where = join(path, "path")
     else:
         request_path = base.get("path")
         where = f"{path} (catalog path)"
-    if base.get("path_base") is not None and "path_base" not in entry:
-        out.error(f"{path} (catalog path_base)", "not supported by this busbar version; for "
-                  "Vertex AI give the provider vertex: {project, location}")
+    if "path_base" in entry:
+        path_base = _request_path(entry["path_base"], join(path, "path_base"), out)
+        base_where = join(path, "path_base")
+    else:
+        path_base = base.get("path_base")
+        base_where = f"{path} (catalog path_base)"
     if request_path is not None and (azure is not None or vertex is not None):
         out.error(where, "a path replaces the " + ("Azure OpenAI" if azure is not None else "Vertex AI")
                   + " URL scheme; give either path or " + ("azure:" if azure is not None else "vertex:"))
         request_path = None
-    return request_path
+    if path_base is not None:
+        if vertex is not None or request_path is not None:
+            out.error(base_where, "give either path_base or " + (
+                "vertex: (both say where Vertex AI's paths go)" if vertex is not None else
+                "path (a whole path, model included)"))
+            path_base = None
+        elif protocol is not None and codec(protocol).VERTEX_PUBLISHER is None:
+            # The Rust gateway reads it for those protocols only and ignores it elsewhere.
+            out.warn(base_where, f"has no effect on protocol {protocol} (it is the base of a "
+                     "gemini or anthropic path with the model in it); use path")
+            path_base = None
+    return request_path, path_base
 
 
 def _azure(entry: dict, base: dict, path: str, protocol: str | None, out: Problems):
@@ -1218,6 +1236,7 @@ def _model(
     max_concurrent = get_int(entry, "max_concurrent", path, out, 1)
     default_max_tokens = get_int(entry, "default_max_tokens", path, out, 1)
     reasoning = get_bool(entry, "reasoning", path, out, False)
+    prompt_caching = get_bool(entry, "prompt_caching", path, out, False)
     attempt_timeout_ms = get_int(entry, "attempt_timeout_ms", path, out, 1)
     # The Rust default is -1: any negative value means unlimited; 0 would refuse every request.
     max_requests = get_int(entry, "max_requests", path, out, -(2 ** 63))
@@ -1236,6 +1255,7 @@ def _model(
         max_concurrent=max_concurrent,
         default_max_tokens=default_max_tokens,
         reasoning=reasoning,
+        prompt_caching=bool(prompt_caching),
         attempt_timeout_ms=attempt_timeout_ms,
         operations=operations,
         max_requests=max_requests,

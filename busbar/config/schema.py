@@ -191,6 +191,10 @@ class Provider:
     # The catalog's or the provider's `path`: the whole request path after base_url, in place of
     # the protocol's own (/v1/chat/completions, ...), for every request to this provider.
     path: str | None = None
+    # `path_base`: for a protocol with the model in the URL on Vertex AI (gemini, anthropic), the
+    # base segment its paths go under (`/v1beta/models` replaced; Claude's rawPredict form), as
+    # the Rust grammar reaches Vertex AI.
+    path_base: str | None = None
     # reliability: provider error code -> error class (stage 1b of SPEC §4.1), and whose key goes
     # upstream: `own` (busbar's) or `passthrough` (the caller's, whose 401/403 is the caller's).
     error_map: tuple[tuple[str, str], ...] = ()
@@ -214,6 +218,7 @@ class Provider:
                f", vertex=({self.vertex_project!r}, {self.vertex_location!r})")
             + ("" if not self.azure else f", azure=({self.azure_deployment!r}, {self.azure_api_version!r})")
             + ("" if self.path is None else f", path={self.path!r}")
+            + ("" if self.path_base is None else f", path_base={self.path_base!r}")
             + ")"
         )
 
@@ -234,6 +239,10 @@ class Model:
     default_max_tokens: int | None = None
     reasoning: bool = False
     attempt_timeout_ms: int | None = None
+    # `prompt_caching`: the model takes cache markers where a dialect gates them on the model
+    # (Bedrock Converse's cachePoint: Claude takes it, Nova refuses it); without it another
+    # protocol's cache_control is dropped there, never a translation-made 400.
+    prompt_caching: bool = False
     # reliability: lifetime request budget of the lane (SPEC §3); None = unlimited.
     max_requests: int | None = None
 

@@ -11,7 +11,7 @@ cdef class Egress:
     cdef public bint ready
     cdef public dict _lines, _paths
     cdef public bytes _base, _auth
-    cdef public object vertex_publisher, vertex_body, accept_stream
+    cdef public object vertex_publisher, vertex_body, accept_stream, path_base
     cdef public bint passthrough
     cpdef bytes request(self, path, bytes body, bint stream, bytes extra=*)
     cpdef bytes forward(self, path, bytes body, bint stream, bytes extra, req)

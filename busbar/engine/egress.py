@@ -51,8 +51,12 @@ class Egress:
         self._lines = {}    # (path, stream) → request line + head, for unsigned requests
         self._paths = {}    # codec path → provider path (signed requests)
         # Vertex AI: the codec's publisher there; vertex_body, where the model moves from the
-        # body into the path (Claude), else the codec's path is rewritten (Gemini).
-        self.vertex_publisher = c.VERTEX_PUBLISHER if provider.vertex_project is not None else None
+        # body into the path (Claude), else the codec's path is rewritten (Gemini). A provider's
+        # `path_base` (the Rust grammar's way there) is the base those paths go under, in place
+        # of the one `vertex:` builds: only for the codecs with a model in the URL there.
+        self.path_base = provider.path_base if c.VERTEX_PUBLISHER is not None else None
+        self.vertex_publisher = c.VERTEX_PUBLISHER if (
+            provider.vertex_project is not None or self.path_base is not None) else None
         self.vertex_body = c.vertex_body if self.vertex_publisher is not None else None
         # BYOK: the caller's own provider key goes upstream in this provider's carrier
         self.passthrough = provider.upstream_credentials == "passthrough"
@@ -133,11 +137,15 @@ class Egress:
                 if p.azure_api_version is not None:
                     path += ("&" if "?" in rest else "?") + "api-version=" + p.azure_api_version
         elif self.vertex_publisher is not None and self.vertex_body is None:
-            # /v1beta/models/{m}:{action} → Vertex's publisher model resource, same action.
+            # /v1beta/models/{m}:{action} → Vertex's publisher model resource (or the path_base),
+            # same action.
             i = path.find("/models/")
             if i >= 0:
-                path = "/v1/projects/%s/locations/%s/publishers/%s%s" % (
-                    p.vertex_project, p.vertex_location, self.vertex_publisher, path[i:])
+                if self.path_base is not None:
+                    path = self.path_base + path[i + 7:]
+                else:
+                    path = "/v1/projects/%s/locations/%s/publishers/%s%s" % (
+                        p.vertex_project, p.vertex_location, self.vertex_publisher, path[i:])
         return self.prefix + path
 
     def _vertex_request(self, path: str, body: bytes, stream: bool):
@@ -148,9 +156,13 @@ class Egress:
             return self.prefix + path, body
         model, body = reshaped
         p = self.provider
-        path = "%s/v1/projects/%s/locations/%s/publishers/%s/models/%s:%s" % (
-            self.prefix, p.vertex_project, p.vertex_location, self.vertex_publisher,
-            quote(str(model or ""), safe="@._-"), "streamRawPredict" if stream else "rawPredict")
+        if self.path_base is not None:
+            base = self.prefix + self.path_base
+        else:
+            base = "%s/v1/projects/%s/locations/%s/publishers/%s/models" % (
+                self.prefix, p.vertex_project, p.vertex_location, self.vertex_publisher)
+        path = "%s/%s:%s" % (base, quote(str(model or ""), safe="@._-"),
+                             "streamRawPredict" if stream else "rawPredict")
         return path, body
 
     def caller_auth(self, req):

@@ -274,7 +274,8 @@ class Exchange(Timed):
             try:
                 body, self.forced = write_request(
                     cr, codec, wire, stream, self.target.reasoning(lane),
-                    model.default_max_tokens or snap.limits.default_max_tokens)
+                    model.default_max_tokens or snap.limits.default_max_tokens,
+                    model.prompt_caching)
             except ir.CodecError as e:
                 self.end_attempt(F_REFUSED, "the request cannot be written for this lane")
                 self.error(400, "invalid_request", str(e))

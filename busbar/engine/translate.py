@@ -68,13 +68,15 @@ class ClientRequest:
 
 
 def write_request(cr: ClientRequest, codec, wire_model: str, stream: bool, reasoning: bool,
-                  default_max_tokens: int):
+                  default_max_tokens: int, prompt_caching: bool = False):
     """The upstream body for one lane: (body bytes, forced tool name or None). Protocol-only fields
-    never cross protocols; max_tokens is injected only where the lane's API requires it."""
+    never cross protocols; max_tokens is injected only where the lane's API requires it; cache
+    markers go where the dialect gates them on the model only when it declares prompt_caching."""
     req = cr.ir
     req.extra = {}
     req.model = wire_model
     req.stream = stream
+    req.prompt_caching = prompt_caching
     if cr.max_tokens is None and codec.NEEDS_MAX_TOKENS:
         req.max_tokens = default_max_tokens
     else:

@@ -240,10 +240,11 @@ cdef dict _usage_json(Usage u):
 
 class CachePoint(dict):
     """The IR cache_control of a Bedrock cachePoint (Anthropic's shape, which carries a ttl too),
-    typed so that write_request knows where it came from. Only these are written back: a
-    cachePoint is sent only to lanes that declare prompt caching (Nova rejects it, SPEC 1.5), and
-    busbar has no such lane flag yet, so cache control from another protocol is not expressed.
-    The IR request is never mutated for it (the engine reuses it for the next lane)."""
+    typed so that write_request knows where it came from: these are written back. Another
+    protocol's cache control (Anthropic's cache_control) becomes a cachePoint only for a lane whose
+    model declares prompt_caching (Claude takes it; Nova refuses it with a 400), and is dropped
+    otherwise: the request goes uncached rather than refused. The IR request is never mutated for
+    it (the engine reuses it for the next lane)."""
     __slots__ = ()
 
 
@@ -256,8 +257,8 @@ cdef object _cache_control(object point):
     return cc
 
 
-cdef inline bint _writes_cache_point(object cache_control):
-    return type(cache_control) is CachePoint
+cdef inline bint _writes_cache_point(object cache_control, bint caching):
+    return type(cache_control) is CachePoint or (caching and cache_control is not None)
 
 
 cdef dict _cache_point(object cache_control):
@@ -707,9 +708,10 @@ cdef dict _document_json(Block b, int n):
     return None
 
 
-cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
+cdef void _write_block(Block b, list out, int* docs, bint upstream, bint caching=False) except *:
     """Appends the ContentBlock(s) of one IR block (and its cachePoint) to out. upstream: the
-    block goes into a request (history replayed to a model), not to a client."""
+    block goes into a request (history replayed to a model), not to a client; caching: the
+    lane's model takes cache points (Request.prompt_caching)."""
     cdef dict item = None
     cdef dict d
     cdef list inner
@@ -759,7 +761,7 @@ cdef void _write_block(Block b, list out, int* docs, bint upstream) except *:
     if item is None:
         return
     out.append(item)
-    if _writes_cache_point(b.cache_control):
+    if _writes_cache_point(b.cache_control, caching):
         out.append(_cache_point(b.cache_control))
 
 
@@ -774,11 +776,12 @@ cpdef bytes write_request(Request req):
     cdef int docs = 0
     cdef str role
     cdef object forced = forced_tool_name(req)
+    cdef bint caching = req.prompt_caching
 
     for m in req.messages:
         content = []
         for b in m.content:
-            _write_block(b, content, &docs, True)
+            _write_block(b, content, &docs, True, caching)
         if not content:
             continue
         role = "assistant" if m.role == ROLE_ASSISTANT else "user"
@@ -795,7 +798,7 @@ cpdef bytes write_request(Request req):
     for b in req.system:
         if not text_is_empty(b):
             system.append({"text": text_value(b)})
-            if _writes_cache_point(b.cache_control):
+            if _writes_cache_point(b.cache_control, caching):
                 system.append(_cache_point(b.cache_control))
     if system:
         body["system"] = system
@@ -819,7 +822,7 @@ cpdef bytes write_request(Request req):
         if t.description:
             d["description"] = t.description
         tools.append({"toolSpec": d})
-        if _writes_cache_point(t.cache_control):
+        if _writes_cache_point(t.cache_control, caching):
             tools.append(_cache_point(t.cache_control))
     user_tools = len(req.tools) > 0
     if forced is not None:

@@ -501,10 +501,20 @@ def test_what_busbar_cannot_do_yet_is_refused_where_it_is_used(tmp_path):
         az: {api_key: {env: K}}
         """)
     assert out.errors == [
-        "providers.gv (catalog path_base): not supported by this busbar version; for Vertex AI give "
-        "the provider vertex: {project, location}",
         "providers.entra (catalog auth): auth 'oauth-client-credentials' is not supported by this "
         "busbar version; set auth: on the provider",
         "providers.az (catalog path): a path replaces the Azure OpenAI URL scheme; give either path "
         "or azure:",
     ]
+
+
+def test_a_catalog_path_base_is_the_providers(tmp_path):
+    c, out = deploy(tmp_path, """
+        gv: {protocol: gemini, base_url: https://aiplatform.googleapis.com, path_base: /v1/p/models}
+        """, """
+        gv: {api_key: {env: K}}
+        own: {catalog: gv, api_key: {env: K}, path_base: /v1/q/models}
+        """)
+    assert out.errors == []
+    assert (c.providers["gv"].path_base, c.providers["own"].path_base) == ("/v1/p/models",
+                                                                          "/v1/q/models")

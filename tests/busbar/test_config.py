@@ -334,13 +334,11 @@ admin_listen: "127.0.0.1:9901"
         providers:
           anthropic: {api_key: {env: ANTHROPIC_KEY}}
         models:
-          c: {provider: anthropic, prompt_caching: true}
+          c: {provider: anthropic, prompt_caching: yes-please}
         pools:
           p: {members: [{model: c}]}
     """)
-    assert errs == [
-        "models.c.prompt_caching: not supported by this busbar version",
-    ]
+    assert errs == ["models.c.prompt_caching: expected true or false, got a string"]
 
 
 def test_secret_reference_rules():

@@ -179,15 +179,6 @@ def test_what_is_not_a_config_is_refused_in_one_line(tmp_path, capsys, text, why
 
 # --- the corpus README's second assertion: the output validates ---------------------------------
 
-# Corpus files whose migration does not validate yet, each with the features busbar still lacks
-# (the errors `busbar --validate` names). A feature that lands removes its file here, and a file
-# that starts validating without being removed fails this test, so the list cannot go stale.
-KNOWN_GAPS = {
-    "v1.4.0_provider-path-overrides.yaml": ["providers.gemini.path_base: not supported",
-                                            "models.claude-sonnet-4-5.prompt_caching: not supported"],
-}
-
-
 def _refs(node, envs, files):
     if isinstance(node, dict):
         if set(node) == {"env"} and isinstance(node["env"], str):
@@ -268,15 +259,8 @@ def test_the_migrated_config_validates_with_only_the_two_decisions_supplied(path
     cfg.write_text(text)
     v = subprocess.run([PY, "-m", "busbar.cli", "--validate", "--config", str(cfg)], cwd=ROOT,
                        env=e, capture_output=True, text=True, timeout=60)
-    gaps = KNOWN_GAPS.get(path.name)
-    if gaps is None:
-        assert v.returncode == 0, v.stderr
-        assert v.stdout.startswith("ok: config valid")
-    else:
-        assert v.returncode == 1, "%s validates now: remove it from KNOWN_GAPS" % path.name
-        errors = [line for line in v.stderr.splitlines() if line.startswith("[error] ")]
-        for gap in gaps:
-            assert any(gap in line for line in errors), (gap, v.stderr)
+    assert v.returncode == 0, v.stderr
+    assert v.stdout.startswith("ok: config valid")
 
 
 # --- busbar's own earlier grammar: what it converts to validates, and keeps the store -----------
