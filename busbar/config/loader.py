@@ -94,8 +94,9 @@ CATALOG_KEYS = (
     "protocol", "base_url", "error_map", "path", "path_base", "auth", "token_url", "scope",
     "subject", "health", "allow_metadata_hosts", "region", "azure", "vertex",
 )
-# The reference's auth styles that busbar's egress does not have (yet): read in a catalog, refused
-# on a provider that would use them.
+# The Rust grammar's self-minting OAuth auth styles: `jwt-bearer` (a service account's signed
+# assertion, RFC 7523: busbar's `oauth2` with the account in api_key) and
+# `oauth-client-credentials` (RFC 6749 §4.4: CLIENT_ID:CLIENT_SECRET traded at token_url).
 CATALOG_FOREIGN_AUTH = ("jwt-bearer", "oauth-client-credentials")
 # What a catalog is called beside config.yaml, read when providers_file: is absent.
 CATALOG_BESIDE = "providers.yaml"
@@ -106,8 +107,9 @@ PROVIDER_KEYS = (
     "error_map", "upstream_credentials", "health",  # reliability
     "path",     # the request path in place of the protocol's (the Rust grammar)
     "path_base",    # the base of a URL-model protocol's paths (Vertex AI, the Rust grammar)
+    "scope", "subject",     # the OAuth grants' (auth: oauth-client-credentials, jwt-bearer)
 )
-PROVIDER_UNSUPPORTED = ("scope", "subject")
+PROVIDER_UNSUPPORTED = ()
 AZURE_KEYS = ("deployment", "api_version")
 VERTEX_KEYS = ("project", "location")
 # The catalog's placeholder host for Azure OpenAI: every resource has its own host.
@@ -824,7 +826,8 @@ def _provider(
     vertex = _vertex(entry, base, path, protocol, out)
     request_path, path_base = _catalog_merge_paths(entry, base, path, azure, vertex, protocol, out)
     profile, role_arn = _aws_source(entry, path, protocol, out)
-    service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out)
+    oauth = (entry.get("auth") or base.get("auth")) in CATALOG_FOREIGN_AUTH
+    service_account, token_url = _gcp_source(entry, path, env, base_dir, host_policy, out, oauth)
     if service_account is not None and vertex is None and path_base is None and \
             protocol is not None:
         out.error(join(path, "credentials"), "service-account credentials are for Vertex AI; add "
@@ -870,7 +873,14 @@ def _provider(
                   "signature (it is made for busbar's host); give the provider its own credentials")
     if entry.get("api_key") is not None:
         errors = len(out.errors)
-        api_key = resolve_secret(entry["api_key"], join(path, "api_key"), env, base_dir, out)
+        ref = entry["api_key"]
+        if (entry.get("auth") or base.get("auth")) == "jwt-bearer" and isinstance(ref, dict) \
+                and len(ref) == 1 and next(iter(ref)) in ("env", "file") \
+                and not getattr(env, "offline", False):
+            # a service account's JSON key: a file of several lines, as Google writes it
+            api_key = _read_json_secret(ref, join(path, "api_key"), env, base_dir, out)
+        else:
+            api_key = resolve_secret(ref, join(path, "api_key"), env, base_dir, out)
         key_failed = len(out.errors) > errors
         if profile is not None or service_account is not None:
             out.error(join(path, "api_key"), "give either api_key or "
@@ -884,8 +894,9 @@ def _provider(
 
     auth = get_str(entry, "auth", path, out)
     if auth is not None:
-        if auth not in AUTH_MODES:
-            out.error(join(path, "auth"), f"unknown auth '{auth}'{suggest(auth, AUTH_MODES)}")
+        if auth not in AUTH_MODES + CATALOG_FOREIGN_AUTH:
+            out.error(join(path, "auth"), f"unknown auth '{auth}'"
+                      f"{suggest(auth, AUTH_MODES + CATALOG_FOREIGN_AUTH)}")
         elif auth == "none" and has_key:
             out.error(join(path, "auth"), "auth 'none' sends no key; remove api_key or pick another auth")
         elif auth != "none" and not has_key:
@@ -902,10 +913,23 @@ def _provider(
         auth = "api-key"
     else:
         auth = base.get("auth") or (DEFAULT_AUTH.get(protocol, "bearer") if protocol else "bearer")
-        if auth in CATALOG_FOREIGN_AUTH:
-            out.error(f"{path} (catalog auth)", f"auth '{auth}' is not supported by this busbar "
-                      "version; set auth: on the provider")
+    oauth_scope = oauth_subject = None
+    if auth in CATALOG_FOREIGN_AUTH:
+        grant = _oauth_grant(auth, entry, base, api_key, key_failed, path, env, base_dir,
+                             host_policy, out)
+        if grant is None:
             auth = None
+        elif auth == "jwt-bearer":
+            # busbar's oauth2: the service account signs, its token refreshes off the request path
+            auth, api_key = "oauth2", None
+            service_account, token_url, oauth_scope, oauth_subject = grant
+        else:
+            token_url, oauth_scope = grant
+    else:
+        for key in ("scope", "subject"):
+            if entry.get(key) is not None:
+                out.warn(join(path, key), "has no effect with auth %s (it is for auth: %s)" % (
+                    auth, "oauth-client-credentials" if key == "scope" else "jwt-bearer"))
     if auth == "sigv4" and protocol not in (None,) + AWS_PROTOCOLS:
         out.error(join(path, "auth"), "sigv4 signing is only for protocol bedrock")
     if auth == "sigv4" and api_key is not None and api_key:
@@ -961,6 +985,8 @@ def _provider(
         role_arn=role_arn,
         gcp_service_account=service_account,
         token_url=token_url,
+        oauth_scope=oauth_scope,
+        oauth_subject=oauth_subject,
         vertex_project=vertex[0] if vertex else None,
         vertex_location=vertex[1] if vertex else None,
         azure=azure is not None,
@@ -1097,14 +1123,97 @@ def _aws_source(entry: dict, path: str, protocol: str | None, out: Problems):
     return profile, role_arn
 
 
+def _oauth_grant(auth: str, entry: dict, base: dict, api_key, key_failed: bool, path: str,
+                 env: Mapping[str, str], base_dir: str, policy: HostPolicy, out: Problems):
+    """The Rust grammar's OAuth auth styles, checked where they are configured (so a broken key
+    fails `busbar --validate`, not a request): for `jwt-bearer` (service-account JSON text, token
+    URL, scope, subject), the account in api_key as its JSON or the path of its key file, its
+    token_uri the token URL unless token_url is given, scope cloud-platform unless given; for
+    `oauth-client-credentials` (token URL, scope), api_key CLIENT_ID:CLIENT_SECRET, token_url
+    and scope required. A token URL passes the SSRF guard (https unless loopback or private, no
+    metadata host). None when something is wrong (reported)."""
+    where_auth = join(path, "auth") if "auth" in entry else f"{path} (catalog auth)"
+    scope = get_str(entry, "scope", path, out, base.get("scope"))
+    subject = get_str(entry, "subject", path, out, base.get("subject"))
+    raw_url = get_str(entry, "token_url", path, out, base.get("token_url"))
+    url_where = join(path, "token_url") if "token_url" in entry else f"{path} (catalog token_url)"
+    offline = getattr(env, "offline", False)
+    if key_failed:
+        return None
+    if api_key is None or not api_key.strip():
+        out.error(where_auth, f"auth '{auth}' needs api_key: " + (
+            "the service account's JSON key, or the path of its file" if auth == "jwt-bearer"
+            else "CLIENT_ID:CLIENT_SECRET"))
+        return None
+    token_url = None
+    if raw_url is not None:
+        parsed = parse_base_url(raw_url, policy)
+        if isinstance(parsed, str):
+            out.error(url_where, parsed)
+            return None
+        token_url = parsed.base_url
+    if auth == "oauth-client-credentials":
+        client_id, _, secret = api_key.partition(":")
+        if not client_id or not secret:
+            out.error(join(path, "api_key"), "auth 'oauth-client-credentials' takes "
+                      "CLIENT_ID:CLIENT_SECRET (neither empty)")
+            return None
+        if token_url is None:
+            out.error(where_auth, "auth 'oauth-client-credentials' needs token_url (where the "
+                      "client credentials are traded for a bearer)")
+            return None
+        if scope is None:
+            out.error(where_auth, "auth 'oauth-client-credentials' needs scope")
+            return None
+        return token_url, scope
+    if offline:
+        return OFFLINE_PLACEHOLDER, token_url or "https://oauth2.googleapis.com/token", \
+            scope, subject
+    text = api_key
+    if not text.lstrip().startswith("{"):
+        # the Rust gateway's other form: the path of the key file
+        file_path = os.path.join(base_dir, os.path.expanduser(text.strip()))
+        try:
+            with open(file_path, "rb") as fh:
+                raw = fh.read(65536 + 1)
+            if len(raw) > 65536:
+                raise ValueError("larger than 64 KiB")
+            text = raw.decode("utf-8")
+        except (OSError, ValueError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            out.error(join(path, "api_key"), "auth 'jwt-bearer': the api_key is neither a "
+                      f"service account's JSON key nor a readable key file ({reason})")
+            return None
+    if not require(out, join(path, "api_key"), "auth 'jwt-bearer' (RS256 signing)",
+                   "cryptography"):
+        return None
+    from busbar.upstream.gcp_oauth import CLOUD_PLATFORM, ServiceAccountError, \
+        parse_service_account
+    try:
+        info = parse_service_account(text)
+    except ServiceAccountError as exc:
+        out.error(join(path, "api_key"), str(exc).replace("the credentials file",
+                                                          "the service-account key"))
+        return None
+    if token_url is None:
+        parsed = parse_base_url(info.token_uri, policy)
+        if isinstance(parsed, str):
+            out.error(f"{join(path, 'api_key')} (token_uri)", parsed)
+            return None
+        token_url = parsed.base_url
+    return text, token_url, scope or CLOUD_PLATFORM, subject
+
+
 def _gcp_source(entry: dict, path: str, env: Mapping[str, str], base_dir: str,
-                policy: HostPolicy, out: Problems):
+                policy: HostPolicy, out: Problems, oauth: bool = False):
     """(service-account JSON text, token URL): checked here (JSON shape, the key parses, the
-    token URL passes the SSRF guard) so a broken file fails `busbar validate`, not a request."""
+    token URL passes the SSRF guard) so a broken file fails `busbar validate`, not a request.
+    `oauth`: the provider's auth is one of the Rust grammar's OAuth styles, whose token_url
+    _oauth_grant reads."""
     raw = entry.get("credentials")
     raw_token_url = entry.get("token_url")
     if raw is None:
-        if raw_token_url is not None:
+        if raw_token_url is not None and not oauth:
             out.error(join(path, "token_url"), "token_url needs credentials: {file: SERVICE_ACCOUNT_JSON}")
         return None, None
     where = join(path, "credentials")

@@ -180,6 +180,10 @@ class Provider:
     role_arn: str | None = None
     gcp_service_account: str | None = None
     token_url: str | None = None
+    # The OAuth grants' `scope` (oauth2 = jwt-bearer: cloud-platform unless given;
+    # oauth-client-credentials: required) and `subject` (jwt-bearer's `sub` claim, only if set).
+    oauth_scope: str | None = None
+    oauth_subject: str | None = None
     # Vertex AI: the project and location in every request path.
     vertex_project: str | None = None
     vertex_location: str | None = None

@@ -67,7 +67,11 @@ class Egress:
         self._auth = b""
         key = provider.api_key
         auth = provider.auth
-        if key:
+        if auth == "oauth-client-credentials":
+            from busbar.upstream.gcp_oauth import ClientCredentialsSource
+            self.source = ClientCredentialsSource(key, provider.token_url, provider.oauth_scope)
+            self.ready = False
+        elif key:
             if auth == "bearer":
                 self._auth = b"Authorization: Bearer " + _clean(key) + b"\r\n"
             elif auth == "x-api-key":
@@ -90,8 +94,10 @@ class Egress:
                                               provider.role_arn)
             self.ready = False
         elif auth == "oauth2":
-            from busbar.upstream.gcp_oauth import GcpTokenSource
-            self.source = GcpTokenSource(provider.gcp_service_account, provider.token_url)
+            from busbar.upstream.gcp_oauth import CLOUD_PLATFORM, GcpTokenSource
+            self.source = GcpTokenSource(provider.gcp_service_account, provider.token_url,
+                                         provider.oauth_scope or CLOUD_PLATFORM,
+                                         provider.oauth_subject)
             self.ready = False
         if self.vertex_publisher is None:
             lines.extend(c.API_HEADERS)     # a Vertex form carries the API version in the body

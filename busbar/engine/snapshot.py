@@ -77,6 +77,8 @@ def secret_values(config) -> list[str]:
             out.append(key)
             if p.auth == "sigv4":
                 out.extend(part for part in key.split(":") if part)
+            elif p.auth == "oauth-client-credentials":
+                out.append(key.partition(":")[2])      # the client secret alone
         for _, value in p.headers:
             out.append(value)
     return out

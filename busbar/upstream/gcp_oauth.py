@@ -1,4 +1,5 @@
-"""Google service-account access tokens for Vertex AI: the OAuth2 JWT bearer grant (RFC 7523).
+"""Google service-account access tokens for Vertex AI: the OAuth2 JWT bearer grant (RFC 7523);
+and the client-credentials grant (RFC 6749 §4.4) of `auth: oauth-client-credentials`.
 
 busbar signs an RS256 assertion {iss: client_email, scope: cloud-platform, aud: token URL, iat,
 exp} with the service account's private key and trades it at the token URL for an access token
@@ -82,8 +83,9 @@ def _b64(data: bytes) -> bytes:
 
 
 def assertion(info: ServiceAccountInfo, audience: str, now: float | None = None,
-              scope: str = CLOUD_PLATFORM) -> bytes:
-    """The signed JWT (compact form) for the bearer grant."""
+              scope: str = CLOUD_PLATFORM, subject: str | None = None) -> bytes:
+    """The signed JWT (compact form) for the bearer grant. `subject`: the `sub` claim (RFC 7523
+    §3), only when set: for Google it asks for domain-wide delegation (impersonation)."""
     from cryptography.hazmat.primitives import hashes
     from cryptography.hazmat.primitives.asymmetric import padding
     iat = int(time.time() if now is None else now)
@@ -92,6 +94,8 @@ def assertion(info: ServiceAccountInfo, audience: str, now: float | None = None,
         header["kid"] = info.private_key_id
     claims = {"iss": info.client_email, "scope": scope, "aud": audience, "iat": iat,
               "exp": iat + ASSERTION_LIFETIME}
+    if subject is not None:
+        claims["sub"] = subject
     signing_input = (_b64(json.dumps(header, separators=(",", ":")).encode()) + b"." +
                      _b64(json.dumps(claims, separators=(",", ":")).encode()))
     signature = info.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
@@ -114,35 +118,74 @@ class GcpTokenSource:
     refresh_margin = REFRESH_MARGIN
 
     def __init__(self, service_account_json: str, token_url: str | None = None,
-                 scope: str = CLOUD_PLATFORM):
+                 scope: str = CLOUD_PLATFORM, subject: str | None = None):
         self.info = parse_service_account(service_account_json)
         self.token_url = token_url or self.info.token_uri
         self.scope = scope
+        self.subject = subject
 
     def __repr__(self) -> str:
         return f"GcpTokenSource({self.info.client_email!r}, token_url={self.token_url!r})"
 
     def fetch(self):
         now = time.time()
-        body = urllib.parse.urlencode({
+        return token_grant(self.token_url, {
             "grant_type": JWT_BEARER,
-            "assertion": assertion(self.info, self.token_url, now, self.scope).decode(),
-        }).encode()
-        req = urllib.request.Request(self.token_url, data=body, method="POST", headers={
-            "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"})
-        try:
-            with _OPENER.open(req, timeout=TOKEN_TIMEOUT) as resp:
-                raw = resp.read(65536)
-        except urllib.error.HTTPError as exc:
-            raise TokenError(f"token endpoint {self.token_url} answered {exc.code}") from None
-        except (OSError, ValueError) as exc:
-            raise TokenError(f"token endpoint {self.token_url} failed: {exc.__class__.__name__}") from None
-        try:
-            doc = json.loads(raw)
-            token = doc["access_token"]
-            expires_in = float(doc.get("expires_in", 3600))
-        except (ValueError, KeyError, TypeError):
-            raise TokenError(f"token endpoint {self.token_url} sent no access_token") from None
-        if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
-            raise TokenError(f"token endpoint {self.token_url} sent an unusable access_token")
-        return token, now + expires_in
+            "assertion": assertion(self.info, self.token_url, now, self.scope,
+                                   self.subject).decode(),
+        }, now)
+
+
+def token_grant(token_url: str, form: dict, now: float):
+    """POSTs an OAuth 2.0 token request (a form, RFC 6749 §4) and reads its answer: (access
+    token, expires_at). `expires_in` absent is an hour (RFC 6749 §5.1 only recommends it); a
+    string or a fraction of seconds is read as a number (some identity providers send "3600").
+    Messages name the endpoint and the status, never the form or the token."""
+    body = urllib.parse.urlencode(form).encode()
+    req = urllib.request.Request(token_url, data=body, method="POST", headers={
+        "Content-Type": "application/x-www-form-urlencoded", "Accept": "application/json"})
+    try:
+        with _OPENER.open(req, timeout=TOKEN_TIMEOUT) as resp:
+            raw = resp.read(65536)
+    except urllib.error.HTTPError as exc:
+        raise TokenError(f"token endpoint {token_url} answered {exc.code}") from None
+    except (OSError, ValueError) as exc:
+        raise TokenError(f"token endpoint {token_url} failed: {exc.__class__.__name__}") from None
+    try:
+        doc = json.loads(raw)
+        token = doc["access_token"]
+        expires_in = float(doc.get("expires_in", 3600))
+    except (ValueError, KeyError, TypeError):
+        raise TokenError(f"token endpoint {token_url} sent no access_token") from None
+    if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
+        raise TokenError(f"token endpoint {token_url} sent an unusable access_token")
+    if not expires_in >= 0:
+        raise TokenError(f"token endpoint {token_url} sent an unusable expires_in")
+    return token, now + expires_in
+
+
+class ClientCredentialsSource:
+    """`auth: oauth-client-credentials` (RFC 6749 §4.4, e.g. Azure OpenAI through Entra ID): the
+    provider's `api_key`, CLIENT_ID:CLIENT_SECRET, traded at its `token_url` for a bearer of its
+    `scope`, as the Rust gateway sends them (client_id and client_secret in the form, §2.3.1).
+    `fetch()` → (token, expires_at)."""
+
+    kind = "oauth-client-credentials"
+    refresh_margin = REFRESH_MARGIN
+
+    def __init__(self, credential: str, token_url: str, scope: str):
+        client_id, _, secret = credential.partition(":")
+        self.client_id = client_id
+        self._secret = secret
+        self.token_url = token_url
+        self.scope = scope
+
+    def __repr__(self) -> str:
+        # never the secret
+        return f"ClientCredentialsSource({self.client_id!r}, token_url={self.token_url!r})"
+
+    def fetch(self):
+        now = time.time()
+        return token_grant(self.token_url, {
+            "grant_type": "client_credentials", "client_id": self.client_id,
+            "client_secret": self._secret, "scope": self.scope}, now)

@@ -487,25 +487,33 @@ def test_a_path_from_the_catalog(tmp_path):
     assert "path='/chat/completions'" in repr(c.providers["acme"])
 
 
-def test_what_busbar_cannot_do_yet_is_refused_where_it_is_used(tmp_path):
+def test_what_a_catalog_entry_cannot_be_given_is_refused_where_it_is_used(tmp_path):
     c, out = deploy(tmp_path, """
-        gv: {protocol: gemini, base_url: https://aiplatform.googleapis.com, path_base: /v1/p/models}
         entra: {protocol: openai, base_url: https://r.openai.azure.com, auth: oauth-client-credentials,
-                token_url: "https://login.example/t", scope: s}
+                token_url: "https://login.example/t"}
         az: {protocol: openai, base_url: https://r.openai.azure.com, auth: api-key, azure: {},
              path: /chat/completions}
         unused: {protocol: openai, base_url: https://u.example, auth: jwt-bearer}
         """, """
-        gv: {api_key: {env: K}}
         entra: {api_key: {env: K}}
         az: {api_key: {env: K}}
-        """)
+        """, env={"K": "id:secret"})
     assert out.errors == [
-        "providers.entra (catalog auth): auth 'oauth-client-credentials' is not supported by this "
-        "busbar version; set auth: on the provider",
+        "providers.entra (catalog auth): auth 'oauth-client-credentials' needs scope",
         "providers.az (catalog path): a path replaces the Azure OpenAI URL scheme; give either path "
         "or azure:",
     ]
+    # the catalog's OAuth entries serve a provider that gives what they need
+    c, out = deploy(tmp_path, """
+        entra: {protocol: openai, base_url: https://r.openai.azure.com, auth: oauth-client-credentials,
+                token_url: "https://login.example/t", scope: s}
+        """, """
+        entra: {api_key: {env: K}}
+        """, env={"K": "id:secret"})
+    assert out.errors == []
+    p = c.providers["entra"]
+    assert (p.auth, p.token_url, p.oauth_scope) == ("oauth-client-credentials",
+                                                     "https://login.example/t", "s")
 
 
 def test_a_catalog_path_base_is_the_providers(tmp_path):
