@@ -984,14 +984,17 @@ class PostgresLedger:
                 [reserve if b in budget else 0 for b in buckets], groups, kinds, idx, limits,
                 *rates[1:]]
 
-    async def admit(self, checks, now: float, card=None, reserve: int = 0):
+    async def admit(self, checks, now: float, card=None, reserve: int = 0, fee: int = 0):
         """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
         reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
-        tokens are priced with."""
+        tokens are priced with; `fee`: per_request_fee (nano-units), reserved with it and kept in
+        the bucket's busbar_inflight row by a 2xx settle (the spend admission reads is the
+        reservations plus the tokens at the card)."""
         if not checks:
             return None
         if not self.up:
             return UNAVAILABLE
+        reserve += fee
         args = self.admit_args(checks, card, reserve)
         call = asyncio.ensure_future(self._run(ADMIT_SQL, args))
         try:
@@ -1021,8 +1024,9 @@ class PostgresLedger:
             return
         self.undo(checks, reserve)
 
-    def undo(self, checks, reserve: int = 0) -> None:
+    def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
         """An admission that was not used (its client left before it started): every charge back."""
+        reserve += fee
         try:
             w = self._pend
             done = set()
@@ -1045,7 +1049,7 @@ class PostgresLedger:
 
     # -- settlement
     def settle(self, checks, reserve: int, usage: Usage | None, ok: bool = True,
-               cost: int = 0) -> None:
+               cost: int = 0, fee: int = 0) -> None:
         """A request's end: its tokens into every ledger bucket of its checks (and, as the Rust
         ledger has it, into the key's own bucket, which also counts it), its reservation taken back
         (the tokens now price it), a non-2xx answer taken off the billable count, its concurrency
@@ -1075,7 +1079,8 @@ class PostgresLedger:
                         w.window(k[0], k[1], 0, -1)
                 if c[C_KIND] == "budget_usd" and ("b",) + k not in done:
                     done.add(("b",) + k)
-                    w.reserve(k[0], k[1], -reserve)
+                    # a 2xx keeps its per_request_fee in the row; anything else gets it back
+                    w.reserve(k[0], k[1], -reserve - (0 if ok else fee))
             if usage is not None:
                 w.window(usage.key_id, 0, 1, 1 if ok else 0)
                 if model:

@@ -130,3 +130,19 @@ groups:
     assert (lim.pool, lim.downgrade_to) == ("a", "b")
     assert lim.public() == {"budget": 5, "per": "day", "pool": "a", "on_exhaust": "downgrade",
                             "downgrade_to": "b"}
+
+
+def test_an_exhausted_budget_downgrades_to_its_pool_in_postgres(tmp_path, mock_port):
+    from tests.busbar.governance.conftest import _need_postgres
+    from tests.postgres_server import PostgresServer
+    _need_postgres()
+    srv = PostgresServer().start()
+    try:
+        g = _gateway(tmp_path, mock_port, "store: {module: postgres, settings: {url: %s}}\n"
+                     % srv.url, workers=2)
+        try:
+            _run(g)
+        finally:
+            stop(g.proc)
+    finally:
+        srv.close()

@@ -4,6 +4,7 @@ memory store and with the valkey store (a real redis-server)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -32,6 +33,9 @@ def _run(g):
     assert _chat(g, token)[0] == 200                  # 6
     # a refused upstream answer pays no fee
     assert _chat(g, token, "hi #mock:status=400")[0] == 400
+    # Valkey and Postgres settle behind the answer (one write per batch, in the background), as
+    # the Rust stores do: the refund is in the store a moment later
+    time.sleep(0.5)
     assert _chat(g, token)[0] == 200                  # 9
     s, body = _chat(g, token)                         # 12 > 10: the budget's refusal
     assert s == 429 and body["error"]["code"] == "insufficient_quota", body
@@ -70,3 +74,19 @@ def test_a_negative_fee_is_refused(tmp_path, mock_port):
              env={"MOCK_KEY": "k", "MOCK_AWS": "a:b"})
     assert any(p.startswith("per_request_fee: expected a non-negative integer")
                for p in info.value.problems), info.value.problems
+
+
+def test_the_fee_counts_in_a_group_budget_in_postgres(tmp_path, mock_port):
+    from tests.busbar.governance.conftest import _need_postgres
+    from tests.postgres_server import PostgresServer
+    _need_postgres()
+    srv = PostgresServer().start()
+    try:
+        g = start(tmp_path, mock_port, FEE + "store: {module: postgres, settings: {url: %s}}\n"
+                  % srv.url, workers=2)
+        try:
+            _run(g)
+        finally:
+            stop(g.proc)
+    finally:
+        srv.close()
