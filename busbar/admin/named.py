@@ -13,7 +13,7 @@ import time
 
 from busbar.admin import overlay as fmt
 from busbar.admin import views
-from busbar.admin.api import (
+from busbar.admin.handlers import (
     audited,
     body_field,
     check_if_match,

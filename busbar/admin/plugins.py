@@ -18,7 +18,7 @@ import re
 import tarfile
 
 from busbar.admin import views
-from busbar.admin.api import audited, body_field, json_body, no_unknown, param, query
+from busbar.admin.handlers import audited, body_field, json_body, no_unknown, param, query
 from busbar.admin.site import PREFIX, AdminError, Response
 from busbar.admin.site import compact_response as json_response
 from busbar.governance.config import STORE_MODULES

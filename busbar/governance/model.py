@@ -767,3 +767,40 @@ def spend_nano(gov, row) -> int:
 
 def usd(nano: int) -> float:
     return round(nano / NANO, 9)
+
+
+# Rows of the stores' keys, credentials and usage tables (SQLite and Postgres read the same
+# columns in the same order) as the records busbar works with.
+
+def _usage_row(bucket, key_id, group, model, provider, counts) -> dict:
+    row = {"day": day_of_bucket(int(bucket)), "key_id": key_id, "group": group or None,
+           "model": model, "provider": provider}
+    row.update(zip(USAGE_FIELDS, counts))
+    return row
+
+
+def _vk_of_row(row) -> dict:
+    kid, marker, name, pools, enabled, created, group, labels, expires, deleted, rev = row
+    try:
+        pools = orjson.loads(pools) if pools is not None else None
+        if pools is not None and not isinstance(pools, list):
+            pools = []
+    except orjson.JSONDecodeError:
+        pools = []          # unreadable: the narrowest grant, never a wider one
+    try:
+        labels = orjson.loads(labels)
+    except orjson.JSONDecodeError:
+        labels = {}
+    return {"id": kid, "generation_hash": marker, "name": name, "allowed_pools": pools,
+            "enabled": bool(enabled), "created_at": created, "group": group,
+            "labels": labels if isinstance(labels, dict) else {}, "expires_at": expires,
+            "deleted_at": deleted, "revision": rev}
+
+
+def _cred_of_row(row) -> dict:
+    cid, key_id, kind, slot, public_id, secret, created, updated, expires, revoked, reason, rev = row
+    return {"meta": {"id": cid, "key_id": key_id, "kind": kind, "slot": slot,
+                     "public_id": public_id, "secret_form": "Recoverable", "created_at": created,
+                     "updated_at": updated, "expires_at": expires, "revoked_at": revoked,
+                     "revoke_reason": reason, "revision": rev},
+            "secret": secret or ""}

@@ -476,7 +476,7 @@ def _record_of_rows(rows, now):
     """A KeyRecord from KEY_READ_SQL / KEY_BY_AWS_SQL rows (one per sigv4 slot), or None."""
     if not rows:
         return None
-    from .store import _cred_of_row, _vk_of_row
+    from .model import _cred_of_row, _vk_of_row
     first = rows[0]
     vk = _vk_of_row(tuple(first[:11]))
     creds = [_cred_of_row(tuple(r[12:24])) for r in rows if r[12] is not None]
@@ -717,7 +717,7 @@ class PostgresStore:
         return await self._call(lambda c: _read_by_aws(c, access_key_id, time.time()))
 
     async def list_keys(self) -> list[KeyRecord]:
-        from .store import _cred_of_row, _vk_of_row
+        from .model import _cred_of_row, _vk_of_row
 
         async def read(conn):
             async with conn.transaction(isolation="repeatable_read", readonly=True):
@@ -787,7 +787,7 @@ class PostgresStore:
             await self._call(lambda c: c.fetchval(SETTLE_SQL, *w.args()))
 
     async def usage_rows(self, day: str | None = None) -> list[dict]:
-        from .store import _usage_row
+        from .model import _usage_row
         sql = ("SELECT bucket, key_id, key_group_at_use, model, provider, requests, tokens_input, "
                "tokens_output, tokens_cache_read, tokens_cache_write, billable_requests "
                "FROM usage_metering")

@@ -55,8 +55,8 @@ import orjson
 
 from .model import (
     PLAIN_SECRET, USAGE_FIELDS, GroupRecord, KeyRecord, StoreError, Usage, credential_live,
-    day_epoch, day_of_bucket, generation_marker, group_from_dict, group_to_dict, ledger_buckets,
-    new_credential_id, record_of, usage_totals, window_deltas)
+    day_epoch, generation_marker, group_from_dict, group_to_dict, ledger_buckets,
+    _cred_of_row, _usage_row, _vk_of_row, new_credential_id, record_of, usage_totals, window_deltas)
 
 log = logging.getLogger("busbar.governance")
 
@@ -202,13 +202,6 @@ class MemoryStore:
 
     def list_audit_sync(self):
         return [dict(r) for r in self.audit]
-
-
-def _usage_row(bucket, key_id, group, model, provider, counts) -> dict:
-    row = {"day": day_of_bucket(int(bucket)), "key_id": key_id, "group": group or None,
-           "model": model, "provider": provider}
-    row.update(zip(USAGE_FIELDS, counts))
-    return row
 
 
 # ---------------------------------------------------------------------------- sqlite: the schema
@@ -819,33 +812,6 @@ def _statements(script: str):
             out.append("\n".join(cur))
             cur = []
     return out
-
-
-def _vk_of_row(row) -> dict:
-    kid, marker, name, pools, enabled, created, group, labels, expires, deleted, rev = row
-    try:
-        pools = orjson.loads(pools) if pools is not None else None
-        if pools is not None and not isinstance(pools, list):
-            pools = []
-    except orjson.JSONDecodeError:
-        pools = []          # unreadable: the narrowest grant, never a wider one
-    try:
-        labels = orjson.loads(labels)
-    except orjson.JSONDecodeError:
-        labels = {}
-    return {"id": kid, "generation_hash": marker, "name": name, "allowed_pools": pools,
-            "enabled": bool(enabled), "created_at": created, "group": group,
-            "labels": labels if isinstance(labels, dict) else {}, "expires_at": expires,
-            "deleted_at": deleted, "revision": rev}
-
-
-def _cred_of_row(row) -> dict:
-    cid, key_id, kind, slot, public_id, secret, created, updated, expires, revoked, reason, rev = row
-    return {"meta": {"id": cid, "key_id": key_id, "kind": kind, "slot": slot,
-                     "public_id": public_id, "secret_form": "Recoverable", "created_at": created,
-                     "updated_at": updated, "expires_at": expires, "revoked_at": revoked,
-                     "revoke_reason": reason, "revision": rev},
-            "secret": secret or ""}
 
 
 def open_store(store_config, config_groups=None, provider_of=None):
