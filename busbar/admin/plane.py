@@ -102,6 +102,12 @@ class WorkerAgent:
                     reply = {"error": repr(exc)}
                 await send_msg(loop, self.sock, reply)
                 continue
+            if msg.get("op") == "auth_flush":
+                # POST /auth/cache/flush: this worker's verified-credential cache
+                gate = gw.gate
+                await send_msg(loop, self.sock, {"ok": True, "flushed": gate.flush_credentials()
+                                                 if gate is not None else 0})
+                continue
             if msg.get("op") == "swap":
                 try:
                     await swap_in_worker(gw, msg["config"], msg["version"], msg["slots"],

@@ -227,6 +227,18 @@ class Gate:
         self._pass_gov = None
         self._pass_version = None
 
+    def flush_credentials(self) -> int:
+        """POST /auth/cache/flush: forget every verified token (and, with Redis, every cached key
+        record), so the next request of each is verified against the store again. Returns how
+        many entries were dropped. Refusals are never cached, so there is nothing else to drop."""
+        n = len(self._verified) + len(self.credentials.by_auth)
+        self._verified = {}
+        self.credentials = Credentials()
+        flush = getattr(self.directory, "flush_cache", None)
+        if flush is not None:
+            n += flush()
+        return n
+
     # ------------------------------------------------------------------ who
     def enter(self, ex, gov, cont):
         # A token already verified, under the header the SDK put it in, for a key the local

@@ -1437,6 +1437,14 @@ class RedisDirectory:
             self._r = self._sub = None
 
     # -- lookups
+
+    def flush_cache(self) -> int:
+        """POST /auth/cache/flush: drop the cached key records (the next request reads Redis)."""
+        n = len(self._keys) + len(self._aws)
+        self._keys = {}
+        self._aws = {}
+        return n
+
     def _fresh(self, table, name):
         got = table.get(name)
         if got is None:
