@@ -84,6 +84,11 @@ class AuditLog:
                  "outcome": outcome, "principal": principal}
         if store is not None and not getattr(store, "audit_sync", False):
             self._queue.append(entry)       # Redis: chained by the writer, after its tail
+            if len(self._queue) > AUDIT_RING_MAX:   # the store has been down that long
+                log.warning("audit: the store is not answering; the oldest unstored record "
+                            "(%s %s) is dropped", self._queue[0]["action"],
+                            self._queue[0]["resource"])
+                del self._queue[0]
             if self._writer is None or self._writer.done():
                 self._writer = asyncio.ensure_future(self._write_remote(store))
             return
@@ -122,12 +127,24 @@ class AuditLog:
                 # Another node (or an earlier life of this one) wrote after us: continue its chain.
                 self.seq, self.prev = tail["seq"], tail["hash"]
             while self._queue:
-                entry = self._queue.pop(0)
+                entry = self._queue[0]
+                seq, prev = self.seq, self.prev
                 self._chain(entry)
+                try:
+                    await store.append_audit(entry)
+                except BaseException:
+                    # not stored: unchained again, kept for the next write (no hole in the chain)
+                    self.seq, self.prev = seq, prev
+                    raise
+                self._queue.pop(0)
                 self.ring.append(entry)
-                await store.append_audit(entry)
-        except Exception:
-            log.exception("audit: %d record(s) could not be stored", len(self._queue) + 1)
+        except Exception as exc:
+            from busbar.governance.redis_store import StoreUnavailable
+            n = len(self._queue)
+            if isinstance(exc, StoreUnavailable):   # the store's state, said once, no traceback
+                log.warning("audit: %d record(s) not stored: %s", n, exc)
+            else:
+                log.exception("audit: %d record(s) could not be stored", n)
 
     # ------------------------------------------------------------------ read
     async def records(self) -> list:

@@ -584,9 +584,8 @@ def mount(r, gw):
             for lim in grp.limits:
                 if lim.kind not in ("requests", "tokens") or lim.per is None or lim.amount <= 0:
                     continue
-                ledger = st.window(rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
-                if asyncio.iscoroutine(ledger):
-                    ledger = await ledger
+                ledger = await _window(st, rust_bucket(name, lim.per, lim.pool),
+                                       window_start(lim.per, now))
                 used = limit_value(lim.kind, ledger, g.rate_card)
                 left = max(0.0, 1.0 - used / lim.amount)
                 best = left if best is None else min(best, left)
@@ -794,10 +793,8 @@ def mount(r, gw):
                 continue            # a concurrent limit has no windowed ledger
             b = buckets.get((lim.per, lim.pool))
             if b is None:
-                ledger = st.window(rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
-                if asyncio.iscoroutine(ledger):
-                    ledger = await ledger
-                requests, _billable, models = ledger
+                requests, _billable, models = await _window(
+                    st, rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
                 nano = sum(_nano(g.rate_card, m, t) for m, t in models.items())
                 b = buckets[(lim.per, lim.pool)] = {"window": lim.per}
                 if lim.pool is not None:
@@ -901,6 +898,15 @@ def mount(r, gw):
     ):
         h = audited(action, res)(handler) if action else _reads(handler)
         r.add(method, P + path, h, summary="governance: " + summary)
+
+
+async def _window(st, bucket, start):
+    """A bucket's ledger (requests, billable, {model: [4 tiers]}) from a local store (a call) or
+    Redis (a coroutine, whose fourth item, busbar's reservations in flight, is not usage)."""
+    ledger = st.window(bucket, start)
+    if asyncio.iscoroutine(ledger):
+        ledger = await ledger
+    return ledger[:3]
 
 
 def _reads(handler):

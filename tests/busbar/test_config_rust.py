@@ -387,10 +387,8 @@ models:
         assert _admin(admin, "keys", ENV["VIEW_TOKEN"], {"name": "a"})[0] == 403
         status, key = _admin(admin, "keys", ENV["ADMIN_TOKEN"], {"name": "a"})
         assert status == 201, key
-        from datetime import datetime
-        created, expires = (datetime.fromisoformat(key[k].replace("Z", "+00:00"))
-                            for k in ("created_at", "expires_at"))
-        assert abs((expires - created).total_seconds() - 2 * 86400) < 60, key
+        # epoch seconds, as the Rust gateway answers them
+        assert abs((key["expires_at"] - key["created_at"]) - 2 * 86400) < 60, key
     finally:
         stop(gw.proc)
 

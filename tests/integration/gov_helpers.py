@@ -87,3 +87,12 @@ def wait_usage(admin, path, pred, timeout=5.0):
         if time.monotonic() > deadline:
             return d
         time.sleep(0.1)
+
+
+def key_day(admin, key_id, requests, timeout=5.0):
+    """The key's row of today's GET /usage (the Rust UsageBreakdown: tokens_input, tokens_output,
+    tokens_cache_read, tokens_cache_creation, requests, spend_micros) once it counts `requests`."""
+    def row(d):
+        return next((x for x in d.get("by_key", ()) if x["id"] == key_id), None)
+    d = wait_usage(admin, "/usage", lambda d: (row(d) or {}).get("requests", 0) >= requests, timeout)
+    return row(d)

@@ -18,7 +18,7 @@ from google import genai
 from google.genai import types as gt
 
 from tests.conftest import start_gateway, stop
-from tests.integration.gov_helpers import Admin, gov_config, gov_env, post, start, wait_usage
+from tests.integration.gov_helpers import Admin, gov_config, gov_env, key_day, post, start, wait_usage
 
 MODELS = ["oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model",
           "dead-model", "one-slot"]
@@ -144,7 +144,7 @@ def test_key_carriers_and_missing_key(gw):
 
 
 def test_expired_key_is_refused(gw):
-    k = gw.admin.mint(name="short", expires_in_days=2 / 86400)      # two seconds
+    k = gw.admin.mint(name="short", expires_in="2s")
     assert chat(gw, k["token"])[0] == 200
     time.sleep(2.2)
     assert chat(gw, k["token"])[0] == 401
@@ -160,15 +160,20 @@ def test_rotate_revoke_patch_take_effect_on_every_worker_at_once(gw):
     assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"group": "frozen"})[0] == 200
     s, body, _ = chat(gw, rot["token"])
     assert s == 403 and "disabled" in json.loads(body)["error"]["message"]
-    assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"group": "team",
-                                                          "allowed_pools": ["ant-model"]})[0] == 200
-    s, body, _ = chat(gw, rot["token"])
+    assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"group": "team"})[0] == 200
+    assert {chat(gw, rot["token"])[0] for _ in range(4)} == {200}
+    # allowed_pools is fixed at the mint (PATCH changes enabled and group only, as the Rust API)
+    assert gw.admin.call("PATCH", "/keys/%s" % k["id"], {"allowed_pools": ["x"]})[0] == 400
+    pooled = gw.admin.mint(name="pooled", group="team", allowed_pools=["ant-model"])
+    s, body, _ = chat(gw, pooled["token"])
     assert s == 403 and json.loads(body)["error"]["message"] == (
         "Your API key does not have permission to access this resource.")
-    assert {chat(gw, rot["token"], model="ant-model", max_tokens=20)[0] for _ in range(4)} == {200}
-    assert gw.admin.call("DELETE", "/keys/%s" % k["id"])[0] == 200
+    assert {chat(gw, pooled["token"], model="ant-model", max_tokens=20)[0]
+            for _ in range(4)} == {200}
+    assert gw.admin.call("DELETE", "/keys/%s" % k["id"])[0] == 204
     assert {chat(gw, rot["token"], model="ant-model")[0] for _ in range(4)} == {401}
-    assert gw.admin.call("GET", "/keys/%s" % k["id"])[0] == 404
+    # the row stays for GET (usage and audit refer to it), tombstoned
+    assert gw.admin.call("GET", "/keys/%s" % k["id"])[1]["state"] == "tombstoned"
     # the token is never shown again, nor any hash or secret
     listed = json.dumps(gw.admin.call("GET", "/keys")[1])
     assert rot["token"] not in listed and "token_hash" not in listed and "aws_secret" not in listed
@@ -205,9 +210,12 @@ def test_budget_holds_exactly_under_concurrency(gw):
         more += 1
         assert more <= 10
     assert ok + more == 10
-    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"], lambda d: d["total"]["requests"] >= 10)
-    assert u["total"]["requests"] == 10 and u["total"]["spend_usd"] == pytest.approx(0.10)
-    assert u["total"]["output_tokens"] == 100
+    u = key_day(gw.admin, k["id"], 10)
+    # 100 output tokens at 1000 micro-units each: 0.10 units, 100000 micro-units, 10 cents
+    assert u["requests"] == 10 and u["spend_micros"] == 100000 and u["tokens_output"] == 100
+    s, ku = gw.admin.call("GET", "/keys/%s/usage" % k["id"])
+    assert s == 200 and ku["requests"] == 10 and ku["spend_cents"] == 10
+    assert ku["budget_period"] == "total" and ku["group"] == "money"
 
 
 def test_concurrent_limit_and_release(gw):
@@ -236,21 +244,20 @@ def test_pool_scoped_limit_and_group_chain(gw):
 
 def test_groups_api(gw):
     a = gw.admin
-    s, g = a.call("POST", "/groups", {"name": "api-team", "parent": "org",
-                                      "limits": [{"requests": 2, "per": "minute"}]})
-    assert s == 201 and g["limits"] == [{"requests": 2, "per": "minute"}]
-    assert a.call("POST", "/groups", {"name": "api-team"})[0] == 409
+    s, g = a.call("POST", "/groups", {"name": "api-team", "config": {
+        "parent": "org", "limits": [{"requests": 2, "per": "minute"}]}})
+    assert s == 201 and g["limits"] == [{"metric": "requests", "amount": 2, "per": "minute"}]
     assert a.call("PATCH", "/groups/team", {"enabled": False})[0] == 409     # file-owned
-    s, body = a.call("POST", "/groups", {"name": "bad", "limits": [{"requests": 1}]})
-    assert s == 400 and body["error"]["problems"][0]["path"] == "groups.bad.limits[0].per"
-    assert a.call("POST", "/groups", {"name": "loop", "parent": "nowhere"})[0] == 400
+    s, body = a.call("POST", "/groups", {"name": "bad", "config": {"limits": [{"requests": 1}]}})
+    assert s == 400 and "groups.bad.limits[0].per" in body["error"]["message"]
+    assert a.call("POST", "/groups", {"name": "loop", "config": {"parent": "nowhere"}})[0] == 400
     k = a.mint(name="api", group="api-team")["token"]
     assert [chat(gw, k)[0] for _ in range(3)] == [200, 200, 429]
     assert a.call("PATCH", "/groups/api-team", {"limits": [{"requests": 100, "per": "minute"}]})[0] == 200
     assert chat(gw, k)[0] == 200
     assert a.call("DELETE", "/groups/api-team")[0] == 409      # a key is in it
-    s, u = a.call("GET", "/groups/org/usage")
-    assert s == 200 and "total" in u
+    u = wait_usage(a, "/groups/org/usage", lambda d: d["buckets"][0]["requests"] >= 3)
+    assert u["buckets"][0]["window"] == "month" and u["buckets"][0]["requests"] >= 3
 
 
 def test_usage_equals_what_the_upstream_reported(gw):
@@ -296,16 +303,13 @@ def test_usage_equals_what_the_upstream_reported(gw):
         reported["input"] += final.usage.input_tokens
         reported["output"] += final.usage.output_tokens
         reported["requests"] += 1
-    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"],
-                   lambda d: d["total"]["requests"] >= reported["requests"])["total"]
-    assert (u["requests"], u["input_tokens"], u["output_tokens"]) == (
+    u = key_day(gw.admin, k["id"], reported["requests"])
+    assert (u["requests"], u["tokens_input"], u["tokens_output"]) == (
         reported["requests"], reported["input"], reported["output"])
-    assert u["spend_usd"] == pytest.approx(reported["output"] * 1000 / 1e6)
+    assert u["spend_micros"] == reported["output"] * 1000
     s, day = gw.admin.call("GET", "/usage")
-    assert s == 200 and day["currency"] == "USD"
-    mine = [x for x in day["by_key"] if x["key_id"] == k["id"]][0]
-    assert mine["output_tokens"] == reported["output"]
-    assert gw.admin.call("GET", "/usage?day=2026-13-01")[0] == 400
+    assert s == 200 and day["currency"] == "USD" and day["by_key_truncated"] is False
+    assert gw.admin.call("GET", "/usage?window=12345")[0] == 400
 
 
 def test_read_only_token_cannot_mint(gw, mock_port):
@@ -355,8 +359,8 @@ def test_sqlite_keeps_keys_and_usage_through_kill_9(mock_port, tmp_path):
     g2 = start_sqlite()
     try:
         assert chat(g2, k["token"])[0] == 200
-        u = wait_usage(g2.admin, "/keys/%s/usage" % k["id"], lambda d: d["total"]["requests"] >= 13)
-        assert u["total"]["requests"] == 13 and u["total"]["output_tokens"] == 130
+        u = key_day(g2.admin, k["id"], 13)
+        assert u["requests"] == 13 and u["tokens_output"] == 130
     finally:
         stop(g2.proc)
 
@@ -546,10 +550,10 @@ def test_usage_is_exact_for_every_ingress_streamed_and_not(gw):
             if "metadata" in e][0]
     seen.append((meta["usage"]["inputTokens"], meta["usage"]["outputTokens"]))
 
-    u = wait_usage(gw.admin, "/keys/%s/usage" % k["id"],
-                   lambda d: d["total"]["requests"] >= len(seen))["total"]
+    u = key_day(gw.admin, k["id"], len(seen))
     assert u["requests"] == len(seen) == 14
-    assert (u["input_tokens"], u["output_tokens"]) == (sum(x for x, _ in seen), sum(y for _, y in seen))
+    assert (u["tokens_input"], u["tokens_output"]) == (sum(x for x, _ in seen),
+                                                       sum(y for _, y in seen))
 
 
 def test_the_callers_key_never_reaches_the_upstream(mock_port, tmp_path):
@@ -620,13 +624,12 @@ def test_a_key_alone_still_bills_a_relayed_stream(mock_port, tmp_path):
         msgs = [{"role": "user", "content": "twin"}]
         plain = list(o.chat.completions.create(model="oai-model", stream=True, messages=msgs))
         assert plain[-1].choices and all(getattr(x, "usage", None) is None for x in plain)
-        u = wait_usage(g.admin, "/keys/%s/usage" % k["id"],
-                       lambda d: d["total"]["requests"] >= 1)["total"]
+        u = key_day(g.admin, k["id"], 1)
         twin = list(o.chat.completions.create(model="oai-model", stream=True, messages=msgs,
                                               stream_options={"include_usage": True}))[-1].usage
         assert u["requests"] == 1
-        assert (u["input_tokens"], u["output_tokens"]) == (twin.prompt_tokens,
+        assert (u["tokens_input"], u["tokens_output"]) == (twin.prompt_tokens,
                                                            twin.completion_tokens)
-        assert u["output_tokens"] > 0
+        assert u["tokens_output"] > 0
     finally:
         stop(g.proc)

@@ -81,8 +81,8 @@ def test_fleet_limits_are_exact(fleet):
         more += 1
         assert more <= 10
     assert ok + more == 10
-    u = wait_usage(a.admin, "/keys/%s/usage" % m["id"], lambda d: d["total"]["requests"] >= 10)
-    assert u["total"]["requests"] == 10 and u["total"]["spend_usd"] == pytest.approx(0.10)
+    u = wait_usage(a.admin, "/keys/%s/usage" % m["id"], lambda d: d["requests"] >= 10)
+    assert u["requests"] == 10 and u["spend_cents"] == 10
 
 
 def test_revoke_on_one_instance_holds_on_the_other(fleet):
@@ -135,10 +135,10 @@ def test_fail_open_admits_counts_locally_and_reconciles(mock_port, tmp_path):
         deadline = time.monotonic() + 5
         while True:
             u = wait_usage(g.admin, "/keys/%s/usage" % k["id"], lambda d: True)
-            if u["total"]["requests"] == 20 or time.monotonic() > deadline:
+            if u.get("requests") == 20 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert u["total"]["requests"] == 20
+        assert u.get("requests") == 20, u
         assert chat(g, k["token"])[0] == 429            # 20 per minute, used up across the outage
     finally:
         stop(g.proc)
