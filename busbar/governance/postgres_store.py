@@ -27,7 +27,7 @@ The Rust tables (busbar writes and reads them as the Rust store does; see SCHEMA
                                      model and tier (a key's own bucket: its id, window 0; a
                                      group's: `group:<name>@<per>[#pool:<pool>]`, the window start)
     usage_metering                   per key, UTC day (`bucket`, its first second), model, provider
-    audit_log                        created, never written by busbar
+    audit_log                        the admin audit log, hash-chained (busbar/admin/audit.py)
 busbar's own (the Rust store reads none of them; its CREATE ... IF NOT EXISTS leaves them alone):
     busbar_groups (name, doc)        groups made through the admin API (JSON)
     busbar_inflight                  per ledger bucket and window: budget reservations in flight
@@ -780,6 +780,28 @@ class PostgresStore:
         """Every worker drops its whole policy cache (e.g. after a bulk import)."""
         await self._call(lambda c: c.execute("SELECT pg_notify($1, 'all')", CHANNEL))
 
+    # -- audit: records as busbar/admin/audit.py chained them, appended (a seq another node took
+    # first is a unique-key error: the writer re-reads the tail and chains after it)
+    audit_sync = False
+    _AUDIT_COLS = "seq, ts, action, resource, outcome, principal, prev_hash, hash"
+
+    async def append_audit(self, rec: dict) -> None:
+        await self._call(lambda c: c.execute(
+            "INSERT INTO audit_log (%s) VALUES ($1, $2, $3, $4, $5, $6, $7, $8)" % self._AUDIT_COLS,
+            rec["seq"], rec["ts"], rec["action"], rec["resource"], rec["outcome"],
+            rec["principal"], rec["prev_hash"], rec["hash"]))
+
+    async def audit_tail(self):
+        row = await self._call(lambda c: c.fetchrow(
+            "SELECT %s FROM audit_log ORDER BY seq DESC LIMIT 1" % self._AUDIT_COLS))
+        return None if row is None else dict(zip(self._AUDIT_COLS.split(", "), row))
+
+    async def list_audit(self) -> list:
+        cols = self._AUDIT_COLS.split(", ")
+        rows = await self._call(lambda c: c.fetch(
+            "SELECT %s FROM audit_log ORDER BY seq" % self._AUDIT_COLS))
+        return [dict(zip(cols, r)) for r in rows]
+
     # -- usage
     async def add_usage(self, rows: list[Usage], windows=None) -> None:
         w = _usage_writes(rows, windows)
@@ -1196,6 +1218,13 @@ class PostgresDirectory:
         self._inflight = {}             # (kind, name) -> the task reading it
         self._listener = None
         self._listening = None
+
+    def flush_cache(self) -> int:
+        """POST /auth/cache/flush: drop the cached key records (the next request reads Postgres)."""
+        n = len(self._keys) + len(self._aws)
+        self._keys = {}
+        self._aws = {}
+        return n
 
     async def start(self):
         self._down = _down_errors()

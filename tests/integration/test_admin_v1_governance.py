@@ -482,3 +482,26 @@ def test_terraform_style_crud_of_a_key_and_a_group(fresh):
     assert a.call("DELETE", "/keys/" + k["id"])[0] == 404
     assert a.call("DELETE", "/groups/tf", headers={"if-match": gh["etag"]})[0] == 204
     assert a.call("GET", "/groups/tf")[0] == 404
+
+
+def test_audit_chain_is_in_the_sqlite_store_and_continues_after_a_restart(mock_port, tmp_path):
+    import sqlite3
+    tail = GROUPS.replace("store: {module: memory}",
+                          "store: {module: sqlite, settings: {db_path: \"%s\"}}" % (
+                              tmp_path / "gov.db"))
+    text, admin = gov_config(mock_port, tail)
+    port = free_port()
+    for life in (1, 2):
+        g = start_gateway(tmp_path, text, 1, gov_env(), port=port)
+        try:
+            s, _, k = Client(admin).call("POST", "/keys", {"name": "life%d" % life})
+            assert s == 201
+        finally:
+            stop(g.proc)
+    db = sqlite3.connect(str(tmp_path / "gov.db"))
+    rows = db.execute("SELECT seq, action, prev_hash, hash FROM audit_log ORDER BY seq").fetchall()
+    assert [(r[0], r[1]) for r in rows] == [(1, "key.create"), (2, "key.create")]
+    assert rows[1][2] == rows[0][3]         # the second life chained after the first
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        db.execute("UPDATE audit_log SET principal = 'someone-else'")
+    db.close()

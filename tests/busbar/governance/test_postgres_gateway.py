@@ -99,8 +99,8 @@ def test_fleet_limits_are_exact(fleet):
         more += 1
         assert more <= 10
     assert ok + more == 10                      # never more than the budget, to the cent
-    u = wait_usage(a.admin, "/keys/%s/usage" % m["id"], lambda d: d["total"]["requests"] >= 10)
-    assert u["total"]["requests"] == 10 and u["total"]["spend_usd"] == pytest.approx(0.10)
+    u = wait_usage(a.admin, "/keys/%s/usage" % m["id"], lambda d: d["requests"] >= 10)
+    assert u["requests"] == 10 and u["spend_cents"] == 10
     # the ledger as the Rust store keeps it: requests and tokens of the group's bucket
     day = int(time.time()) // 86400 * 86400
     (head,) = sql(url, "SELECT requests FROM usage_windows WHERE bucket_id = 'group:money@day' "
@@ -139,6 +139,14 @@ def test_revoke_on_one_instance_holds_on_the_other(fleet):
     assert {chat(g, k["token"])[0] for g in (a, b) for _ in range(4)} == {401}
     assert [tuple(r) for r in sql(url, "SELECT sub, reason FROM denylist")] == [
         (k["id"], "revoked")]
+    # one audit chain in the shared store: the mint on one instance, the revoke on the other
+    # chained after it; either instance reads both from the audit_log table
+    rows = sql(url, "SELECT seq, action, resource, prev_hash, hash FROM audit_log ORDER BY seq")
+    assert [(r[1], r[2]) for r in rows] == [("key.create", "key:" + k["id"]),
+                                            ("key.revoke", "key:" + k["id"])]
+    assert rows[1][3] == rows[0][4] and rows[1][0] == rows[0][0] + 1
+    s, d = a.admin.call("GET", "/audit?resource=key:" + k["id"])
+    assert s == 200 and [e["action"] for e in d["items"]] == ["key.revoke", "key.create"]
 
 
 def test_database_down_refuses_then_recovers(fleet, postgres_server):
