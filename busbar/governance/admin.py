@@ -36,7 +36,7 @@ from busbar.admin.site import (AdminError, Response, bump_plane, check_version, 
 from busbar.config.checks import Problems, problem_list
 from busbar.server.channel import broadcast
 
-from .config import check_chains, group_from_body
+from .config import check_chains, child_default, group_from_body
 from .model import (NANO, NANO_PER_CENT, USAGE_FIELDS, GroupRecord, KeyRecord,
                     limit_value, mint_token, new_aws_access_key_id, new_credential_id,
                     new_generation, new_key_id, rust_bucket, window_start)
@@ -199,6 +199,9 @@ def limit_view(lim) -> dict:
         out["per"] = lim.per
     if lim.pool is not None:
         out["pool"] = lim.pool
+    if lim.downgrade_to is not None:
+        out["on_exhaust"] = "downgrade"
+        out["downgrade_to"] = lim.downgrade_to
     return out
 
 
@@ -208,7 +211,22 @@ def group_view(g: GroupRecord) -> dict:
         out["parent"] = g.parent
     out["enabled"] = g.enabled
     out["limits"] = [limit_view(lim) for lim in g.limits]
+    if g.child_default is not None:
+        out["child_default"] = [limit_view(lim) for lim in g.child_default]
     return out
+
+
+def child_template(groups: dict, parent: str | None):
+    """The nearest `child_default` up the chain from `parent` (the Rust resolution), or ()."""
+    name, depth = parent, 0
+    while name is not None and depth < 9:
+        g = groups.get(name)
+        if g is None:
+            break
+        if g.child_default is not None:
+            return g.child_default
+        name, depth = g.parent, depth + 1
+    return ()
 
 
 def _usage(d: dict, nano: int) -> dict:
@@ -386,14 +404,16 @@ def mount(r, gw):
                                      "team/org group" % (group, parent))
                 if len(group) > MAX_GROUP_NAME_LEN:
                     raise AdminError(400, "name must be <= %d characters" % MAX_GROUP_NAME_LEN)
-                leaf = GroupRecord(group, parent, True, ())
+                # its limits: the nearest child_default up the chain (none: inherit-only)
+                leaf = GroupRecord(group, parent, True, child_template(groups, parent))
                 chk = Problems()
                 check_chains({group: leaf}, chk, dict(groups, **{group: leaf}).get)
                 if chk.errors:
                     raise AdminError(400, "; ".join(problem_list(chk.errors)[0].values()))
                 await st.put_group(leaf)
                 await push({"groups": [leaf]})
-                bump_plane(gw)
+                bump_plane(gw, req.principal, "group.provision group:%s (auto, parent %s)" % (
+                    group, parent))
                 req.audit("group.provision", "group:%s" % group, APPLIED)
                 provisioned = True
             elif parent is not None and have.parent != parent:
@@ -670,7 +690,7 @@ def mount(r, gw):
             raise AdminError(409, "governance is not enabled on this server; enable `governance:` "
                              "in config.yaml to manage groups")
 
-    async def save_group(st, name, entry, where):
+    async def save_group(req, st, name, entry, where, action):
         if not isinstance(entry, dict):
             raise AdminError(400, "invalid JSON")
         out = Problems()
@@ -679,7 +699,13 @@ def mount(r, gw):
         if unknown:
             raise AdminError(400, "%s: unknown field `%s` (expected one of %s)" % (
                 where, unknown[0], ", ".join(GROUP_KEYS)))
-        g = group_from_body(name, entry, where, out, pools=set(gw.snapshot.router.names()))
+        cfg = gw.snapshot.config
+        pools = set(cfg.pools) | set(cfg.models)    # what a limit's pool: may scope to
+        g = group_from_body(name, entry, where, out, pools=pools, pool_names=set(cfg.pools))
+        cd = child_default(entry.get("child_default"), where + ".child_default", pools, out,
+                           set(cfg.pools))
+        if g is not None:
+            g.child_default = cd
         if g is None or out.errors:
             raise AdminError(400, "invalid group: " + "; ".join(
                 "%s: %s" % (p["path"], p["message"]) for p in problem_list(out.errors)))
@@ -692,7 +718,7 @@ def mount(r, gw):
                 "%s: %s" % (p["path"], p["message"]) for p in problem_list(chk.errors)))
         await st.put_group(g)
         await push({"groups": [g]})
-        bump_plane(gw)
+        bump_plane(gw, req.principal, "%s group:%s" % (action, name))
         return g
 
     async def create_group(req):
@@ -708,7 +734,7 @@ def mount(r, gw):
         base_owned(name)
         st = await store()
         existed = await st.get_group(name) is not None
-        g = await save_group(st, name, body["config"], "groups.%s" % name)
+        g = await save_group(req, st, name, body["config"], "groups.%s" % name, "group.create")
         req.audit("group.create", "group:%s" % name, APPLIED)
         return plane_etag(compact_response(group_view(g), 200 if existed else 201))
 
@@ -722,7 +748,7 @@ def mount(r, gw):
         st = await store()
         if await st.get_group(name) is None:
             raise AdminError(404, "group `%s` not found" % name)
-        g = await save_group(st, name, body["config"], "groups.%s" % name)
+        g = await save_group(req, st, name, body["config"], "groups.%s" % name, "group.replace")
         req.audit("group.replace", "group:%s" % name, APPLIED)
         return plane_etag(compact_response(group_view(g)))
 
@@ -748,8 +774,10 @@ def mount(r, gw):
             raise AdminError(404, "group `%s` not found" % name)
         entry = {"parent": old.parent, "enabled": old.enabled,
                  "limits": [lim.public() for lim in old.limits]}
+        if old.child_default is not None:
+            entry["child_default"] = {"limits": [lim.public() for lim in old.child_default]}
         entry.update({k: v for k, v in body.items() if v is not None or k == "limits"})
-        g = await save_group(st, name, entry, "groups.%s" % name)
+        g = await save_group(req, st, name, entry, "groups.%s" % name, "group.patch")
         req.audit("group.patch", "group:%s" % name, APPLIED)
         return plane_etag(compact_response(group_view(g)))
 
@@ -773,7 +801,7 @@ def mount(r, gw):
                              "first" % (name, len(bound)))
         await st.delete_group(name)
         await push({"drop_groups": [name]})
-        bump_plane(gw)
+        bump_plane(gw, req.principal, "group.delete group:%s" % name)
         req.audit("group.delete", "group:%s" % name, APPLIED)
         return plane_etag(Response(204, b""))
 

@@ -242,27 +242,30 @@ def _groups(raw: dict, pools: dict, out: Problems, pool_names=None) -> dict:
             out.error(where, "expected a mapping {parent?, limits?, enabled?}, got %s" % describe(entry))
             continue
         check_keys(entry, where, GROUP_KEYS, out)
-        _child_default(entry.get("child_default"), join(where, "child_default"), pools, out,
-                       pool_names)
+        cd = child_default(entry.get("child_default"), join(where, "child_default"), pools, out,
+                           pool_names)
         g = group_from_body(name, entry, where, out, pools, source="config", pool_names=pool_names)
         if g is not None:
+            g.child_default = cd
             groups[name] = g
     check_chains(groups, out)
     return groups
 
 
-def _child_default(raw, where: str, pools, out: Problems, pool_names=None) -> None:
-    """`child_default: {limits}`: what a group auto-provisioned under this one starts with. Groups
-    are auto-provisioned only for identity providers that assert users, which busbar's built-in
-    ones do not; the limits are checked as any group's."""
+def child_default(raw, where: str, pools, out: Problems, pool_names=None):
+    """`child_default: {limits}`: the limits a group auto-provisioned under this one starts with
+    (a key minted with `group` new and `parent` naming a group under which the nearest
+    `child_default` up the chain is this one). The limits are checked as any group's. Returns them
+    (a tuple), or None when there is no template."""
     if raw is None:
-        return
+        return None
     if not isinstance(raw, dict):
         out.error(where, "expected {limits: [...]}, got %s" % describe(raw))
-        return
+        return None
     check_keys(raw, where, ("limits",), out)
-    group_from_body("child", {"limits": raw.get("limits")}, where, out, pools, source="config",
-                    pool_names=pool_names)
+    g = group_from_body("child", {"limits": raw.get("limits")}, where, out, pools,
+                        source="config", pool_names=pool_names)
+    return None if g is None else g.limits
 
 
 def group_from_body(name, entry: dict, where: str, out: Problems, pools=None, source="api",

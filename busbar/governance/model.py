@@ -386,14 +386,17 @@ class Limit:
 
 
 class GroupRecord:
-    __slots__ = ("name", "parent", "enabled", "limits", "source")
+    __slots__ = ("name", "parent", "enabled", "limits", "source", "child_default")
 
-    def __init__(self, name, parent=None, enabled=True, limits=(), source="api"):
+    def __init__(self, name, parent=None, enabled=True, limits=(), source="api",
+                 child_default=None):
         self.name = name
         self.parent = parent
         self.enabled = enabled
         self.limits = tuple(limits)
         self.source = source                    # "config" (file-owned) or "api"
+        # the limits a group auto-provisioned under this one starts with (None: it inherits only)
+        self.child_default = None if child_default is None else tuple(child_default)
 
     def public(self) -> dict:
         return {"name": self.name, "parent": self.parent, "enabled": self.enabled,
@@ -743,18 +746,30 @@ def bucket_key(group: str, index: int, lim: Limit) -> str:
     return "%s#%d:%s:%s:%s" % (group, index, lim.kind, lim.per, lim.pool or "")
 
 
+def _limits_to_dicts(limits) -> list:
+    return [dict({"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool},
+                 **({"downgrade_to": x.downgrade_to} if x.downgrade_to else {}))
+            for x in limits]
+
+
+def _limits_from_dicts(raw) -> list:
+    return [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"), x.get("downgrade_to"))
+            for x in raw]
+
+
 def group_to_dict(g: GroupRecord) -> dict:
-    return {"name": g.name, "parent": g.parent, "enabled": g.enabled, "source": g.source,
-            "limits": [dict({"kind": x.kind, "amount": x.amount, "per": x.per, "pool": x.pool},
-                            **({"downgrade_to": x.downgrade_to} if x.downgrade_to else {}))
-                       for x in g.limits]}
+    d = {"name": g.name, "parent": g.parent, "enabled": g.enabled, "source": g.source,
+         "limits": _limits_to_dicts(g.limits)}
+    if g.child_default is not None:
+        d["child_default"] = _limits_to_dicts(g.child_default)
+    return d
 
 
 def group_from_dict(d: dict) -> GroupRecord:
+    cd = d.get("child_default")
     return GroupRecord(d["name"], d.get("parent"), d.get("enabled", True),
-                       [Limit(x["kind"], x["amount"], x.get("per"), x.get("pool"),
-                              x.get("downgrade_to"))
-                        for x in d.get("limits", ())], d.get("source", "api"))
+                       _limits_from_dicts(d.get("limits", ())), d.get("source", "api"),
+                       None if cd is None else _limits_from_dicts(cd))
 
 
 def spend_nano(gov, row) -> int:

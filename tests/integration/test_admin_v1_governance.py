@@ -329,7 +329,7 @@ def test_key_lifecycle_etags_pagination_and_idempotency(fresh):
     assert m1["id"] in [x["id"] for x in
                         a.call("GET", "/keys?limit=1000&include=tombstoned")[2]["items"]]
     assert a.call("DELETE", "/keys/" + m1["id"])[0] == 404
-    s, _, u = a.call("GET", "/keys/%s/usage" % all_["items"][0]["id"])
+    s, _, u = a.call("GET", "/keys/%s/usage" % k["id"])      # revoked: its usage stays readable
     assert s == 200 and set(u) == {"id", "budget_period", "window_start", "as_of", "group",
                                    "spend_cents", "tokens", "requests", "rate_headroom"}
 
@@ -371,6 +371,18 @@ def test_groups_config_plane_etag_and_conflicts(fresh):
     s, _, k = a.call("POST", "/keys", {"name": "self", "group": "user:ann", "parent": "growth"})
     assert s == 201 and k["group_provisioned"] is True
     assert a.call("GET", "/groups/user:ann")[2]["parent"] == "growth"
+    assert a.call("GET", "/groups/user:ann")[2]["limits"] == []       # no template: inherit-only
+    # the nearest child_default up the chain is the new leaf's limits
+    s, _, g = a.call("POST", "/groups", {"name": "tmpl", "config": {
+        "child_default": {"limits": [{"requests": 5, "per": "minute"}]}}})
+    assert s == 201 and g["child_default"] == [{"metric": "requests", "amount": 5, "per": "minute"}]
+    a.call("POST", "/groups", {"name": "sub", "config": {"parent": "tmpl"}})
+    s, _, k = a.call("POST", "/keys", {"name": "bob", "group": "user:bob", "parent": "sub"})
+    assert s == 201 and k["group_provisioned"] is True
+    assert a.call("GET", "/groups/user:bob")[2]["limits"] == [
+        {"metric": "requests", "amount": 5, "per": "minute"}]
+    s, _, d = a.call("POST", "/keys", {"name": "b2", "group": "user:bob", "parent": "tmpl"})
+    assert s == 409 and d["error"]["code"] == "conflict"        # a mint never re-homes a group
     s, _, u = a.call("GET", "/groups/team/usage")
     assert s == 200 and u["group"] == "team" and u["buckets"][0]["window"] == "minute"
     assert u["buckets"][0]["requests_cap"] == 1000
