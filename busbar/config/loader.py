@@ -140,9 +140,9 @@ AFFINITY_KEYS = ("mode", "header_name")
 DEFAULT_AFFINITY_HEADER = "x-session-id"
 
 LIMITS_UNSUPPORTED = ()
-# Caps on what a principal provisions for itself (self-service keys, auto-provisioned groups):
-# busbar's identity providers provision nothing themselves (keys are minted over the admin API),
-# so these are checked (>= 0, 0 = unlimited) and bound nothing.
+# Caps on what a principal provisions for itself, checked here (>= 0, 0 = unlimited) and enforced by
+# the admin API (busbar/governance/admin.py): live keys per group on a mint, rebind or re-enable;
+# the group count a mint's auto-provisioning may grow to.
 LIMITS_SELF_SERVICE = ("max_keys_per_principal", "max_auto_provisioned_groups")
 # The reasoning budget each effort level maps to by default (cbusbar/reasoning.pyx), as the Rust
 # grammar's `limits.reasoning_effort_budgets` spells them.

@@ -279,6 +279,28 @@ def mount(r, gw):
         out.update(gov().groups)
         return out
 
+    def self_service_cap(name) -> int:
+        """limits.max_keys_per_principal / max_auto_provisioned_groups of the running config
+        (checked >= 0 by the loader; 0, the default, is unlimited)."""
+        raw = ((gw.snapshot.config.document or {}).get("limits") or {}).get(name) or 0
+        return raw if isinstance(raw, int) and not isinstance(raw, bool) else 0
+
+    async def check_key_cap(st, group, exclude, doing):
+        """limits.max_keys_per_principal: the live keys (enabled, not revoked or deleted) one
+        group holds, the unbound ones counting as a group of their own; a user:<sub> leaf is not
+        capped (as the Rust gateway counts)."""
+        cap = self_service_cap("max_keys_per_principal")
+        if not cap or (group or "").startswith("user:"):
+            return
+        n = sum(1 for k in await st.list_keys()
+                if k.group == group and k.id != exclude and k.state == "active")
+        if n >= cap:
+            raise AdminError(409, "group '%s' already has %d live key(s), at the "
+                             "`limits.max_keys_per_principal` cap of %d; revoke or delete %s "
+                             "before %s" % (group or "(no group)", n, cap,
+                                            "an existing key" if exclude is None else
+                                            "one of its keys", doing))
+
     def overlong(key_id):
         if len(key_id) > MAX_KEY_ID_LEN:
             raise AdminError(400, "id must be <= %d characters" % MAX_KEY_ID_LEN)
@@ -398,12 +420,21 @@ def mount(r, gw):
                                  "auto-provision it as a leaf (e.g. `parent: team-payments` creates "
                                  "%s under team-payments and binds the key)" % (group, group))
             if have is None:
+                if len(parent) > MAX_GROUP_NAME_LEN:
+                    raise AdminError(400, "parent name is %d chars; must be <= %d" % (
+                        len(parent), MAX_GROUP_NAME_LEN))
                 if parent not in groups:
                     raise AdminError(400, "cannot auto-provision `%s`: its `parent: %s` does not "
                                      "exist in the top-level groups block; name an existing "
                                      "team/org group" % (group, parent))
                 if len(group) > MAX_GROUP_NAME_LEN:
                     raise AdminError(400, "name must be <= %d characters" % MAX_GROUP_NAME_LEN)
+                ceiling = self_service_cap("max_auto_provisioned_groups")
+                if ceiling and len(groups) >= ceiling:
+                    raise AdminError(409, "cannot auto-provision `%s`: this server already has %d "
+                                     "group(s), at the `limits.max_auto_provisioned_groups` ceiling "
+                                     "of %d. Delete an unused group, raise the ceiling, or bind the "
+                                     "key to an existing group" % (group, len(groups), ceiling))
                 # its limits: the nearest child_default up the chain (none: inherit-only)
                 leaf = GroupRecord(group, parent, True, child_template(groups, parent))
                 chk = Problems()
@@ -417,8 +448,12 @@ def mount(r, gw):
                 req.audit("group.provision", "group:%s" % group, APPLIED)
                 provisioned = True
             elif parent is not None and have.parent != parent:
-                raise AdminError(409, "group '%s' already exists under parent %s, not %s; a mint "
-                                 "never re-homes an existing group" % (group, have.parent, parent))
+                raise AdminError(409, "group `%s` already exists with parent %s; the mint named "
+                                 "parent `%s` — a mint cannot re-home an existing group (PATCH the "
+                                 "group to re-parent it, or drop `parent` to bind as-is)" % (
+                                     group, "`%s`" % have.parent if have.parent else "<root>",
+                                     parent))
+        await check_key_cap(st, group, None, "minting another")
         rec = KeyRecord(new_key_id(), name, group, pools, "active", now, None, new_generation(),
                         labels=labels)
         token = mint_token(g.signing_key, rec.id, exp, rec.gen)
@@ -494,6 +529,12 @@ def mount(r, gw):
         _, rec = await find_key(req, live_only=True)
         if tag is not None and tag.lower() != key_etag(rec):
             raise AdminError(409, STALE_KEY, code="version_conflict")
+        dest = group if "group" in body else rec.group
+        enabled_after = body["enabled"] if body.get("enabled") is not None else (
+            rec.state == "active")
+        will_count = enabled_after and rec.state in ("active", "disabled")
+        if will_count and (rec.state != "active" or dest != rec.group):
+            await check_key_cap(st, dest, rec.id, "rebinding or re-enabling another into it")
         rec = KeyRecord.from_dict(rec.to_dict())
         if body.get("enabled") is not None and rec.state in ("active", "disabled"):
             rec.state = "active" if body["enabled"] else "disabled"

@@ -517,3 +517,34 @@ def test_audit_chain_is_in_the_sqlite_store_and_continues_after_a_restart(mock_p
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
         db.execute("UPDATE audit_log SET principal = 'someone-else'")
     db.close()
+
+
+def test_self_service_caps_keys_per_group_and_auto_provisioned_groups(mock_port, tmp_path):
+    """limits.max_keys_per_principal (live keys per group, on a mint and on a rebind or
+    re-enable) and limits.max_auto_provisioned_groups (the group count a mint may grow to)."""
+    tail = GROUPS.replace("  team: {limits: [{requests: 1000, per: minute}]}\n",
+                          "  team: {limits: [{requests: 1000, per: minute}]}\n  other: {}\n")
+    text, admin = gov_config(mock_port, tail)
+    text = text.replace("limits:\n", "limits:\n  max_keys_per_principal: 2\n"
+                        "  max_auto_provisioned_groups: 3\n", 1)
+    g = start_gateway(tmp_path, text, 1, gov_env())
+    try:
+        a = Client(admin)
+        k1 = a.call("POST", "/keys", {"name": "a", "group": "team"})[2]
+        assert a.call("POST", "/keys", {"name": "b", "group": "team"})[0] == 201
+        s, _, d = a.call("POST", "/keys", {"name": "c", "group": "team"})
+        assert s == 409 and "max_keys_per_principal" in d["error"]["message"]
+        # a disabled key frees its slot; re-enabling it into a full group is refused
+        assert a.call("PATCH", "/keys/" + k1["id"], {"enabled": False})[0] == 200
+        assert a.call("POST", "/keys", {"name": "c", "group": "team"})[0] == 201
+        s, _, d = a.call("PATCH", "/keys/" + k1["id"], {"enabled": True})
+        assert s == 409 and d["error"]["code"] == "conflict"
+        # a rebind into a full group is refused too
+        k4 = a.call("POST", "/keys", {"name": "d", "group": "other"})[2]
+        assert a.call("PATCH", "/keys/" + k4["id"], {"group": "team"})[0] == 409
+        # two config groups; one leaf makes three, the ceiling
+        assert a.call("POST", "/keys", {"name": "u1", "group": "user:1", "parent": "team"})[0] == 201
+        s, _, d = a.call("POST", "/keys", {"name": "u2", "group": "user:2", "parent": "team"})
+        assert s == 409 and "max_auto_provisioned_groups" in d["error"]["message"]
+    finally:
+        stop(g.proc)
