@@ -672,13 +672,14 @@ def mount(r, gw):
 
     async def flush_cache(req):
         body = {}
-        if req.body and req.body.strip():
+        if req.body:
             try:
                 body = orjson.loads(req.body)
             except orjson.JSONDecodeError:
-                raise AdminError(400, "invalid JSON") from None
+                body = None
             if not isinstance(body, dict) or not _opt_str(body.get("module")):
-                raise AdminError(400, "invalid JSON")
+                raise AdminError(400, "body must be JSON with an optional string `module` (the "
+                                 "auth module whose partition to flush)")
         module = body.get("module")
         flushed = 0
         # busbar's one cache of credential decisions is the verified virtual-key tokens (the
@@ -698,7 +699,7 @@ def mount(r, gw):
                 if failed:
                     raise AdminError(500, "internal error")
                 flushed += sum(a.get("flushed", 0) for a in acks.values())
-        req.audit("auth.cache_flush", "auth-cache:%s" % (module or "*"), APPLIED)
+        req.audit("auth.cache_flush", module or "*", APPLIED)
         return compact_response({"flushed": flushed})
 
     # ------------------------------------------------------------------ groups
@@ -950,7 +951,7 @@ def mount(r, gw):
         ("POST", "/signing-key/rotate", rotate_signing_key, "the signing key's id and the "
          "revoke-all warning", "signing_key.report", lambda req: "signing-key"),
         ("POST", "/auth/cache/flush", flush_cache, "drop every worker's verified-credential cache",
-         "auth.cache_flush", lambda req: "auth-cache"),
+         "auth.cache_flush", lambda req: "*"),
         ("GET", "/groups", list_groups, "every group, name-sorted (config-plane ETag)", None, None),
         ("POST", "/groups", create_group, "create or replace an API group (If-Match)",
          "group.create", group_res),
