@@ -59,6 +59,8 @@ from .model import (
     _cred_of_row, _usage_row, _vk_of_row, new_credential_id, record_of, usage_totals, window_deltas)
 
 log = logging.getLogger("busbar.governance")
+# Audit records the memory store keeps (busbar/admin/audit.py AUDIT_RING_MAX, the Rust ring size).
+MEMORY_AUDIT_MAX = 1000
 
 
 def _metering_key(u):
@@ -193,9 +195,13 @@ class MemoryStore:
         return cur[0], cur[1], {m: list(t) for m, t in cur[2].items()}
 
 
-    # -- audit
+    # -- audit: the memory store keeps the last MEMORY_AUDIT_MAX records, as the Rust gateway's
+    # RAM default keeps a ring (memory bounded; the chain's tail, which the next record links to,
+    # is always kept)
     def append_audit_sync(self, rec: dict):
         self.audit.append(dict(rec))
+        if len(self.audit) > MEMORY_AUDIT_MAX:
+            del self.audit[:len(self.audit) - MEMORY_AUDIT_MAX]
 
     def audit_tail_sync(self):
         return dict(self.audit[-1]) if self.audit else None
