@@ -6,8 +6,9 @@ gateway over real HTTP, against the Rust gateway's contract (GetBusbar/busbar 1a
 - the envelope on 404/405/401/403, scopes, mutation budgets with 429 + Retry-After: 60;
 - key ETags and If-Match, cursors, idempotent mints, groups with config-plane ETags;
 - the hash-chained audit log and GET /audit;
-- the HTTP requests the busbar-python SDK sends (method, path, headers, body), replayed;
-- a Terraform-provider-style create/read/update/delete of keys and groups with ETags.
+- terraform-provider-busbar's requests (method, path, headers, body bytes) for a key's whole
+  life, and a group's with ETags chained (the busbar-python SDK itself drives the same surface in
+  test_admin_v1_sdk_governance.py).
 """
 from __future__ import annotations
 
@@ -437,64 +438,54 @@ def test_signing_key_report_and_cache_flush_on_every_worker(mock_port, tmp_path)
         stop(g.proc)
 
 
-def test_busbar_python_sdk_requests_replayed(fresh):
-    """The requests busbar_admin (GetBusbar/busbar-python) sends: httpx with the token header the
-    caller configures, `Content-Type: application/json` on bodies, query params with the unset ones
-    dropped, If-Match passed through verbatim."""
-    a = fresh.admin
-    sdk = {"accept": "*/*", "user-agent": "python-httpx/0.28.1"}
-    # post_keys: json=CreateKeyReq.to_dict() (only the set fields)
-    s, _, k = a.call("POST", "/keys", {"name": "sdk", "allowed_pools": ["mixed"],
-                                       "labels": {"env": "ci"}, "issue_aws_credential": True},
-                     sdk)
-    assert s == 201 and k["aws_access_key_id"].startswith("AKIA") and k["aws_secret_access_key"]
-    # get_keys(limit=..., prefix=...): params
-    s, _, p = a.call("GET", "/keys?prefix=%s&limit=5" % k["id"][:8], headers=sdk)
-    assert s == 200 and k["id"] in [x["id"] for x in p["items"]]
-    # get_keys_id, then patch_keys_id(if_match=etag, body=UpdateKeyReq(enabled=False))
-    s, h, _ = a.call("GET", "/keys/" + k["id"], headers=sdk)
-    s, _, d = a.call("PATCH", "/keys/" + k["id"], {"enabled": False},
-                     dict(sdk, **{"If-Match": h["etag"]}))
-    assert s == 200 and d["enabled"] is False
-    # get_keys_id_usage, get_usage, get_groups, get_audit
-    assert a.call("GET", "/keys/%s/usage" % k["id"], headers=sdk)[0] == 200
-    assert a.call("GET", "/usage", headers=sdk)[0] == 200
-    assert a.call("GET", "/groups?limit=200", headers=sdk)[0] == 200
-    assert a.call("GET", "/audit?action=key.create&limit=10", headers=sdk)[0] == 200
-    # delete_keys_id(if_match=...): 204; aws secret never read back
-    s, h, v = a.call("GET", "/keys/" + k["id"], headers=sdk)
-    assert "aws_secret_access_key" not in v
-    assert a.call("DELETE", "/keys/" + k["id"], headers=dict(sdk, **{"If-Match": h["etag"]}))[0] == 204
-
-
 def test_terraform_style_crud_of_a_key_and_a_group(fresh):
-    """terraform-provider-busbar's virtual_key resource: Create = POST /keys (+ PATCH enabled),
-    Read = GET /keys/{id} (404 removes it from state), Update = PATCH with group null to unbind,
-    Delete = DELETE (204 or 404 both fine); x-admin-token auth; ETags chained."""
+    """terraform-provider-busbar's virtual_key resource, request for request: Go's net/http with
+    `x-admin-token`, `Content-Type: application/json` only with a body, bodies as encoding/json
+    writes them (compact; struct fields in declaration order with omitempty; maps key-sorted).
+    Create = POST /keys (+ PATCH {"enabled":false} when the plan says so), Read = GET /keys/{id}
+    (404 drops it from state), Update = PATCH with only what changed ("group":null unbinds) then
+    GET, Delete = DELETE (204 or 404). Its ETag is read trimmed of quotes; a group cycle chains it
+    back as If-Match."""
     a = fresh.admin
-    s, h, _ = a.call("GET", "/groups")
-    s, h, g = a.call("POST", "/groups", {"name": "tf", "config": {"limits": [
-        {"requests": 10, "per": "minute"}]}}, {"if-match": h["etag"]})
-    assert s == 201
-    s, _, k = a.call("POST", "/keys", {"name": "tf-key", "group": "tf", "expires_in": "30d"})
-    assert s == 201
-    s, _, d = a.call("PATCH", "/keys/" + k["id"], {"enabled": False})
-    assert s == 200
-    s, kh, view = a.call("GET", "/keys/" + k["id"])
-    assert s == 200 and view["group"] == "tf" and view["enabled"] is False
-    s, _, d = a.call("PATCH", "/keys/" + k["id"], {"enabled": True, "group": None},
-                     {"if-match": kh["etag"]})
-    assert s == 200 and d["group"] is None and d["state"] == "active"
-    s, gh, _ = a.call("GET", "/groups/tf")
-    s, gh, g = a.call("PATCH", "/groups/tf", {"limits": [{"requests": 20, "per": "minute"}]},
-                      {"if-match": gh["etag"]})
-    assert s == 200 and g["limits"][0]["amount"] == 20
-    s, kh, _ = a.call("GET", "/keys/" + k["id"])
-    assert a.call("DELETE", "/keys/" + k["id"], headers={"if-match": kh["etag"]})[0] == 204
-    assert a.call("DELETE", "/keys/" + k["id"])[0] == 404
-    assert a.call("DELETE", "/groups/tf", headers={"if-match": gh["etag"]})[0] == 204
-    assert a.call("GET", "/groups/tf")[0] == 404
+    go = {"user-agent": "Go-http-client/1.1", "accept-encoding": "gzip"}
 
+    def do(method, path, raw=None, extra=None):
+        h = dict(go, **(extra or {}))
+        if raw is not None:
+            h["content-type"] = "application/json"
+        s, hd, data = a.raw(method, path, raw, h)
+        return s, hd.get("etag", "").strip('"'), (json.loads(data) if data else None)
+
+    s, tag, _ = do("GET", "/groups")
+    s, tag, g = do("POST", "/groups", b'{"config":{"limits":[{"per":"minute","requests":10}]},'
+                   b'"name":"tf"}', {"If-Match": '"%s"' % tag})
+    assert s == 201 and g["limits"] == [{"metric": "requests", "amount": 10, "per": "minute"}]
+    # createKeyReq{Name, AllowedPools, Group, Parent, ExpiresIn, ExpiresAt, Labels, IssueAWS...}
+    s, _, k = do("POST", "/keys", b'{"name":"tf-key","allowed_pools":["mixed"],"group":"tf",'
+                 b'"expires_in":"30d","labels":{"owner":"tf"}}')
+    assert s == 201 and k["token"] and k["expires_at"] > k["created_at"]
+    s, _, d = do("PATCH", "/keys/" + k["id"], b'{"enabled":false}')        # enabled = false
+    assert s == 200 and d["state"] == "disabled"
+    s, ktag, view = do("GET", "/keys/" + k["id"])
+    assert s == 200 and view["group"] == "tf" and view["enabled"] is False and len(ktag) == 16
+    # update: enabled back on and the group unbound, then the re-read
+    s, _, d = do("PATCH", "/keys/" + k["id"], b'{"enabled":true,"group":null}')
+    assert s == 200 and d["group"] is None and d["state"] == "active"
+    s, ktag2, view = do("GET", "/keys/" + k["id"])
+    assert s == 200 and ktag2 != ktag and view["labels"] == {"owner": "tf"}
+    # the group: PATCH guarded by the ETag just read, a stale one refused
+    s, gtag, _ = do("GET", "/groups/tf")
+    s, gtag2, g = do("PATCH", "/groups/tf", b'{"limits":[{"per":"minute","requests":20}]}',
+                     {"If-Match": '"%s"' % gtag})
+    assert s == 200 and g["limits"][0]["amount"] == 20 and gtag2 != gtag
+    s, _, d = do("PATCH", "/groups/tf", b'{"enabled":false}', {"If-Match": '"%s"' % gtag})
+    assert s == 409 and d["error"]["code"] == "version_conflict"
+    # destroy: the key (204, then 404 is also "gone" to the provider), then the group
+    assert do("DELETE", "/keys/" + k["id"], None, {"If-Match": '"%s"' % ktag2})[0] == 204
+    assert do("DELETE", "/keys/" + k["id"])[0] == 404
+    s, _, _ = do("DELETE", "/groups/tf", None, {"If-Match": '"%s"' % gtag2})
+    assert s == 204
+    assert do("GET", "/groups/tf")[0] == 404
 
 def test_audit_chain_is_in_the_sqlite_store_and_continues_after_a_restart(mock_port, tmp_path):
     import sqlite3
