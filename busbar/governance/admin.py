@@ -37,7 +37,7 @@ from busbar.config.checks import Problems, problem_list
 from busbar.server.channel import broadcast
 
 from .config import check_chains, child_default, group_from_body
-from .model import (NANO, NANO_PER_CENT, USAGE_FIELDS, GroupRecord, KeyRecord,
+from .model import (NANO, NANO_PER_CENT, TOKEN_PREFIX, USAGE_FIELDS, GroupRecord, KeyRecord,
                     limit_value, mint_token, new_aws_access_key_id, new_credential_id,
                     new_generation, new_key_id, rust_bucket, window_start)
 
@@ -244,7 +244,9 @@ def _nano(card, model, tokens) -> int:
 
 def mount(r, gw):
     """Governance's endpoints into `r`, the admin listener's route table (gw.admin_routes)."""
-    idempotent = {}         # (principal, scope, Idempotency-Key) -> (time, Response or None)
+    # (principal, scope, Idempotency-Key) -> (time, Response or None while in flight); at most
+    # IDEMPOTENCY_TTL_SECS of a principal's mints and rotates, which its CRUD budget bounds
+    idempotent = {}
 
     def gov():
         return gw.snapshot.governance
@@ -320,15 +322,22 @@ def mount(r, gw):
         return wrap
 
     def key_res(req):
-        return "key:%s" % req.params.get("id", "-")
+        # An id that cannot be one (too long, or a token pasted where the id goes) is not
+        # written to the log: it may be a credential.
+        kid = req.params.get("id", "-")
+        if len(kid) > MAX_KEY_ID_LEN or kid.startswith(TOKEN_PREFIX):
+            kid = "-"
+        return "key:%s" % kid
 
     def group_res(req):
         name = req.params.get("name")
         if name is None:
             try:
-                name = orjson.loads(req.body or b"{}").get("name") or "-"
+                name = orjson.loads(req.body or b"{}").get("name")
             except (orjson.JSONDecodeError, AttributeError):
-                name = "-"
+                name = None
+        if not isinstance(name, str) or not name or len(name) > MAX_GROUP_NAME_LEN:
+            name = "-"
         return "group:%s" % name
 
     # ------------------------------------------------------------------ idempotency
