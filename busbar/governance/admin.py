@@ -634,7 +634,7 @@ def mount(r, gw):
             t = (row["input_tokens"], row["output_tokens"], row["cache_read_tokens"],
                  row["cache_write_tokens"])
             tokens += sum(t)
-            nano += _nano(g.rate_card, row["model"], t)
+            nano += _nano(g.rate_card, row["model"], t) + g.fee * row["billable_requests"]
         groups = await all_groups(st)
         return compact_response({
             "id": rec.id, "budget_period": "total", "window_start": 0, "as_of": now,
@@ -872,9 +872,10 @@ def mount(r, gw):
                 continue            # a concurrent limit has no windowed ledger
             b = buckets.get((lim.per, lim.pool))
             if b is None:
-                requests, _billable, models = await _window(
-                    st, rust_bucket(name, lim.per, lim.pool), window_start(lim.per, now))
-                nano = sum(_nano(g.rate_card, m, t) for m, t in models.items())
+                ledger = await _window(st, rust_bucket(name, lim.per, lim.pool),
+                                       window_start(lim.per, now))
+                requests, _billable, models = ledger
+                nano = limit_value("budget_usd", ledger, g.rate_card, g.fee)
                 b = buckets[(lim.per, lim.pool)] = {"window": lim.per}
                 if lim.pool is not None:
                     b["pool"] = lim.pool
@@ -917,7 +918,7 @@ def mount(r, gw):
             for row in await st.usage_rows(day):
                 t = (row["input_tokens"], row["output_tokens"], row["cache_read_tokens"],
                      row["cache_write_tokens"])
-                nano = _nano(g.rate_card, row["model"], t)
+                nano = _nano(g.rate_card, row["model"], t) + g.fee * row["billable_requests"]
                 tnano += nano
                 for bucket, k in ((by_model, (row["model"], row["provider"] or "")),
                                   (by_key, row["key_id"])):

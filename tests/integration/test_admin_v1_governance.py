@@ -539,3 +539,33 @@ def test_self_service_caps_keys_per_group_and_auto_provisioned_groups(mock_port,
         assert s == 409 and "max_auto_provisioned_groups" in d["error"]["message"]
     finally:
         stop(g.proc)
+
+
+def test_spend_figures_count_the_per_request_fee(mock_port, tmp_path):
+    """per_request_fee (cents per 2xx request) is in every spend the admin API shows, as in the
+    budget it is charged to: no rate card, so the fee is the whole spend."""
+    from tests.integration.gov_helpers import post, wait_usage
+    text, admin = gov_config(mock_port, "per_request_fee: 3\ngroups:\n"
+                             "  team: {limits: [{budget: 100, per: month}]}\n"
+                             "store: {module: memory}\n")
+    g = start_gateway(tmp_path, text, 1, gov_env())
+    try:
+        a = Client(admin)
+        k = a.call("POST", "/keys", {"name": "fee", "group": "team"})[2]
+        body = {"model": "oai-model", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}
+        for text_ in ("a", "b", "c #mock:status=400"):
+            body["messages"][0]["content"] = text_
+            post(g, "/v1/chat/completions", body, {"authorization": "Bearer " + k["token"]})
+
+        class A:        # wait_usage's client shape
+            def call(self, method, path):
+                s, _, d = a.call(method, path)
+                return s, d
+        day = wait_usage(A(), "/usage", lambda d: d["total"]["requests"] >= 3)
+        assert day["total"]["requests"] == 3 and day["total"]["spend_micros"] == 60000   # 2 x 3c
+        assert a.call("GET", "/keys/%s/usage" % k["id"])[2]["spend_cents"] == 6
+        bucket = a.call("GET", "/groups/team/usage")[2]["buckets"][0]
+        assert (bucket["spend_cents"], bucket["budget_cap"], bucket["budget_remaining_cents"]) == (
+            6, 100, 94)
+    finally:
+        stop(g.proc)
