@@ -95,6 +95,23 @@ def test_revoke_on_one_instance_holds_on_the_other(fleet):
         assert time.monotonic() < deadline, "the revoke did not reach the other instance in 1 s"
         time.sleep(0.05)
     assert {chat(g, k["token"])[0] for g in (a, b) for _ in range(4)} == {401}
+    # one audit chain in the valkey layout (busbar:audit, the records' JSON scored by seq): the
+    # mint on one instance, the revoke on the other chained after it, read from either
+    import redis as redis_py
+    r = redis_py.Redis.from_url(fleet[2].url)
+    deadline = time.monotonic() + 2
+    while r.zcard("busbar:audit") < 2:
+        assert time.monotonic() < deadline, r.zrange("busbar:audit", 0, -1)
+        time.sleep(0.05)
+    rows = [json.loads(m) for m, _ in r.zrange("busbar:audit", 0, -1, withscores=True)]
+    r.close()
+    assert [(x["action"], x["resource"], x["seq"]) for x in rows] == [
+        ("key.create", "key:" + k["id"], 1), ("key.revoke", "key:" + k["id"], 2)]
+    assert rows[1]["prev_hash"] == rows[0]["hash"]
+    assert list(rows[0]) == ["seq", "ts", "action", "resource", "outcome", "principal",
+                             "prev_hash", "hash"]
+    s, d = a.admin.call("GET", "/audit?resource=key:" + k["id"])
+    assert s == 200 and [e["action"] for e in d["items"]] == ["key.revoke", "key.create"]
 
 
 def test_fail_closed_then_recovers(fleet):
