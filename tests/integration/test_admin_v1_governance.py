@@ -347,7 +347,12 @@ def test_groups_config_plane_etag_and_conflicts(fresh):
         {"if-match": '"%d"' % v0})
     assert s == 201 and g["limits"] == [{"metric": "budget", "amount": 500, "per": "month"}]
     v1 = int(h["etag"].strip('"'))
-    assert v1 > v0
+    assert v1 == v0 + 1
+    # a group write is a config version: in the history, and GET config's ETag is the same one
+    s, _, hist = a.call("GET", "/config/versions")
+    assert hist["items"][0]["version"] == v1 and hist["items"][0]["principal"] == "admin"
+    assert hist["items"][0]["summary"] == "group.create group:growth"
+    assert a.call("GET", "/config")[1]["etag"] == '"%d"' % v1
     # a stale guard changes nothing
     s, _, d = a.call("PATCH", "/groups/growth", {"enabled": False}, {"if-match": '"%d"' % v0})
     assert s == 409 and d["error"]["code"] == "version_conflict"
