@@ -32,6 +32,8 @@ REJECTED = "rejected"
 # memory, not history, which is the store's.
 AUDIT_RING_MAX = 1000
 FIELDS = ("seq", "ts", "action", "resource", "outcome", "principal", "prev_hash", "hash")
+# How long GET /audit waits for a shared store to open at boot (as governance's calls wait).
+STORE_READY_SECS = 10.0
 
 
 def record_hash(prev_hash: str, seq: int, ts: int, action: str, resource: str, outcome: str,
@@ -68,30 +70,34 @@ class AuditLog:
         self._queue = []            # Redis: records waiting for the writer
         self._writer = None
 
+    def _boot(self):
+        return getattr(self.gw, "gov_boot", None)
+
     def store(self):
-        boot = getattr(self.gw, "gov_boot", None)
-        if boot is None or boot.store is None:
-            return None
-        ready = boot.ready
-        if not boot.local and (ready is None or not ready.is_set()):
+        """The local store (memory, SQLite) the log is kept in, or None."""
+        boot = self._boot()
+        if boot is None or not boot.local:
             return None
         return boot.store
 
     # ------------------------------------------------------------------ write
     def record(self, action: str, resource: str, outcome: str, principal: str):
-        store = self.store()
         entry = {"ts": int(self.clock()), "action": action, "resource": resource,
                  "outcome": outcome, "principal": principal}
-        if store is not None and not getattr(store, "audit_sync", False):
-            self._queue.append(entry)       # Redis: chained by the writer, after its tail
+        boot = self._boot()
+        if boot is not None and not boot.local:
+            # Redis, Postgres: chained by the one writer after the store's tail, once it is open
+            # (a record made before, e.g. a refusal while it opens, waits for it in the queue)
+            self._queue.append(entry)
             if len(self._queue) > AUDIT_RING_MAX:   # the store has been down that long
                 log.warning("audit: the store is not answering; the oldest unstored record "
                             "(%s %s) is dropped", self._queue[0]["action"],
                             self._queue[0]["resource"])
                 del self._queue[0]
             if self._writer is None or self._writer.done():
-                self._writer = asyncio.ensure_future(self._write_remote(store))
+                self._writer = asyncio.ensure_future(self._write_remote(boot))
             return
+        store = self.store()
         if store is not None and store is not self._store_seen:
             self._restore_local(store)
         self._chain(entry)
@@ -120,8 +126,10 @@ class AuditLog:
         elif self.seq is None:
             self.seq, self.prev = 0, ""
 
-    async def _write_remote(self, store):
+    async def _write_remote(self, boot):
         try:
+            await _opened(boot)
+            store = boot.store
             tail = await store.audit_tail()
             if tail is not None and (self.seq is None or tail["seq"] >= self.seq):
                 # Another node (or an earlier life of this one) wrote after us: continue its chain.
@@ -149,14 +157,33 @@ class AuditLog:
     # ------------------------------------------------------------------ read
     async def records(self) -> list:
         """Every record, oldest first: the store's, or the ring's without one."""
+        boot = self._boot()
+        if boot is not None and not boot.local:
+            try:
+                await asyncio.wait_for(_opened(boot), STORE_READY_SECS)
+            except asyncio.TimeoutError:
+                from busbar.admin.site import AdminError
+                raise AdminError(503, "the governance store is not open yet") from None
+            if self._writer is not None and not self._writer.done():
+                await asyncio.shield(self._writer)
+            return await boot.store.list_audit()
         store = self.store()
         if store is None:
             return list(self.ring)
-        if not getattr(store, "audit_sync", False):
-            if self._writer is not None and not self._writer.done():
-                await asyncio.shield(self._writer)
-            return await store.list_audit()
         return store.list_audit_sync()
+
+
+async def _opened(boot):
+    """Until the parent's shared store (Redis, Postgres) is open: GovBoot.start makes `ready` and
+    sets it once it is."""
+    while True:
+        ready = boot.ready
+        if ready is not None and ready.is_set() and boot.store is not None:
+            return
+        if ready is None or ready.is_set():
+            await asyncio.sleep(0.05)
+        else:
+            await ready.wait()
 
 
 def mount(site):
