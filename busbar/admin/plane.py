@@ -135,14 +135,23 @@ class ParentAgent:
 
     async def start(self, gw):
         from busbar.admin.api import mount
+        from busbar.admin.audit import AuditLog
+        from busbar.admin.audit import mount as mount_audit
         from busbar.admin.live import LiveConfig
         from busbar.admin.site import AdminSite
+        from busbar.governance.admin import mount as mount_governance
         from busbar.server.http import HttpConnection
         loop = gw.loop
         ctl = self.plane.control
         self.live = live = LiveConfig(gw, self.path, self.plane.workers)
         gw.live = live      # governance pushes key changes over the same channels
         self.site = site = AdminSite(gw, ctl)
+        # The audit log and GET audit, then governance's endpoints, which answer whether or not
+        # governance is on (off: a read finds nothing, a write is a 409 that says how to turn it
+        # on); mounted here, not by the site, so site.py imports neither (no import circle).
+        site.audit_log = AuditLog(gw)
+        mount_audit(site)
+        mount_governance(site.routes, gw)
         mount(site, live, self.plane)
         self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
                                                                 ctl.admin_tls),

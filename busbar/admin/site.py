@@ -351,14 +351,8 @@ class AdminSite:
         self.bodies = None      # admin bodies are small and few: no body budget
         self.routes = gw.admin_routes
         self.limiter = MutationLimiter()
-        from busbar.admin.audit import AuditLog, mount as mount_audit
-        self.audit_log = AuditLog(gw)
+        self.audit_log = None   # busbar/admin/audit.py's AuditLog, set by whoever mounts the site
         self.set_auth(control)
-        mount_audit(self)
-        # Governance's endpoints answer whether or not governance is on (off: a read finds
-        # nothing, a write is a 409 that says how to turn it on), so they are mounted here.
-        from busbar.governance.admin import mount as mount_governance
-        mount_governance(self.routes, gw)
 
     def set_auth(self, control):
         self.open = control.admin_open and not control.admin_tokens
