@@ -12,6 +12,7 @@ pyproject.toml, else the installed package's metadata), never written twice.
 """
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import re
@@ -28,6 +29,11 @@ OPTIONAL = {
     "cryptography": "cryptography",     # Vertex service-account credentials (RS256)
 }
 
+# Optional modules whose work cbusbar does itself where it can: module -> the compiled module whose
+# AVAILABLE says it can here (RS256 through the interpreter's own libcrypto: the executable carries
+# no `cryptography`, packaging/busbar.spec).
+DONE_NATIVELY = {"cryptography": "cbusbar.rs256"}
+
 _PYPROJECT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "pyproject.toml")
 _PIN = re.compile(r"\s*([A-Za-z0-9_.-]+)\s*(==\s*[^;\s]+)?")
@@ -39,6 +45,16 @@ def lacks(module: str) -> bool:
         return importlib.util.find_spec(module) is None
     except (ImportError, ValueError):
         return True
+
+
+def _native(module: str) -> bool:
+    name = DONE_NATIVELY.get(module)
+    if name is None:
+        return False
+    try:
+        return bool(importlib.import_module(name).AVAILABLE)
+    except ImportError:
+        return False
 
 
 def requirement(dist: str) -> str:
@@ -69,7 +85,7 @@ def require(out: Problems, path: str, feature: str, module: str, offline: bool =
     """Records one line when `feature` (at config `path`) needs `module` and this install lacks
     it; a warning under `validate --offline` (CI may lint on another install than the one that
     serves). True when the module is there."""
-    if not lacks(module):
+    if not lacks(module) or _native(module):
         return True
     dist = OPTIONAL.get(module, module)
     if getattr(sys, "frozen", False):

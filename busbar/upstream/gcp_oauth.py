@@ -4,8 +4,10 @@ and the client-credentials grant (RFC 6749 §4.4) of `auth: oauth-client-credent
 busbar signs an RS256 assertion {iss: client_email, scope: cloud-platform, aud: token URL, iat,
 exp} with the service account's private key and trades it at the token URL for an access token
 (`grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer`), exactly what google-auth's
-`service_account.Credentials.refresh` does (google/oauth2/_client.py). The signing uses
-`cryptography` (RSA PKCS#1 v1.5 + SHA-256): the well-kept library google-auth itself signs with.
+`service_account.Credentials.refresh` does (google/oauth2/_client.py). The signature (RSA PKCS#1
+v1.5 over SHA-256) is OpenSSL's, through the libcrypto the interpreter loads for ssl and hashlib
+(cbusbar/rs256.pyx): the single-file executable carries no `cryptography` (its own second OpenSSL
+would add 3 MB). Where that finds no libcrypto, `cryptography` signs, as google-auth does.
 
 `fetch()` blocks (one HTTPS POST): busbar.upstream.refresh runs it on a worker thread, ahead of
 expiry, so no request ever waits for a token. Messages never include the key or the token.
@@ -46,7 +48,7 @@ class ServiceAccountInfo:
     client_email: str
     token_uri: str
     private_key_id: str | None
-    key: object          # cryptography RSAPrivateKey
+    key: object          # has sign(message) -> RS256 signature bytes (signer())
 
     def __repr__(self) -> str:
         return f"ServiceAccountInfo({self.client_email!r}, token_uri={self.token_uri!r})"
@@ -65,17 +67,53 @@ def parse_service_account(text: str) -> ServiceAccountInfo:
     for field in ("client_email", "private_key", "token_uri"):
         if not isinstance(doc.get(field), str) or not doc[field]:
             raise ServiceAccountError(f"the credentials file has no {field}")
-    from cryptography.hazmat.primitives.asymmetric import rsa
-    from cryptography.hazmat.primitives.serialization import load_pem_private_key
-    try:
-        key = load_pem_private_key(doc["private_key"].encode(), password=None)
-    except (ValueError, TypeError):
-        raise ServiceAccountError("the credentials file's private_key is not a PEM private key") from None
-    if not isinstance(key, rsa.RSAPrivateKey):
-        raise ServiceAccountError("the credentials file's private_key is not an RSA key (RS256)")
+    key = signer(doc["private_key"])
     kid = doc.get("private_key_id")
     return ServiceAccountInfo(doc["client_email"], doc["token_uri"],
                               kid if isinstance(kid, str) else None, key)
+
+
+def signer(pem: str):
+    """The RS256 signer of a PEM private key (PKCS#8 or PKCS#1, unencrypted): OpenSSL's through
+    cbusbar/rs256.pyx, else `cryptography`'s. ServiceAccountError when it is not one."""
+    from cbusbar import rs256
+    if rs256.AVAILABLE:
+        try:
+            return rs256.RsaKey(pem.encode())
+        except ValueError:
+            raise ServiceAccountError(NOT_PEM) from None
+        except TypeError:
+            raise ServiceAccountError(NOT_RSA) from None
+    return _CryptographySigner(pem)
+
+
+NOT_PEM = "the credentials file's private_key is not a PEM private key"
+NOT_RSA = "the credentials file's private_key is not an RSA key (RS256)"
+
+
+class _CryptographySigner:
+    """RS256 through the `cryptography` package (an install whose interpreter has no libcrypto
+    that cbusbar/rs256.pyx can use)."""
+    __slots__ = ("_key",)
+
+    def __init__(self, pem: str):
+        from cryptography.hazmat.primitives.asymmetric import rsa
+        from cryptography.hazmat.primitives.serialization import load_pem_private_key
+        try:
+            key = load_pem_private_key(pem.encode(), password=None)
+        except (ValueError, TypeError):
+            raise ServiceAccountError(NOT_PEM) from None
+        if not isinstance(key, rsa.RSAPrivateKey):
+            raise ServiceAccountError(NOT_RSA)
+        self._key = key
+
+    def __repr__(self) -> str:
+        return "_CryptographySigner()"
+
+    def sign(self, message: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+        return self._key.sign(message, padding.PKCS1v15(), hashes.SHA256())
 
 
 def _b64(data: bytes) -> bytes:
@@ -86,8 +124,6 @@ def assertion(info: ServiceAccountInfo, audience: str, now: float | None = None,
               scope: str = CLOUD_PLATFORM, subject: str | None = None) -> bytes:
     """The signed JWT (compact form) for the bearer grant. `subject`: the `sub` claim (RFC 7523
     §3), only when set: for Google it asks for domain-wide delegation (impersonation)."""
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.asymmetric import padding
     iat = int(time.time() if now is None else now)
     header = {"alg": "RS256", "typ": "JWT"}
     if info.private_key_id:
@@ -98,7 +134,7 @@ def assertion(info: ServiceAccountInfo, audience: str, now: float | None = None,
         claims["sub"] = subject
     signing_input = (_b64(json.dumps(header, separators=(",", ":")).encode()) + b"." +
                      _b64(json.dumps(claims, separators=(",", ":")).encode()))
-    signature = info.key.sign(signing_input, padding.PKCS1v15(), hashes.SHA256())
+    signature = info.key.sign(signing_input)
     return signing_input + b"." + _b64(signature)
 
 
