@@ -9,9 +9,11 @@ the bundle. botocore (the AWS credential chain's STS and SSO calls) reads its ro
 AWS_CA_BUNDLE instead of OpenSSL's defaults: it gets the same file, unless the operator set it.
 
 Lazy extensions. The one-file bootloader writes every library of the archive to its temporary
-directory before Python starts; the large extensions only some configs load (packaging/busbar.spec,
-LAZY) travel as lazy/<module>.<suffix>.xz instead, and LazyExtensions writes one out beside the
-others (same directory, same lifetime) when it is first imported.
+directory before Python starts; the extensions only some configs load (packaging/busbar.spec,
+LAZY) travel as lazy/<module>.<suffix>.xz instead, with the libraries only they link as
+lazy/lib/<module>/<library>.xz, and LazyExtensions writes a module's libraries and then the module
+out beside the others (same directory, same lifetime) when it is first imported. The directory is
+on LD_LIBRARY_PATH (the bootloader's), so the dynamic loader finds a library written there late.
 """
 import os
 import sys
@@ -58,19 +60,28 @@ class LazyExtensions:
         from importlib.util import spec_from_file_location
         packed, suffix = entry
         dest = os.path.join(self.root, *name.split(".")) + suffix
-        if not os.path.exists(dest):
-            import lzma
-            with open(os.path.join(self.root, LAZY_DIR, packed), "rb") as f:
-                data = lzma.decompress(f.read())
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            # A name of this process's own: forked workers importing it at once each write a copy,
-            # and the rename makes one of them the file, whole.
-            part = "%s.%d.part" % (dest, os.getpid())
-            with open(part, "wb") as f:
-                f.write(data)
-            os.chmod(part, 0o755)
-            os.replace(part, dest)
+        libs = os.path.join(self.root, LAZY_DIR, "lib", name)
+        for lib in sorted(os.listdir(libs)) if os.path.isdir(libs) else ():
+            if lib.endswith(".xz"):
+                _write_out(os.path.join(libs, lib), os.path.join(self.root, lib[:-3]))
+        _write_out(os.path.join(self.root, LAZY_DIR, packed), dest)
         return spec_from_file_location(name, dest, loader=ExtensionFileLoader(name, dest))
+
+
+def _write_out(packed: str, dest: str) -> None:
+    if os.path.exists(dest):
+        return
+    import lzma
+    with open(packed, "rb") as f:
+        data = lzma.decompress(f.read())
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    # A name of this process's own: forked workers importing it at once each write a copy, and
+    # the rename makes one of them the file, whole.
+    part = "%s.%d.part" % (dest, os.getpid())
+    with open(part, "wb") as f:
+        f.write(data)
+    os.chmod(part, 0o755)
+    os.replace(part, dest)
 
 
 def _split(stem: str):

@@ -134,10 +134,34 @@ def test_validate_image_default_config(exe, tmp_path):
     assert "nowhere" in r.stderr
 
 
+# Extensions the executable carries compressed, written out on first import (packaging/busbar.spec,
+# LAZY): a gateway with a plain config is ready without any of them.
+LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree")
+
+
+def process_tree(pid: int) -> list[int]:
+    out = [pid]
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            kids = f.read().split()
+    except OSError:
+        return out
+    for k in kids:
+        out += process_tree(int(k))
+    return out
+
+
 def test_openai_and_anthropic_calls(gateway):
     gw, port = gateway
     status, body = get(port, "/healthz")
     assert status == 200
+    maps = ""
+    for pid in process_tree(gw.pid):
+        with open("/proc/%d/maps" % pid) as f:
+            maps += f.read()
+    assert "libpython3" in maps                 # the serving process is in the tree
+    loaded = [name for name in LAZY if "/%s." % name in maps]
+    assert not loaded, "imported before the first request, unpacked at every start: %s" % loaded
 
     # OpenAI Chat in, Anthropic lane out: both codecs, loaded by name inside the executable.
     status, ctype, body = post(port, "/v1/chat/completions", {
@@ -194,6 +218,12 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     assert "botocore/data/endpoints.json" in boto and len(boto) == 10, boto
     # no cryptography (nor its second OpenSSL): RS256 and ed25519 sign through the bundled libcrypto
     assert not any(n.startswith(("cryptography", "lazy/cryptography", "_cffi")) for n in names), names
+    # what only some configs import travels compressed, and is not unpacked at every start
+    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree"):
+        assert any(n.startswith("lazy/%s.cpython-" % module) and n.endswith(".so.xz") for n in names), module
+        assert not any(n.startswith(("python3.11/lib-dynload/%s." % module, "%s." % module)) for n in names)
+    assert "lazy/lib/_sqlite3/libsqlite3.so.0.xz" in names and "libsqlite3.so.0" not in names
+    assert not any(n.startswith("dateutil/zoneinfo") for n in names)
 
 
 def test_launcher_points_openssl_at_the_bundle(tmp_path, monkeypatch):
