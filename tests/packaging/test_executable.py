@@ -215,7 +215,8 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     # botocore's data cut to what the credential chain reads: the shared tables and three API models
     boto = sorted(n for n in names if n.startswith("botocore/data/"))
     assert {n.split("/")[2] for n in boto if n.count("/") > 2} == {"sts", "sso", "sso-oidc"}
-    assert "botocore/data/endpoints.json" in boto and len(boto) == 10, boto
+    assert "botocore/data/endpoints.json.gz" in boto and len(boto) == 10, boto
+    assert not any(n.endswith(".json") for n in boto), boto     # all read gzipped
     # no cryptography (nor its second OpenSSL): RS256 and ed25519 sign through the bundled libcrypto
     assert not any(n.startswith(("cryptography", "lazy/cryptography", "_cffi")) for n in names), names
     # what only some configs import travels compressed, and is not unpacked at every start
