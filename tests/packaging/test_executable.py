@@ -212,19 +212,33 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     assert ar.toc["launcher"][-1] == "s"          # the entry script
     names = set(ar.toc)
     assert not any("_codecs_jp" in n for n in names)
-    # botocore's data cut to what the credential chain reads: the shared tables and three API models
-    boto = sorted(n for n in names if n.startswith("botocore/data/"))
+    # no cryptography (nor its second OpenSSL): RS256 and ed25519 sign through the bundled libcrypto
+    assert not any(n.startswith(("cryptography", "_cffi")) for n in names), names
+    # what only some configs import travels in one file, lazy.pack, not unpacked at every start
+    (tmp_path / "pack").mkdir()
+    (tmp_path / "pack" / "lazy.pack").write_bytes(ar.extract("lazy.pack"))
+    pack = import_launcher().LazyPack(str(tmp_path / "pack"))
+    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma"):
+        assert module in pack.modules, module
+        assert not any(n.startswith(("python3.11/lib-dynload/%s." % module, "%s." % module)) for n in names)
+    assert pack.modules["_sqlite3"][3] == ["libsqlite3.so.0"] and "libsqlite3.so.0" not in names
+    assert not any(n.startswith("dateutil/zoneinfo") for n in names)
+    # botocore's data, cut to what the credential chain reads (the shared tables and three API
+    # models, all gzipped), written out when botocore is first imported
+    assert not any(n.startswith("botocore/data") for n in names)
+    boto = sorted(rel for rel, offset, length in pack.data["botocore"])
     assert {n.split("/")[2] for n in boto if n.count("/") > 2} == {"sts", "sso", "sso-oidc"}
     assert "botocore/data/endpoints.json.gz" in boto and len(boto) == 10, boto
-    assert not any(n.endswith(".json") for n in boto), boto     # all read gzipped
-    # no cryptography (nor its second OpenSSL): RS256 and ed25519 sign through the bundled libcrypto
-    assert not any(n.startswith(("cryptography", "lazy/cryptography", "_cffi")) for n in names), names
-    # what only some configs import travels compressed, and is not unpacked at every start
-    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree"):
-        assert any(n.startswith("lazy/%s.cpython-" % module) and n.endswith(".so.xz") for n in names), module
-        assert not any(n.startswith(("python3.11/lib-dynload/%s." % module, "%s." % module)) for n in names)
-    assert "lazy/lib/_sqlite3/libsqlite3.so.0.xz" in names and "libsqlite3.so.0" not in names
-    assert not any(n.startswith("dateutil/zoneinfo") for n in names)
+    assert not any(n.endswith(".json") for n in boto), boto
+
+
+def import_launcher():
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
+    try:
+        import launcher
+    finally:
+        sys.path.pop(0)
+    return launcher
 
 
 def test_launcher_points_openssl_at_the_bundle(tmp_path, monkeypatch):
@@ -249,19 +263,30 @@ def test_launcher_points_openssl_at_the_bundle(tmp_path, monkeypatch):
     assert env == {"SSL_CERT_FILE": bundle, "AWS_CA_BUNDLE": "/aws.pem"}
 
 
-def test_lazy_extension_names():
-    sys.path.insert(0, os.path.join(ROOT, "packaging"))
-    try:
-        import launcher
-    finally:
-        sys.path.pop(0)
-    assert launcher._split("cryptography.hazmat.bindings._rust.abi3.so") == (
-        "cryptography.hazmat.bindings._rust", ".abi3.so")
-    assert launcher._split("_cffi_backend.cpython-311-x86_64-linux-gnu.so") == (
-        "_cffi_backend", ".cpython-311-x86_64-linux-gnu.so")
-    assert launcher._split("_cffi_backend.cp311-win_amd64.pyd") == ("_cffi_backend", ".cp311-win_amd64.pyd")
-    with pytest.raises(ValueError):
-        launcher._split("README")
+def test_lazy_pack_writes_out_on_first_import(tmp_path):
+    """launcher.py's pack, without a build: an extension module of this interpreter (with a
+    "library" it needs written first) and a package's data, each written out when first imported
+    and loaded from there; the pack carries them compressed."""
+    import _json
+    launcher = import_launcher()
+    data = tmp_path / "table.json"
+    data.write_text('{"a": 1}' * 1000)
+    launcher.write_pack(str(tmp_path / "lazy.pack"),
+                        modules=[("_json", ".so", _json.__file__, ["libfake.so.1"])],
+                        libraries=[("libfake.so.1", str(data))],
+                        data=[("email", "email/data/table.json", str(data))])
+    assert os.path.getsize(tmp_path / "lazy.pack") < os.path.getsize(_json.__file__)
+    code = (
+        "import sys; sys.path.insert(0, %r); import launcher\n"
+        "sys.meta_path.insert(0, launcher.LazyPack(%r))\n"
+        "import _json, email\n"
+        "print(_json.__file__)\n" % (os.path.join(ROOT, "packaging"), str(tmp_path)))
+    r = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "_json.so")
+    assert (tmp_path / "libfake.so.1").read_bytes() == data.read_bytes()
+    assert (tmp_path / "email" / "data" / "table.json").read_bytes() == data.read_bytes()
+    assert not list(tmp_path.glob("**/*.part"))
 
 
 class _TLSUpstream(http.server.BaseHTTPRequestHandler):
