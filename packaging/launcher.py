@@ -40,12 +40,14 @@ def use_bundled_roots(env=os.environ) -> None:
 
 PACK = "lazy.pack"
 MAGIC = b"BUSBAR-LAZY 1 "
+XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 class LazyPack:
     """A meta path finder over lazy.pack in `root`. The pack: MAGIC, the index's length as ten
     digits and a newline, the index (UTF-8 lines, tab-separated), then the members, each
-    zlib-compressed, at offsets counted from the end of the index. Index lines:
+    zlib- or xz-compressed (told apart by the xz magic), at offsets counted from the end of the
+    index. Index lines:
       m <module> <suffix> <offset> <length> <library,...>   an extension module
       l <library> <offset> <length>                        a library one of them links
       d <package> <path> <offset> <length>                 data its package reads from <path>
@@ -94,10 +96,15 @@ class LazyPack:
     def _write_out(self, offset: int, length: int, dest: str, mode: int) -> None:
         if os.path.exists(dest):
             return
-        import zlib
         with open(self.path, "rb") as f:
             f.seek(self.base + offset)
-            data = zlib.decompress(f.read(length))
+            data = f.read(length)
+        if data.startswith(XZ_MAGIC):
+            import lzma         # itself a zlib member of the pack, written out by this finder
+            data = lzma.decompress(data)
+        else:
+            import zlib
+            data = zlib.decompress(data)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         # A name of this process's own: forked workers importing it at once each write a copy, and
         # the rename makes one of them the file, whole.
@@ -108,24 +115,28 @@ class LazyPack:
         os.replace(part, dest)
 
 
-def write_pack(path: str, modules=(), libraries=(), data=()) -> None:
+def write_pack(path: str, modules=(), libraries=(), data=(), xz=()) -> None:
     """Writes lazy.pack (LazyPack's format). modules: (name, suffix, file, [library names]);
-    libraries: (name, file); data: (package, path in the bundle with '/', file)."""
+    libraries: (name, file); data: (package, path in the bundle with '/', file). The modules and
+    libraries named in `xz` are xz-compressed (smaller, slower to decompress), the rest zlib."""
+    import lzma
     import zlib
     index, blobs, offset = [], [], 0
 
-    def add(src):
+    def add(src, name=None):
         nonlocal offset
         with open(src, "rb") as f:
-            blob = zlib.compress(f.read(), 9)
+            raw = f.read()
+        blob = (lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME) if name in xz
+                else zlib.compress(raw, 9))
         blobs.append(blob)
         offset += len(blob)
         return "%d\t%d" % (offset - len(blob), len(blob))
 
     for name, suffix, src, libs in modules:
-        index.append("m\t%s\t%s\t%s\t%s" % (name, suffix, add(src), ",".join(libs)))
+        index.append("m\t%s\t%s\t%s\t%s" % (name, suffix, add(src, name), ",".join(libs)))
     for name, src in libraries:
-        index.append("l\t%s\t%s" % (name, add(src)))
+        index.append("l\t%s\t%s" % (name, add(src, name)))
     for package, rel, src in data:
         index.append("d\t%s\t%s\t%s" % (package, rel, add(src)))
     text = "\n".join(index).encode()
