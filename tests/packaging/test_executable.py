@@ -136,7 +136,8 @@ def test_validate_image_default_config(exe, tmp_path):
 
 # Extensions the executable carries compressed, written out on first import (packaging/busbar.spec,
 # LAZY): a gateway with a plain config is ready without any of them.
-LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree")
+LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma",
+        "liblzma", "protocol", "pgproto")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -218,9 +219,11 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     (tmp_path / "pack").mkdir()
     (tmp_path / "pack" / "lazy.pack").write_bytes(ar.extract("lazy.pack"))
     pack = import_launcher().LazyPack(str(tmp_path / "pack"))
-    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma"):
+    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma",
+                   "asyncpg.protocol.protocol", "asyncpg.pgproto.pgproto"):
         assert module in pack.modules, module
-        assert not any(n.startswith(("python3.11/lib-dynload/%s." % module, "%s." % module)) for n in names)
+        path = module.replace(".", "/")
+        assert not any(n.startswith(("python3.11/lib-dynload/%s." % path, "%s." % path)) for n in names)
     assert pack.modules["_sqlite3"][3] == ["libsqlite3.so.0"] and "libsqlite3.so.0" not in names
     assert not any(n.startswith("dateutil/zoneinfo") for n in names)
     # botocore's data, cut to what the credential chain reads (the shared tables and three API
