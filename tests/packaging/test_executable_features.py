@@ -1,8 +1,9 @@
 """Every feature that only some configs use, from dist/busbar as from the package: the SDK suites
 run against the executable (gateway and mock both), and one call per optional dependency goes
 through it to a loopback stand-in: the AWS credential chain (instance metadata, a profile's role
-assumed through STS, web identity), a Vertex AI service account (cryptography, which the executable
-writes out on first use), OTLP traces and a request-log webhook (aiohttp). The Valkey and SQLite
+assumed through STS, web identity), a Vertex AI service account (RS256 through the bundled
+libcrypto, cbusbar/rs256.pyx: the executable carries no cryptography), OTLP traces and a
+request-log webhook (aiohttp). The Valkey and SQLite
 stores are test_executable.py's. `busbar --validate` on a config that needs every optional module
 finds each of them in the executable."""
 from __future__ import annotations
@@ -105,8 +106,8 @@ def test_aws_chain_profiles_through_sts(exe, tmp_path):
 
 
 def test_vertex_service_account(exe, tmp_path):
-    """RS256 over the service account's key (cryptography, carried compressed and written out
-    on this first use), exchanged at the token endpoint; the lane carries the token."""
+    """RS256 over the service account's key (OpenSSL's, through cbusbar/rs256.pyx), exchanged at
+    the token endpoint, which verifies it; the lane carries the token."""
     key = service_account(tmp_path / "sa.json")
     fake = Fake(public_key=key.public_key())
     try:
