@@ -100,7 +100,7 @@ class LazyPack:
             f.seek(self.base + offset)
             data = f.read(length)
         if data.startswith(XZ_MAGIC):
-            import lzma         # itself a zlib member of the pack, written out by this finder
+            import lzma
             data = lzma.decompress(data)
         else:
             import zlib

@@ -137,8 +137,8 @@ def test_validate_image_default_config(exe, tmp_path):
 
 # Extensions the executable carries compressed, written out on first import (packaging/busbar.spec,
 # LAZY): a gateway with a plain config is ready without any of them.
-LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma",
-        "liblzma", "protocol", "pgproto")
+LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "protocol",
+        "pgproto")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -220,7 +220,7 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     (tmp_path / "pack").mkdir()
     (tmp_path / "pack" / "lazy.pack").write_bytes(ar.extract("lazy.pack"))
     pack = import_launcher().LazyPack(str(tmp_path / "pack"))
-    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "_lzma",
+    for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree",
                    "asyncpg.protocol.protocol", "asyncpg.pgproto.pgproto"):
         assert module in pack.modules, module
         path = module.replace(".", "/")
