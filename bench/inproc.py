@@ -10,8 +10,12 @@ its own process (`busbar.cli mock --require-auth`, not counted). The client's ow
 for every configuration, so differences between rows are the gateway's.
 
     .venv/bin/python bench/inproc.py [--gateway busbar|floor] [--observe off|on|access|metrics]
-                                     [--keys off|sqlite] [--n 20000] [--warm 2000] [--conns 8]
-        CPU µs per request (process time over the measured requests), busbar;dur p50
+                                     [--keys off|sqlite|valkey|postgres] [--n 20000] [--warm 2000]
+                                     [--conns 8]
+        CPU µs per request (process time over the measured requests), busbar;dur p50.
+        --keys valkey / postgres: a loopback redis-server / PostgreSQL (tests/redis_server.py,
+        tests/postgres_server.py) is started for the run and stopped after it; its CPU is not
+        counted (it is another process), the store client's in busbar is.
     .venv/bin/python bench/inproc.py --callgrind [same options]
         instructions per request: runs itself under callgrind twice (N and 2N requests after the
         same warm-up) and prints the difference / N, so start-up, imports and warm-up cancel out.
@@ -169,9 +173,15 @@ def run_busbar(args, mock_port):
         '"%s"' % os.path.join(tmp, "access.jsonl") if o in ("on", "access") else '"off"')
     if o in ("on", "metrics"):
         observe += "  metrics: {module: prometheus, settings: {buffer_seconds: 60}}\n"
-    # The slice of bench/run.py's Bench that keys_config reads (sqlite only: no redis here).
-    fake = types.SimpleNamespace(base_env=env, log_dir=_Dir(tmp), redis_url=None, redis_db=0,
-                                 admin_port=procs.free_port())
+    # The slice of bench/run.py's Bench that keys_config reads; the store's server (valkey,
+    # postgres) was started by main(), its URL is --store-url.
+    fake = types.SimpleNamespace(base_env=env, log_dir=_Dir(tmp), admin_port=procs.free_port())
+    if args.keys in ("valkey", "postgres"):
+        env["BENCH_STORE_URL"] = args.store_url
+        fake.store_yaml = lambda keys, tag: (
+            "store: {module: %s, settings: {url: {env: BENCH_STORE_URL}}}\n" % keys)
+    else:
+        fake.store_yaml = lambda keys, tag: benchrun.Bench.store_yaml(fake, keys, tag)
     keys = benchrun.Bench.keys_config(fake, args.keys, "inproc")
     admin = 'admin_listen: "127.0.0.1:%d"\n' % fake.admin_port
     text = benchrun.BUSBAR_CONFIG.format(port=port, mock=mock_port) + observe + keys + admin
@@ -312,7 +322,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--gateway", choices=("busbar", "floor"), default="busbar")
     ap.add_argument("--observe", choices=("off", "on", "access", "metrics"), default="off")
-    ap.add_argument("--keys", choices=("off", "sqlite"), default="off")
+    ap.add_argument("--keys", choices=("off", "sqlite", "valkey", "postgres"), default="off")
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--warm", type=int, default=2000)
     ap.add_argument("--conns", type=int, default=8)
@@ -321,13 +331,18 @@ def main(argv=None):
     ap.add_argument("--lines", help="with --opcodes: FILE:FUNC[,FILE:FUNC] counted per line")
     ap.add_argument("--keep")
     ap.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--store-url", help=argparse.SUPPRESS)
     ap.add_argument("--dilate", type=float, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     mock = None
     if not args.mock_port:
         args.mock_port = procs.free_port()
         mock = start_mock(args.mock_port)
+    store = None
     try:
+        if args.keys in ("valkey", "postgres") and not args.store_url:
+            store, args.store_url = start_store(args.keys)
+            argv = argv + ["--store-url", args.store_url]     # for callgrind's runs
         if args.callgrind:
             callgrind(args, argv)
         elif args.gateway == "floor":
@@ -338,6 +353,20 @@ def main(argv=None):
         if mock is not None:
             mock.terminate()
             mock.wait()
+        if store is not None:
+            store.close()
+
+
+def start_store(kind):
+    """A loopback redis-server or PostgreSQL for --keys valkey/postgres (the tests' helpers), and
+    the URL busbar's store is given: a fresh database of its own."""
+    if kind == "valkey":
+        from tests.redis_server import RedisServer
+        srv = RedisServer().start()
+        return srv, srv.url
+    from tests.postgres_server import PostgresServer
+    srv = PostgresServer().start()
+    return srv, srv.create_database("inproc")
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import datetime
 FEATURES = "busbar+features"
 OBSERVE = "busbar+observe"
 HOOK = "busbar+hook"
+STORE_PREFIX = "busbar+keys-"     # bench/run.py --stores: busbar+keys-sqlite, -valkey, -postgres
 
 
 # --------------------------------------------------------------------------------------- formatting
@@ -267,6 +268,11 @@ def soak_section(soak):
     return lines
 
 
+def _store_rows(meta):
+    """The --stores rows of a run (busbar with keys on one store each), in their order."""
+    return [n for n in meta.get("labels", {}) if n.startswith(STORE_PREFIX)]
+
+
 def footer(results):
     m = results["meta"]
     g, l = m.get("gateway_core", 0), m.get("load_core", 1)
@@ -290,8 +296,8 @@ def footer(results):
            g, g, m.get("connections", 32), l, l,
            "[, %s]" % ", ".join(x for x in ([m["baseline"]["name"]] if m.get("baseline") else [])
                                 + [x for x in (OBSERVE, FEATURES, HOOK)
-                                   if m.get("labels", {}).get(x)])
-           if (m.get("baseline") or m.get("labels", {}).get(FEATURES)) else "",
+                                   if m.get("labels", {}).get(x)] + _store_rows(m))
+           if (m.get("baseline") or m.get("labels", {}).get(FEATURES) or _store_rows(m)) else "",
            m.get("duration_s", 0), stream_n))
     return text
 
@@ -499,6 +505,14 @@ def targets(results, soak=None):
                 "the floor's; both rows reported",
                 "%.2f× (plain busbar in the same case: %s)" % (x, "%.2f×" % plain if plain else "—")
                 if x else "not measured", _verdict(None if x is None else x <= 1.3)))
+    for name in _store_rows(results["meta"]):
+        x = _cpu_ratio(results, k8, name)
+        d = (_row(results, k8, name) or {}).get("dur_us") or {}
+        out.append(("issue #41: %s, small same-protocol: CPU ≤ 1.5× the floor's" % gateway_label(
+            results, name),
+                    "%.2f×, busbar;dur p50 %s µs (keys off in the same case: %s)" % (
+                        x, _f(d.get("p50")), "%.2f×" % plain if plain else "—")
+                    if x else "not measured", _verdict(None if x is None else x <= 1.5)))
     sc = []
     for e in results.get("scaling", []):
         rows = e["rows"]

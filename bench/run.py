@@ -146,6 +146,35 @@ OBSERVE_LABEL = "busbar, metrics + access log"
 HOOK = "busbar+hook"
 HOOK_LABEL = "busbar, one gate hook on loopback"
 FEATURES_CASES = ("anthropic-anthropic-100",)
+# --stores: one more busbar per store on the same cases, with virtual keys on that store and
+# nothing else changed from the busbar row (issue #41's fleet rows: keys on SQLite, on a loopback
+# Valkey/Redis, on a loopback PostgreSQL, next to the keys-off busbar and the floor, one run).
+STORES = ("sqlite", "valkey", "postgres")
+STORE_NAMES = {"sqlite": "SQLite", "valkey": "Valkey", "postgres": "Postgres"}
+
+
+def store_row(store):
+    return "busbar+keys-%s" % store
+
+
+def store_label(store):
+    return "busbar, keys (%s)" % STORE_NAMES[store]
+
+
+def keys_yaml(store):
+    """busbar's config for virtual keys on `store` (its `store:` line): an admin token for minting,
+    the ed25519 signing key, a group whose limits every request takes (requests per minute, a
+    monthly budget, a concurrency cap, all far above the load) and a rate card, so a request pays
+    for authentication, admission and settlement. The secrets come from the environment
+    (BENCH_ADMIN_TOKEN, BENCH_SIGNING_KEY)."""
+    card = "".join("  %s: {input_utok: 3.0, output_utok: 15.0}\n" % m for m in
+                   ("oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model"))
+    return ("identity-providers:\n  bench: {module: admin-tokens, token: {env: BENCH_ADMIN_TOKEN}}\n"
+            "auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
+            "  admin_auth: [bench]\n"
+            "groups:\n  bench: {limits: [{requests: 100000000, per: minute}, "
+            "{budget: 10000000000, per: month}, {concurrent: 100000}]}\n"
+            "rate_card:\n" + card + store)
 
 # The scaling rows: busbar with --workers 1 and --workers 2 on these cases, unpinned.
 SCALING_CASES = (("anthropic", "anthropic", SIZES[0]), ("anthropic", "openai", ONE_K))
@@ -301,6 +330,9 @@ class Bench:
         self.tls_files = None
         self.redis_url = None
         self.redis_db = 0
+        self.pg = None                  # tests/postgres_server.PostgresServer with keys on postgres
+        self.pg_dbs = 0
+        self.stores = [x for x in (args.stores or "").split(",") if x]
         self.mock_port = None
         self.baseline_ref = args.baseline
         self.baseline = None            # baseline.Baseline with --baseline
@@ -425,6 +457,11 @@ class Bench:
                                                        hook="http://127.0.0.1:%d/gate" % side_port)
             except StartError as e:
                 raise SystemExit("bench: %s" % e) from None
+        for st in self.stores:
+            try:
+                self.targets[store_row(st)] = self.start_busbar(store_row(st), self.args.observe, st)
+            except StartError as e:
+                raise SystemExit("bench: %s" % e) from None
         fl = self.procs.start("floor", [PY, str(BENCH / "floor.py"), "--listen",
                                         "127.0.0.1:%d" % floor_port, "--upstream",
                                         "127.0.0.1:%d" % mock_port] + floor_tls, self.gw_core, env,
@@ -471,19 +508,31 @@ class Bench:
         self.sampler.start()
 
     def keys_config(self, keys, tag):
-        """Virtual keys on (`keys` sqlite or redis), with a group whose limits every request takes
-        (requests per minute, a monthly budget, a concurrency cap, all far above the load) and a
-        rate card, so the row pays for authentication, admission and settlement. Each busbar gets
-        its own SQLite file; with redis, one loopback redis-server (a database per busbar)."""
+        """Virtual keys on (`keys` sqlite, valkey or postgres): keys_yaml with the store's line.
+        Each busbar gets its own SQLite file; with valkey, one loopback redis-server (a database
+        per busbar); with postgres, one throwaway loopback cluster (tests/postgres_server.py,
+        fsync off; a database per busbar). The key each request carries is ed25519-signed, minted
+        through the admin API into the store (mint_key)."""
         if keys == "off":
             return ""
         env = self.base_env
         env.setdefault("BENCH_SIGNING_KEY", secrets.token_hex(32))
         env.setdefault("BENCH_ADMIN_TOKEN", secrets.token_hex(16))
         self.admin_token = env["BENCH_ADMIN_TOKEN"]
-        if keys == "redis":
+        return keys_yaml(self.store_yaml(keys, tag))
+
+    def store_yaml(self, keys, tag):
+        """The config's `store:` line for `keys`, starting the loopback server it names the first
+        time (its URL goes into the environment, as a secret would). Both servers run on the load
+        core (redis-server pinned; PostgreSQL inherits run.py's own affinity) and are stopped when
+        the run ends (self.procs, stop_stores)."""
+        env = self.base_env
+        if keys in ("valkey", "redis"):
             if self.redis_url is None:
                 binary = shutil.which("redis-server") or "/usr/bin/redis-server"
+                if not os.access(binary, os.X_OK):
+                    raise SystemExit("bench: keys on valkey need redis-server (make redis "
+                                     "installs Debian's package)")
                 rport = procs.free_port()
                 self.redis = self.procs.start("redis", [binary, "--port", str(rport), "--bind",
                                                         "127.0.0.1", "--save", "", "--appendonly", "no"],
@@ -502,18 +551,37 @@ class Bench:
             self.redis_db += 1
             var = "BENCH_REDIS_URL_%d" % self.redis_db
             env[var] = "%s/%d" % (self.redis_url, self.redis_db - 1)
-            store = "store: {module: valkey, settings: {url: {env: %s}}}\n" % var
-        else:
-            store = "store: {module: sqlite, settings: {db_path: \"%s\"}}\n" % (
-                self.log_dir / ("%s.db" % tag))
-        card = "".join("  %s: {input_utok: 3.0, output_utok: 15.0}\n" % m for m in
-                       ("oai-model", "resp-model", "ant-model", "gem-model", "coh-model", "bed-model"))
-        return ("identity-providers:\n  bench: {module: admin-tokens, token: {env: BENCH_ADMIN_TOKEN}}\n"
-                "auth:\n  chain: [keys]\n  signing_key: {env: BENCH_SIGNING_KEY}\n"
-                "  admin_auth: [bench]\n"
-                "groups:\n  bench: {limits: [{requests: 100000000, per: minute}, "
-                "{budget: 10000000000, per: month}, {concurrent: 100000}]}\n"
-                "rate_card:\n" + card + store)
+            return "store: {module: valkey, settings: {url: {env: %s}}}\n" % var
+        if keys == "postgres":
+            if self.pg is None:
+                if str(ROOT) not in sys.path:
+                    sys.path.append(str(ROOT))
+                from tests.postgres_server import PostgresServer
+                try:
+                    self.pg = PostgresServer()
+                except FileNotFoundError as e:
+                    raise SystemExit("bench: keys on postgres: %s" % e) from None
+                log("starting a loopback PostgreSQL on port %d" % self.pg.port)
+                try:
+                    self.pg.start()
+                except Exception as e:  # initdb's or pg_ctl's own message
+                    raise SystemExit("bench: PostgreSQL did not start: %s" % e) from None
+            self.pg_dbs += 1
+            var = "BENCH_PG_URL_%d" % self.pg_dbs
+            env[var] = self.pg.create_database("bench_%d" % self.pg_dbs)
+            return "store: {module: postgres, settings: {url: {env: %s}}}\n" % var
+        return "store: {module: sqlite, settings: {db_path: \"%s\"}}\n" % (
+            self.log_dir / ("%s.db" % tag))
+
+    def stop_stores(self):
+        """Stops and deletes the loopback PostgreSQL cluster if this run started one
+        (redis-server is one of self.procs and stops with them)."""
+        if self.pg is not None:
+            try:
+                self.pg.close()
+            except Exception as e:  # pg_ctl's message; the cluster's folder is removed anyway
+                log("stopping PostgreSQL: %s" % e)
+            self.pg = None
 
     def mint_key(self, port):
         import http.client
@@ -703,6 +771,8 @@ class Bench:
             names.append(self.baseline.name)
         if self.features and case is not None and case.key in FEATURES_CASES:
             names += [OBSERVE, FEATURES, HOOK]
+        if case is not None and case.key in FEATURES_CASES:
+            names += [store_row(st) for st in self.stores]
         return names + ["floor"]
 
     def run_c1(self, case, names, path, template):
@@ -929,13 +999,15 @@ class Bench:
         per = self.duration + 0.4
         extra = 1 if self.baseline_ref else 0
         runs = sum(self.rounds * (2 + extra + (1 if c.litellm else 0)
-                                  + (3 if self.features and c.key in FEATURES_CASES else 0)) + 1
+                                  + (3 if self.features and c.key in FEATURES_CASES else 0)
+                                  + (len(self.stores) if c.key in FEATURES_CASES else 0)) + 1
                    for c in cases)
         c1 = 0.0
         if not self.args.no_c1 and not self.args.tls:
             # ~1.5 ms a request (the request and the idle wait after it), every gateway and direct
             n = (200 if self.quick else 1000) + 20
-            c1 = sum(n * (3 + extra) * 0.0015 for c in cases)
+            c1 = sum(n * (3 + extra + (len(self.stores) if c.key in FEATURES_CASES else 0))
+                     * 0.0015 for c in cases)
         scaling = 0
         if not self.args.no_scaling and not self.args.tls:
             sc = [k for i, e, sz in SCALING_CASES for k in ["%s-%s-%d" % (i, e, sz[1])]
@@ -1047,9 +1119,14 @@ def main(argv=None):
                     help="busbar and the floor serve TLS (one self-signed ECDSA P-256 certificate, "
                     "TLS 1.3), wrk speaks HTTPS over its keep-alive connections; the direct row "
                     "stays plain HTTP; no stream rows, no LiteLLM")
-    ap.add_argument("--keys", choices=("off", "sqlite", "redis"), default="off",
+    ap.add_argument("--keys", choices=("off",) + STORES + ("redis",), default="off",
                     help="busbar's virtual keys: off (default), or on with a governed group on a "
-                    "SQLite store or a loopback redis-server")
+                    "SQLite store, a loopback redis-server (valkey; redis is the same) or a "
+                    "loopback PostgreSQL, both started and stopped by the run")
+    ap.add_argument("--stores", metavar="STORE[,STORE]",
+                    help="one more busbar row per store (sqlite, valkey, postgres) on the small "
+                    "same-protocol case, with virtual keys on that store and otherwise the busbar "
+                    "row's config, interleaved with the others: keys off and on each store, one run")
     ap.add_argument("--only", help="comma-separated substrings of case keys to run "
                     "(e.g. openai-openai-4096)")
     ap.add_argument("--baseline", metavar="REF",
@@ -1070,6 +1147,11 @@ def main(argv=None):
     ap.add_argument("--install-timeout", type=int, default=420,
                     help="bound on installing LiteLLM the first time (seconds)")
     args = ap.parse_args(argv)
+    if args.keys == "redis":
+        args.keys = "valkey"            # the store module's name; redis kept as an alias
+    bad = [x for x in (args.stores or "").split(",") if x and x not in STORES]
+    if bad:
+        ap.error("--stores: unknown store %s (known: %s)" % (", ".join(bad), ", ".join(STORES)))
     if args.baseline_patch and not args.baseline:
         ap.error("--baseline-patch needs --baseline REF (the tree it is applied to)")
     if sys.platform != "linux":
@@ -1090,6 +1172,7 @@ def main(argv=None):
     finally:
         # Processes first: nothing below may keep a started process alive.
         bench.procs.stop_all()
+        bench.stop_stores()
         if bench.sampler.is_alive():
             bench.sampler.stop()
     # A gateway that logged tracebacks or errors during the run says so under the table.
@@ -1110,6 +1193,8 @@ def main(argv=None):
         labels[OBSERVE] = OBSERVE_LABEL
     if HOOK in bench.targets:
         labels[HOOK] = HOOK_LABEL
+    for st in bench.stores:
+        labels[store_row(st)] = store_label(st)
     meta = {"commit": procs.git_head(), "cpu": procs.cpu_model(), "cores": os.cpu_count(),
             "command": shlex.join(getattr(sys, "orig_argv", [PY] + sys.argv)),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
