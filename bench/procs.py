@@ -330,7 +330,9 @@ def git_head():
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain"],
+        # the worktree's .venv symlink to the shared venv is not a change to the tree
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--", ".",
+                                ":(exclude).venv"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         return (head or "unknown") + ("+dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
