@@ -26,6 +26,9 @@ for every configuration, so differences between rows are the gateway's.
         interpreter's share of a request goes, which callgrind shows only as one
         _PyEval_EvalFrameDefault line. --lines adds a per-line count for the functions named
         (e.g. engine/exchange.py:attempt). The tracer slows the run ~20 times; counts, not time.
+        --opcodes-all counts every library's frames too (redis-py, asyncpg's Python side, asyncio,
+        ...; the client in bench/ still excluded) and adds a total per package: where a store
+        path's interpreter work goes.
 """
 from __future__ import annotations
 
@@ -206,7 +209,7 @@ def run_busbar(args, mock_port):
                 if args.keys != "off":
                     token = await mint(loop, fake.admin_port, fake.admin_token)
                 if args.opcodes:
-                    with Opcodes(args.lines) as counter:
+                    with Opcodes(args.lines, args.opcodes_all) as counter:
                         await drive(loop, port, args, token)
                     counter.report(args.warm + args.n)
                 else:
@@ -222,8 +225,10 @@ class Opcodes:
     """Counts the bytecodes each busbar/ function executes (sys.settrace with opcode events) while
     it is entered: the client's own frames (bench/) are not traced."""
 
-    def __init__(self, lines):
+    def __init__(self, lines, everything=False):
         import collections
+        self.everything = everything
+        self.ours = set()
         self.counts = collections.Counter()
         self.lines = collections.Counter()
         self.want = set(x for x in (lines or "").split(",") if x)
@@ -231,9 +236,18 @@ class Opcodes:
     def _trace(self, frame, event, arg):
         fn = frame.f_code.co_filename
         i = fn.rfind("/busbar/")
-        if i < 0 or "/bench/" in fn:
+        if "/bench/" in fn:
             return None
-        key = "%s:%s" % (fn[i + 8:], frame.f_code.co_name)
+        if i >= 0:
+            key = "%s:%s" % (fn[i + 8:], frame.f_code.co_name)
+            self.ours.add(key)
+        elif not self.everything:
+            return None
+        else:
+            j = fn.rfind("/site-packages/")
+            where = fn[j + 15:] if j >= 0 else "stdlib/" + fn.rsplit("/lib/python3", 1)[-1].split(
+                "/", 1)[-1]
+            key = "%s:%s" % (where, frame.f_code.co_name)
         frame.f_trace_opcodes = True
         frame.f_trace_lines = False
         counts, lines, per_line = self.counts, self.lines, key in self.want
@@ -255,8 +269,23 @@ class Opcodes:
 
     def report(self, requests):
         total = sum(self.counts.values())
-        print("inproc: %.0f Python bytecodes per request in busbar/ (%d requests traced)" % (
-            total / requests, requests))
+        print("inproc: %.0f Python bytecodes per request in %s (%d requests traced)" % (
+            total / requests, "busbar/ and the libraries" if self.everything else "busbar/",
+            requests))
+        if self.everything:
+            import collections
+            pkg = collections.Counter()
+            for key, v in self.counts.items():
+                if key in self.ours:
+                    pkg["busbar/" + key.split("/", 1)[0].split(":")[0]] += v
+                elif key.startswith("stdlib/"):
+                    pkg["stdlib/" + key.split("/")[1].split(":")[0]] += v
+                else:
+                    pkg[key.split("/", 1)[0].split(":")[0]] += v
+            print("per package (busbar's by folder, the standard library's by module):")
+            for key, v in pkg.most_common(15):
+                print("%8.1f  %s" % (v / requests, key))
+            print("per function:")
         for key, v in self.counts.most_common():
             if v / requests < 0.5:
                 break
@@ -328,6 +357,8 @@ def main(argv=None):
     ap.add_argument("--conns", type=int, default=8)
     ap.add_argument("--callgrind", action="store_true")
     ap.add_argument("--opcodes", action="store_true")
+    ap.add_argument("--opcodes-all", action="store_true",
+                    help="with --opcodes: every library's frames too, and a total per package")
     ap.add_argument("--lines", help="with --opcodes: FILE:FUNC[,FILE:FUNC] counted per line")
     ap.add_argument("--keep")
     ap.add_argument("--mock-port", type=int, default=0, help=argparse.SUPPRESS)
