@@ -392,6 +392,7 @@ class Bench:
         if why:
             raise StartError("%s %s; log: %s" % (name, why, s.log_tail()))
         t = Target(name, port, s, tls=bool(self.tls_files))
+        t.admin_port = admin_port
         if keys != "off":
             # the bench caller's virtual key, minted through the admin API like a user would
             t.headers_extra = {"Authorization": "Bearer " + self.mint_key(admin_port)}
