@@ -388,6 +388,12 @@ class _AdminRoute:
 
 def _write(conn, resp: Response, keep_alive: bool, head_only=False):
     body = resp.body
+    if resp.status == 204:
+        # No content, and so no Content-Length or Content-Type (RFC 9110 §8.6: a server must not
+        # send Content-Length in a 204); the ETag and other headers still go.
+        conn.write(b"%bCache-Control: no-store\r\n%b%b\r\n" % (
+            status_line(204), resp.headers, b"" if keep_alive else b"Connection: close\r\n"))
+        return
     conn.write(b"%bContent-Type: %b\r\nContent-Length: %d\r\nCache-Control: no-store\r\n%b%b\r\n%b" % (
         status_line(resp.status), resp.ctype, len(body), resp.headers,
         b"" if keep_alive else b"Connection: close\r\n", b"" if head_only else body))

@@ -373,6 +373,7 @@ def test_groups_config_plane_etag_and_conflicts(fresh):
     assert s == 409 and d["error"]["code"] == "conflict" and "leaf" in d["error"]["message"]
     s, h, _ = a.call("DELETE", "/groups/leaf")
     assert s == 204 and h["etag"]
+    assert "content-length" not in h and "content-type" not in h     # RFC 9110: none on a 204
     # a mint auto-provisions a leaf under an existing parent
     s, _, k = a.call("POST", "/keys", {"name": "self", "group": "user:ann", "parent": "growth"})
     assert s == 201 and k["group_provisioned"] is True
