@@ -66,7 +66,7 @@ from busbar.governance.model import (
     KeyRecord, StoreError, Usage, credential_live, day_epoch, generation_marker, group_from_dict,
     group_to_dict, new_credential_id, record_of)
 from busbar.governance.redis_store import (
-    MISS, UNAVAILABLE, StoreUnavailable, _denial, _log_error)
+    UNAVAILABLE, PolicyCache, StoreUnavailable, _denial, _log_error)
 
 log = logging.getLogger("busbar.governance")
 
@@ -80,13 +80,11 @@ DEFAULT_TIMEOUT = 5.0
 # one round trip (~0.3 ms on loopback), so 4 serve thousands of admissions a second per worker,
 # and 4 x (instances x workers) stays well within a server's max_connections (100 by default).
 DEFAULT_POOL_SIZE = 4
-NEGATIVE_TTL = 0.5              # an unknown key id / group is remembered this long
 PROBE_INTERVAL = 0.2            # while the database is unreachable, how often it is asked again
 LISTEN_PING = 2.0               # the invalidation connection is checked this often
-# A cached key or group is read again after this long even without an invalidation message: a
-# Rust gateway sharing the database notifies nothing (the Rust side re-reads its denylist every
+# A cached key or group is read again after redis_store.POLICY_TTL (5 s) even without a NOTIFY:
+# a Rust gateway sharing the database notifies nothing (the Rust side re-reads its denylist every
 # 5 s, REVOCATION_SYNC_TTL_SECS, so a revocation reaches either gateway as late).
-POLICY_TTL = 5.0
 # Minute and hour windows older than this are deleted by the parent (never read again), once an
 # hour at most; day, month and total windows are kept, as the Rust store keeps every row.
 WINDOW_KEEP_SECS = 2 * 86400
@@ -1188,43 +1186,23 @@ class PostgresLedger:
 
 
 # ---------------------------------------------------------------------------- worker: policy cache
-class PostgresDirectory:
-    """Key and group policy, cached in this worker, dropped on the invalidation NOTIFY and read
-    again after POLICY_TTL at the latest.
+class PostgresDirectory(PolicyCache):
+    """Key and group policy, cached in this worker (PolicyCache), dropped on the invalidation
+    NOTIFY and read again after POLICY_TTL at the latest.
 
     Lookups return the record, None (unknown), or UNAVAILABLE when the database cannot be read.
     While the LISTEN connection is down nothing is cached (a change could not be heard of): every
     lookup reads the database; once listening again the cache starts empty."""
 
-    remote = True
-    MISS = MISS     # what cached_key returns for an id not cached (the gate compares with it)
-
-    @property
-    def version(self):
-        """Bumped by every invalidation: the gate's group-chain cache follows it."""
-        return self._gen
+    KEY_CACHE_MAX = 100000
 
     def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, pool_size: int = 2):
         self.url = url
         self.timeout = timeout
         self.pool_size = pool_size
-        self.live = False               # listening, so cached entries are trustworthy
+        self._init_cache()
         self._pool = None
-        self._keys = {}                 # key id -> (KeyRecord, monotonic deadline)
-        self._groups = {}               # name -> (GroupRecord, monotonic deadline)
-        self._aws = {}                  # access key id -> key id
-        self._neg = {}                  # ("k"|"g"|"a", name) -> monotonic deadline
-        self._gen = 0
-        self._inflight = {}             # (kind, name) -> the task reading it
-        self._listener = None
         self._listening = None
-
-    def flush_cache(self) -> int:
-        """POST /auth/cache/flush: drop the cached key records (the next request reads Postgres)."""
-        n = len(self._keys) + len(self._aws)
-        self._keys = {}
-        self._aws = {}
-        return n
 
     async def start(self):
         self._down = _down_errors()
@@ -1237,15 +1215,7 @@ class PostgresDirectory:
             pass
 
     async def close(self):
-        if self._listener is not None:
-            self._listener.cancel()
-            try:
-                await self._listener
-            except (asyncio.CancelledError, Exception):
-                pass
-            self._listener = None
-        for t in list(self._inflight.values()):
-            t.cancel()
+        await self._stop_listener()
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), 2.0)
@@ -1253,113 +1223,13 @@ class PostgresDirectory:
                 self._pool.terminate()
             self._pool = None
 
-    # -- lookups
-    def _fresh(self, table, name):
-        got = table.get(name)
-        if got is None:
-            return MISS
-        if got[1] < time.monotonic():
-            del table[name]
-            return MISS
-        return got[0]
-
-    def cached_key(self, key_id):
-        rec = self._fresh(self._keys, key_id)
-        if rec is MISS:
-            dl = self._neg.get(("k", key_id))
-            if dl is not None and dl > time.monotonic():
-                return None
-        return rec
-
-    async def key(self, key_id):
-        rec = self._fresh(self._keys, key_id)
-        if rec is not MISS:
-            return rec
-        return await self._lookup("k", key_id)
-
-    async def group(self, name):
-        rec = self._fresh(self._groups, name)
-        if rec is not MISS:
-            return rec
-        return await self._lookup("g", name)
-
-    async def key_by_aws(self, access_key_id):
-        key_id = self._aws.get(access_key_id)
-        if key_id is not None:
-            rec = self._fresh(self._keys, key_id)
-            if rec is not MISS and rec.aws_access_key_id == access_key_id:
-                return rec
-        return await self._lookup("a", access_key_id)
-
-    async def _lookup(self, kind, name):
-        dl = self._neg.get((kind, name))
-        if dl is not None:
-            if dl > time.monotonic():
-                return None
-            del self._neg[(kind, name)]
-        # One read per name at a time, whoever asks meanwhile waits for it; a task of its own,
-        # so a caller that is cancelled does not cancel it for the others.
-        task = self._inflight.get((kind, name))
-        if task is None:
-            task = asyncio.get_running_loop().create_task(self._read(kind, name))
-            self._inflight[(kind, name)] = task
-            task.add_done_callback(lambda _t, k=(kind, name): self._inflight.pop(k, None))
-        return await asyncio.shield(task)
-
-    async def _read(self, kind, name):
-        gen = self._gen
-        live = self.live
-        now = time.time()
-        try:
-            async with self._pool.acquire() as conn:
-                if kind == "k":
-                    rec = await _read_key(conn, name, now)
-                elif kind == "g":
-                    rec = await _read_group(conn, name)
-                else:
-                    rec = await _read_by_aws(conn, name, now)
-        except self._down:
-            return UNAVAILABLE
-        except Exception as e:
-            _log_error("policy read failed: %r" % e)
-            return UNAVAILABLE
-        if live and self.live and gen == self._gen:
-            if rec is None:
-                if len(self._neg) > 10000:
-                    self._neg.clear()
-                self._neg[(kind, name)] = time.monotonic() + NEGATIVE_TTL
-            elif kind == "g":
-                self._groups[name] = (rec, time.monotonic() + POLICY_TTL)
-            else:
-                if len(self._keys) > 100000:
-                    self._keys.clear()
-                    self._aws.clear()
-                self._keys[rec.id] = (rec, time.monotonic() + POLICY_TTL)
-                if rec.aws_access_key_id:
-                    self._aws[rec.aws_access_key_id] = rec.id
-        return rec
-
-    # -- invalidation
-    def _drop(self, msg: str):
-        self._gen += 1
-        kind, _, name = msg.partition(":")
-        if kind == "key":
-            self._keys.pop(name, None)
-            self._neg.pop(("k", name), None)
-            for a in [a for a, k in self._aws.items() if k == name]:
-                del self._aws[a]
-            for n in [n for n in self._neg if n[0] == "a"]:
-                del self._neg[n]
-        elif kind == "group":
-            self._groups.pop(name, None)
-            self._neg.pop(("g", name), None)
-        else:
-            self._drop_all()
-
-    def _drop_all(self):
-        self._gen += 1
-        self._keys, self._groups, self._aws = {}, {}, {}
-        self._neg.clear()
+    async def _fetch(self, kind, name, now):
+        async with self._pool.acquire() as conn:
+            if kind == "k":
+                return await _read_key(conn, name, now)
+            if kind == "g":
+                return await _read_group(conn, name)
+            return await _read_by_aws(conn, name, now)
 
     async def _listen(self):
         """LISTEN on a connection of its own for as long as the database allows; every

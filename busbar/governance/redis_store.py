@@ -1370,58 +1370,46 @@ def _denial(c) -> Denial:
 
 
 # ---------------------------------------------------------------------------- worker: policy cache
-class RedisDirectory:
-    """Key and group policy, cached in this worker, dropped on the invalidation channel and read
-    again after POLICY_TTL at the latest.
-
-    Lookups return the record, None (unknown), or UNAVAILABLE when Redis cannot be read and
-    nothing usable is cached. While the invalidation subscription is down (Redis unreachable or
-    restarting) lookups serve the copy kept from before the drop (nothing can change in a Redis
-    nobody reaches, which is what lets fail_mode open keep serving known keys), read anything else
-    from Redis without caching it, and give UNAVAILABLE when that fails. Once resubscribed the
-    whole cache is dropped, so no policy from before a Redis restart survives it."""
+class PolicyCache:
+    """Key and group policy cached in one worker: what the Redis and the Postgres directories
+    share. A record is kept until its store's invalidation message drops it or POLICY_TTL passes;
+    an unknown name is remembered NEGATIVE_TTL; one read per name at a time. Only a read that
+    started and ended while the invalidation listener was live (`live`) and that no invalidation
+    straddled is cached. A subclass reads its store in `_fetch(kind, name, now)` (kind "k" a key
+    id, "g" a group, "a" an AWS access key id) and names its outage exceptions `_down`."""
 
     remote = True
     MISS = MISS     # what cached_key returns for an id not cached (the gate compares with it)
+    # The most key records one worker caches before it starts again from empty (None: no bound).
+    KEY_CACHE_MAX = None
+    # Unknown names remembered before that memory is emptied (a flood of made-up ids).
+    NEGATIVE_MAX = 10000
+
+    def _init_cache(self):
+        self.live = False               # listening, so cached entries are trustworthy
+        self._keys = {}                 # key id -> (KeyRecord, monotonic deadline)
+        self._groups = {}               # name -> (GroupRecord, monotonic deadline)
+        self._aws = {}                  # access key id -> key id
+        self._neg = {}                  # ("k"|"g"|"a", name) -> monotonic deadline
+        self._gen = 0                   # bumped on every invalidation: a read that straddles
+                                        # one is not cached
+        self._inflight = {}             # (kind, name) -> the task reading it
+        self._listener = None
 
     @property
     def version(self):
         """Bumped by every invalidation: the gate's group-chain cache follows it."""
         return self._gen
 
-    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = PREFIX):
-        self.url = url
-        self.timeout = timeout
-        self.prefix = prefix
-        self.channel = prefix + "bb:inval"
-        self.live = False               # subscribed, so cached entries are trustworthy
-        self._r = None                  # reads (a read meeting a dead pooled connection retries)
-        self._sub = None                # the subscription's client: never reconnects by itself
-        self._keys = {}                 # key id -> (KeyRecord, monotonic deadline)
-        self._groups = {}               # name -> (GroupRecord, monotonic deadline)
-        self._aws = {}                  # access key id -> key id
-        self._neg = {}                  # ("k"|"g"|"a", name) -> monotonic deadline
-        self._stale = ({}, {}, {})      # keys, groups, aws from before the subscription dropped
-        self._gen = 0                   # bumped on every invalidation: a read that straddles
-                                        # one is not cached
-        self._inflight = {}             # (kind, name) -> the task reading it
-        self._listener = None
-        self._subscribed = None
+    def flush_cache(self) -> int:
+        """POST /auth/cache/flush: drop the cached key records (the next request reads the
+        store)."""
+        n = len(self._keys) + len(self._aws)
+        self._keys = {}
+        self._aws = {}
+        return n
 
-    async def start(self):
-        self._r = _connect(self.url, self.timeout, retry=True)
-        self._sub = _connect(self.url, self.timeout, retry=False)
-        self._down = _down_errors()
-        self._read_key = self._r.register_script(KEY_READ_LUA)
-        self._by_aws = self._r.register_script(KEY_BY_AWS_LUA)
-        self._subscribed = asyncio.Event()
-        self._listener = asyncio.get_running_loop().create_task(self._listen())
-        try:    # normally subscribed within a round trip; a down Redis does not hold the boot
-            await asyncio.wait_for(self._subscribed.wait(), self.timeout * 2)
-        except asyncio.TimeoutError:
-            pass
-
-    async def close(self):
+    async def _stop_listener(self):
         if self._listener is not None:
             self._listener.cancel()
             try:
@@ -1431,20 +1419,8 @@ class RedisDirectory:
             self._listener = None
         for t in list(self._inflight.values()):
             t.cancel()
-        if self._r is not None:
-            await self._r.aclose()
-            await self._sub.aclose()
-            self._r = self._sub = None
 
     # -- lookups
-
-    def flush_cache(self) -> int:
-        """POST /auth/cache/flush: drop the cached key records (the next request reads Redis)."""
-        n = len(self._keys) + len(self._aws)
-        self._keys = {}
-        self._aws = {}
-        return n
-
     def _fresh(self, table, name):
         got = table.get(name)
         if got is None:
@@ -1483,10 +1459,6 @@ class RedisDirectory:
         return await self._lookup("a", access_key_id)
 
     async def _lookup(self, kind, name):
-        if not self.live:
-            rec = self._fallback(kind, name)
-            if rec is not UNAVAILABLE:
-                return rec
         dl = self._neg.get((kind, name))
         if dl is not None:
             if dl > time.monotonic():
@@ -1501,55 +1473,35 @@ class RedisDirectory:
             task.add_done_callback(lambda _t, k=(kind, name): self._inflight.pop(k, None))
         return await asyncio.shield(task)
 
+    def _unreachable(self, kind, name):
+        """What a lookup gives while the store cannot be reached."""
+        return UNAVAILABLE
+
     async def _read(self, kind, name):
         gen = self._gen
         live = self.live
-        p = self.prefix
-        now = time.time()
         try:
-            if kind == "k":
-                got = await self._read_key(keys=[
-                    p + "key:" + name, p + "denylist", p + "cred:%s:sigv4:0" % name,
-                    p + "cred:%s:sigv4:1" % name], args=[name])
-                rec = _record(got[0], got[1], (got[2], got[3]), now)
-            elif kind == "g":
-                raw = await self._r.hget(p + "bb:groups", name)
-                rec = group_from_dict(orjson.loads(raw)) if raw else None
-            else:
-                got = await self._by_aws(keys=[p + "cred:pub:sigv4:" + name], args=[p])
-                rec = _record(got[1], got[2], (got[3],), now) if got else None
-                if rec is not None and rec.aws_access_key_id != name:
-                    rec = None
+            rec = await self._fetch(kind, name, time.time())
         except self._down:
-            return self._fallback(kind, name)
+            return self._unreachable(kind, name)
         except Exception as e:
             _log_error("policy read failed: %r" % e)
             return UNAVAILABLE
         if live and self.live and gen == self._gen:
             if rec is None:
-                if len(self._neg) > 10000:
+                if len(self._neg) > self.NEGATIVE_MAX:
                     self._neg.clear()
                 self._neg[(kind, name)] = time.monotonic() + NEGATIVE_TTL
             elif kind == "g":
                 self._groups[name] = (rec, time.monotonic() + POLICY_TTL)
             else:
+                if self.KEY_CACHE_MAX is not None and len(self._keys) > self.KEY_CACHE_MAX:
+                    self._keys.clear()
+                    self._aws.clear()
                 self._keys[rec.id] = (rec, time.monotonic() + POLICY_TTL)
                 if rec.aws_access_key_id:
                     self._aws[rec.aws_access_key_id] = rec.id
         return rec
-
-    def _fallback(self, kind, name):
-        """The copy kept when the subscription dropped, if any: served only until the
-        subscription is back (PROBE_INTERVAL after Redis answers again), then dropped."""
-        keys, groups, aws = self._stale
-        if kind == "k":
-            rec = keys.get(name, (MISS,))[0]
-        elif kind == "g":
-            rec = groups.get(name, (MISS,))[0]
-        else:
-            key_id = aws.get(name)
-            rec = keys.get(key_id, (MISS,))[0] if key_id is not None else MISS
-        return UNAVAILABLE if rec is MISS else rec
 
     # -- invalidation
     def _drop(self, msg: str):
@@ -1572,6 +1524,87 @@ class RedisDirectory:
         self._gen += 1
         self._keys, self._groups, self._aws = {}, {}, {}
         self._neg.clear()
+
+
+class RedisDirectory(PolicyCache):
+    """Key and group policy, cached in this worker (PolicyCache), dropped on the invalidation
+    channel and read again after POLICY_TTL at the latest.
+
+    Lookups return the record, None (unknown), or UNAVAILABLE when Redis cannot be read and
+    nothing usable is cached. While the invalidation subscription is down (Redis unreachable or
+    restarting) lookups serve the copy kept from before the drop (nothing can change in a Redis
+    nobody reaches, which is what lets fail_mode open keep serving known keys), read anything else
+    from Redis without caching it, and give UNAVAILABLE when that fails. Once resubscribed the
+    whole cache is dropped, so no policy from before a Redis restart survives it."""
+
+    def __init__(self, url: str, timeout: float = DEFAULT_TIMEOUT, prefix: str = PREFIX):
+        self.url = url
+        self.timeout = timeout
+        self.prefix = prefix
+        self.channel = prefix + "bb:inval"
+        self._init_cache()
+        self._r = None                  # reads (a read meeting a dead pooled connection retries)
+        self._sub = None                # the subscription's client: never reconnects by itself
+        self._stale = ({}, {}, {})      # keys, groups, aws from before the subscription dropped
+        self._subscribed = None
+
+    async def start(self):
+        self._r = _connect(self.url, self.timeout, retry=True)
+        self._sub = _connect(self.url, self.timeout, retry=False)
+        self._down = _down_errors()
+        self._read_key = self._r.register_script(KEY_READ_LUA)
+        self._by_aws = self._r.register_script(KEY_BY_AWS_LUA)
+        self._subscribed = asyncio.Event()
+        self._listener = asyncio.get_running_loop().create_task(self._listen())
+        try:    # normally subscribed within a round trip; a down Redis does not hold the boot
+            await asyncio.wait_for(self._subscribed.wait(), self.timeout * 2)
+        except asyncio.TimeoutError:
+            pass
+
+    async def close(self):
+        await self._stop_listener()
+        if self._r is not None:
+            await self._r.aclose()
+            await self._sub.aclose()
+            self._r = self._sub = None
+
+    # -- lookups
+    async def _lookup(self, kind, name):
+        if not self.live:
+            rec = self._fallback(kind, name)
+            if rec is not UNAVAILABLE:
+                return rec
+        return await super()._lookup(kind, name)
+
+    def _unreachable(self, kind, name):
+        return self._fallback(kind, name)
+
+    async def _fetch(self, kind, name, now):
+        p = self.prefix
+        if kind == "k":
+            got = await self._read_key(keys=[
+                p + "key:" + name, p + "denylist", p + "cred:%s:sigv4:0" % name,
+                p + "cred:%s:sigv4:1" % name], args=[name])
+            return _record(got[0], got[1], (got[2], got[3]), now)
+        if kind == "g":
+            raw = await self._r.hget(p + "bb:groups", name)
+            return group_from_dict(orjson.loads(raw)) if raw else None
+        got = await self._by_aws(keys=[p + "cred:pub:sigv4:" + name], args=[p])
+        rec = _record(got[1], got[2], (got[3],), now) if got else None
+        return rec if rec is not None and rec.aws_access_key_id == name else None
+
+    def _fallback(self, kind, name):
+        """The copy kept when the subscription dropped, if any: served only until the
+        subscription is back (PROBE_INTERVAL after Redis answers again), then dropped."""
+        keys, groups, aws = self._stale
+        if kind == "k":
+            rec = keys.get(name, (MISS,))[0]
+        elif kind == "g":
+            rec = groups.get(name, (MISS,))[0]
+        else:
+            key_id = aws.get(name)
+            rec = keys.get(key_id, (MISS,))[0] if key_id is not None else MISS
+        return UNAVAILABLE if rec is MISS else rec
 
     async def _listen(self):
         """Subscribed for as long as Redis allows; every (re)subscription starts from an empty
