@@ -640,6 +640,23 @@ def op(
     }
 
 
+def named_map_ops(path, name):
+    """The five operations of a named-definition map (export, identity-providers): list, read,
+    replace, delete, patch the settings; the same shapes for each map."""
+    return [
+        op("GET", path, "Get" + name, "read-only", {"200": "Page_NamedDefView"}, "401 403 500"),
+        op("DELETE", path + "/{name}", "Delete%sName" % name, "full", {"204": None},
+           "400 401 403 404 409 429 500", if_match=True),
+        op("GET", path + "/{name}", "Get%sName" % name, "read-only", {"200": "NamedDefView"},
+           "401 403 404 500"),
+        op("PUT", path + "/{name}", "Put%sName" % name, "full", {"200": "NamedDefView"},
+           "400 401 403 409 429 500", if_match=True, body=O({}, extra=True)),
+        op("PATCH", path + "/{name}/settings", "Patch%sNameSettings" % name, "full",
+           {"200": "NamedDefView"}, "400 401 403 404 409 429 500", if_match=True,
+           body="NamedSettingsReq"),
+    ]
+
+
 OPERATIONS = [
     op("GET", "/admin-auth", "GetAdminAuth", "read-only", {"200": "AdminAuthView"}, "401 403 500"),
     op(
@@ -761,44 +778,7 @@ OPERATIONS = [
         {"200": "ConfigVersionDetailView"},
         "400 401 403 404 500",
     ),
-    op("GET", "/export", "GetExport", "read-only", {"200": "Page_NamedDefView"}, "401 403 500"),
-    op(
-        "DELETE",
-        "/export/{name}",
-        "DeleteExportName",
-        "full",
-        {"204": None},
-        "400 401 403 404 409 429 500",
-        if_match=True,
-    ),
-    op(
-        "GET",
-        "/export/{name}",
-        "GetExportName",
-        "read-only",
-        {"200": "NamedDefView"},
-        "401 403 404 500",
-    ),
-    op(
-        "PUT",
-        "/export/{name}",
-        "PutExportName",
-        "full",
-        {"200": "NamedDefView"},
-        "400 401 403 409 429 500",
-        if_match=True,
-        body=O({}, extra=True),
-    ),
-    op(
-        "PATCH",
-        "/export/{name}/settings",
-        "PatchExportNameSettings",
-        "full",
-        {"200": "NamedDefView"},
-        "400 401 403 404 409 429 500",
-        if_match=True,
-        body="NamedSettingsReq",
-    ),
+    *named_map_ops("/export", "Export"),
     op("GET", "/groups", "GetGroups", "read-only", {"200": "Page_GroupView"}, "401 403 500"),
     op(
         "POST",
@@ -928,51 +908,7 @@ OPERATIONS = [
         {"200": "HookStatusView"},
         "401 403 404 500",
     ),
-    op(
-        "GET",
-        "/identity-providers",
-        "GetIdentityProviders",
-        "read-only",
-        {"200": "Page_NamedDefView"},
-        "401 403 500",
-    ),
-    op(
-        "DELETE",
-        "/identity-providers/{name}",
-        "DeleteIdentityProvidersName",
-        "full",
-        {"204": None},
-        "400 401 403 404 409 429 500",
-        if_match=True,
-    ),
-    op(
-        "GET",
-        "/identity-providers/{name}",
-        "GetIdentityProvidersName",
-        "read-only",
-        {"200": "NamedDefView"},
-        "401 403 404 500",
-    ),
-    op(
-        "PUT",
-        "/identity-providers/{name}",
-        "PutIdentityProvidersName",
-        "full",
-        {"200": "NamedDefView"},
-        "400 401 403 409 429 500",
-        if_match=True,
-        body=O({}, extra=True),
-    ),
-    op(
-        "PATCH",
-        "/identity-providers/{name}/settings",
-        "PatchIdentityProvidersNameSettings",
-        "full",
-        {"200": "NamedDefView"},
-        "400 401 403 404 409 429 500",
-        if_match=True,
-        body="NamedSettingsReq",
-    ),
+    *named_map_ops("/identity-providers", "IdentityProviders"),
     op("GET", "/info", "GetInfo", "read-only", {"200": "InfoView"}, "401 403 500"),
     op(
         "GET",
