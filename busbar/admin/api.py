@@ -14,7 +14,7 @@ import orjson
 
 from busbar.admin import overlay as fmt
 from busbar.admin import views
-from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response
+from busbar.admin.site import PREFIX, PUBLIC, AdminError, Response, bump_plane
 from busbar.admin.handlers import (audited, body_field, check_if_match, json_body, mutation,
                                    no_unknown, param, principal, query, with_etag)
 from busbar.admin.site import compact_response as json_response
@@ -255,8 +255,15 @@ def mount(site, live, plane):
                 return None
             changed = True
             return fmt.clear(ov, section)
-        await mutation(live, live.mutate_overlay(mutate, principal(req),
-                                                 "overlay.reset %s (revert to config.yaml)" % section))
+        summary = "overlay.reset %s (revert to config.yaml)" % section
+        await mutation(live, live.mutate_overlay(mutate, principal(req), summary))
+        # The groups section mirrors the API groups the governance store serves
+        # (busbar/governance/overlay_groups.py): a reset takes them out of the store too.
+        reset_groups = getattr(gw, "reset_api_groups", None)
+        dropped = section == "groups" and reset_groups is not None and await reset_groups()
+        if dropped and not changed:
+            bump_plane(gw, principal(req), summary)
+            changed = True
         return with_etag(json_response({"reset": section, "config_version": live.current,
                                         "changed": changed}), live)
 

@@ -300,6 +300,22 @@ class LiveConfig:
             _restore(path, previous)
             raise
 
+    async def persist_overlay(self, mutate) -> bool:
+        """A change to an overlay section that is not part of the config document (the API groups
+        the governance store serves: busbar/governance/overlay_groups.py): the file is rewritten,
+        nothing is rebuilt or swapped. False when there is nothing to persist in: a config without
+        files, `config.overlay: false`, or a locked config (whose API groups live in the store
+        alone: docs/kubernetes.md). OverlayError when the file cannot be read (it is not
+        overwritten)."""
+        from busbar.admin import overlay as fmt
+        ctl = self.control
+        path = ctl.overlay
+        if ctl.locked or path is None or self.path is None:
+            return False
+        async with self.lock:
+            fmt.write(path, mutate(fmt.read(path)))
+        return True
+
     async def swap(self, config, principal: str, summary: str) -> dict:
         """Every worker on `config` before this returns; serialized, so two admin calls never
         interleave their swaps."""

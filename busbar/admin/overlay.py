@@ -8,6 +8,10 @@ admin API changed, kept beside config.yaml (which is never written) and reapplie
      "named_maps": {"identity-providers"|"export": {<name>: def}},
      "plugin_versions": {<plugin>: version}}
 
+`groups` mirrors the groups made over the admin API (whose live home is the governance store,
+shared by a fleet): every API group write updates it, and boot imports it into the store, so a
+Rust gateway reading this file and busbar reading the Rust gateway's both see the same API groups.
+
 Sections are independent: a write to one is a read-modify-write of the whole file that keeps the
 others as they are, and `DELETE overlay/{section}` clears one. The file is replaced atomically
 (temporary file in the same folder, fsync, rename).
@@ -151,7 +155,10 @@ def merge_root(base: dict, root: dict) -> dict:
 
 
 def apply(base: dict, ov: dict) -> dict:
-    """config.yaml's document with the overlay applied (what boot and every rebuild serve)."""
+    """config.yaml's document with the overlay applied (what boot and every rebuild serve). The
+    overlay's groups are not merged into config.yaml's: they are groups made over the admin API,
+    which boot imports into the governance store (busbar/governance/overlay_groups.py), so they
+    stay mutable there as the Rust gateway's overlay groups are, and config.yaml's stay file-owned."""
     doc = merge_root(base, ov.get("root") or {})
     hooks = dict(doc.get("hooks") or {}) if isinstance(doc.get("hooks"), dict) else {}
     deleted = set(ov.get("deleted") or ())
@@ -172,12 +179,6 @@ def apply(base: dict, ov: dict) -> dict:
         for name, p in list(pools.items()):
             if isinstance(p, dict) and isinstance(p.get("hooks"), list) and deleted:
                 pools[name] = dict(p, hooks=[h for h in p["hooks"] if h not in deleted])
-    if ov.get("groups") or ov.get("deleted_groups"):
-        groups = dict(doc.get("groups") or {}) if isinstance(doc.get("groups"), dict) else {}
-        groups.update(ov.get("groups") or {})
-        for n in ov.get("deleted_groups") or ():
-            groups.pop(n, None)
-        doc["groups"] = groups
     for section, entries in (ov.get("named_maps") or {}).items():
         m = dict(doc.get(section) or {}) if isinstance(doc.get(section), dict) else {}
         for name, d in (entries or {}).items():
@@ -222,7 +223,8 @@ def reload_to_apply(settings: dict) -> list:
 
 def implicated(ov: dict, errors: list) -> set | None:
     """The overlay entries that the config problems `errors` ("<path>: <message>") are about, as
-    (section, name) pairs: ("hooks", n), ("groups", n), ("root", key), (<named section>, n). None
+    (section, name) pairs: ("hooks", n), ("root", key), (<named section>, n) (groups are not merged,
+    so no config problem is theirs). None
     when a problem is not about an overlay entry (config.yaml's own: the config stays invalid)."""
     out = set()
     for e in errors:
@@ -231,8 +233,6 @@ def implicated(ov: dict, errors: list) -> set | None:
         name = rest.split(".", 1)[0].split("[", 1)[0]
         if head == "hooks" and name in ov["hooks"]:
             out.add(("hooks", name))
-        elif head == "groups" and name in ov["groups"]:
-            out.add(("groups", name))
         elif head in (ov.get("named_maps") or {}) and name in ov["named_maps"][head]:
             out.add((head, name))
         elif head.split("[", 1)[0] in ov["root"]:

@@ -373,11 +373,14 @@ def overlay_path(doc: dict, base_dir: str) -> str | None:
     return None
 
 
-def apply_overlay(doc: dict, base_dir: str, out: Problems, drop=frozenset()) -> dict:
+def apply_overlay(doc: dict, base_dir: str, out: Problems, drop=frozenset(),
+                  groups_sink: dict | None = None) -> dict:
     """config.yaml's document with the overlay applied (SPEC §2.4: reapplied over config.yaml at
     boot), in the Rust gateway's overlay format (busbar/admin/overlay.py, which also carries an
     earlier busbar's overlay over). A missing overlay is normal; a corrupt one is ignored with a
-    warning, as the reference does; one written by a newer busbar refuses boot."""
+    warning, as the reference does; one written by a newer busbar refuses boot. The overlay's
+    groups are not merged (they are API groups, busbar/governance/overlay_groups.py): they go into
+    `groups_sink` when one is given."""
     from busbar.admin import overlay as fmt
     path = overlay_path(doc, base_dir)
     if path is None or not os.path.exists(path):
@@ -392,6 +395,8 @@ def apply_overlay(doc: dict, base_dir: str, out: Problems, drop=frozenset()) -> 
         return doc
     if drop:
         ov = fmt.without(ov, drop)
+    if groups_sink is not None:
+        groups_sink.update(groups=ov["groups"], deleted_groups=ov["deleted_groups"])
     return fmt.apply(doc, ov)
 
 

@@ -9,6 +9,7 @@ Problems are strings "<path>: <message>", where <path> is the key's dotted path 
 """
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import os
@@ -275,8 +276,10 @@ def build(
         _scrub(out, text, env)
         return None, out
     base = doc
+    groups_sink = None
     if overlay and not offline and source != "<embedded>":
-        merged = apply_overlay(doc, base_dir, out)
+        groups_sink = {}
+        merged = apply_overlay(doc, base_dir, out, groups_sink=groups_sink)
         if merged is not doc and _retired(
                 merged, "in the overlay %s, which an earlier busbar wrote: apply the migrated "
                 "config again, or move the overlay away" % overlay_path(doc, base_dir), out):
@@ -290,6 +293,8 @@ def build(
     _scrub(out, text, env)
     if out.errors:
         return None, out
+    if groups_sink:
+        config = dataclasses.replace(config, overlay_groups=groups_sink)
     return config, out
 
 

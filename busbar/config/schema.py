@@ -308,6 +308,11 @@ class Config:
     # busbar/hooks/config.py: {name: HookDef}, the top-level `hooks:` definitions.
     hooks: dict = field(default_factory=dict)
     document: dict | None = field(default=None, compare=False, repr=False)
+    # The overlay's `groups` and `deleted_groups` as read at load ({"groups": {name: GroupCfg},
+    # "deleted_groups": [name]}; None: no overlay applied): groups made over the admin API, which
+    # boot imports into the governance store (busbar/governance/overlay_groups.py) rather than
+    # merging them into config.yaml's groups, so they stay API groups.
+    overlay_groups: dict | None = field(default=None, compare=False, repr=False)
     # `pools.upstream_credentials`: whose key goes upstream for a model named directly (a pool's
     # own `upstream_credentials` is on its Pool, the default already applied).
     upstream_credentials: str = "own"

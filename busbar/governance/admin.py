@@ -36,6 +36,7 @@ from busbar.admin.site import (AdminError, Response, bump_plane, check_version, 
 from busbar.config.checks import Problems, problem_list
 from busbar.server.channel import broadcast
 
+from . import overlay_groups
 from .config import check_chains, child_default, group_from_body
 from .model import (NANO, NANO_PER_CENT, TOKEN_PREFIX, USAGE_FIELDS, GroupRecord, KeyRecord,
                     limit_value, mint_token, new_aws_access_key_id, new_credential_id,
@@ -276,6 +277,41 @@ def mount(r, gw):
         if failed:
             raise AdminError(500, "internal error")
 
+    async def mirror(st, name, old, mutate):
+        """An API group change (already in the store and every worker) into the config overlay's
+        `groups` too (busbar/governance/overlay_groups.py); one the overlay cannot take is undone
+        (`old`: the group before it, None when there was none) and the call fails."""
+        live = gw.live
+        if live is None or not hasattr(live, "persist_overlay"):
+            return
+        try:
+            await live.persist_overlay(mutate)
+        except Exception as exc:
+            if old is None:
+                await st.delete_group(name)
+                await push({"drop_groups": [name]})
+            else:
+                await st.put_group(old)
+                await push({"groups": [old]})
+            log.error("governance: group %s: the config overlay was not written, so the change "
+                      "was undone: %s", name, exc)
+            raise AdminError(500, "the group change could not be written to the config overlay, "
+                             "so it was undone: %s" % exc) from None
+
+    async def reset_api_groups() -> bool:
+        """DELETE overlay/groups, the store's half: every group made over the API leaves the store
+        and every worker (config.yaml's groups are what is left). True when there was one."""
+        if gov() is None:
+            return False
+        st = await store()
+        names = [g.name for g in await st.list_groups() if g.name not in gov().groups]
+        for n in names:
+            await st.delete_group(n)
+        if names:
+            await push({"drop_groups": names})
+        return bool(names)
+    gw.reset_api_groups = reset_api_groups
+
     async def all_groups(st) -> dict:
         out = {g.name: g for g in await st.list_groups()}
         out.update(gov().groups)
@@ -452,6 +488,7 @@ def mount(r, gw):
                     raise AdminError(400, "; ".join(problem_list(chk.errors)[0].values()))
                 await st.put_group(leaf)
                 await push({"groups": [leaf]})
+                await mirror(st, group, None, lambda ov: overlay_groups.put(ov, leaf))
                 bump_plane(gw, req.principal, "group.provision group:%s (auto, parent %s)" % (
                     group, parent))
                 req.audit("group.provision", "group:%s" % group, APPLIED)
@@ -767,8 +804,10 @@ def mount(r, gw):
         if chk.errors:
             raise AdminError(400, "invalid tree: " + "; ".join(
                 "%s: %s" % (p["path"], p["message"]) for p in problem_list(chk.errors)))
+        old = await st.get_group(name)
         await st.put_group(g)
         await push({"groups": [g]})
+        await mirror(st, name, old, lambda ov: overlay_groups.put(ov, g))
         bump_plane(gw, req.principal, "%s group:%s" % (action, name))
         return g
 
@@ -850,8 +889,10 @@ def mount(r, gw):
         if bound:
             raise AdminError(409, "group '%s' still has %d key(s) bound; rebind or delete them "
                              "first" % (name, len(bound)))
+        old = await st.get_group(name)
         await st.delete_group(name)
         await push({"drop_groups": [name]})
+        await mirror(st, name, old, lambda ov: overlay_groups.drop(ov, name))
         bump_plane(gw, req.principal, "group.delete group:%s" % name)
         req.audit("group.delete", "group:%s" % name, APPLIED)
         return plane_etag(Response(204, b""))

@@ -54,6 +54,7 @@ class GovBoot:
         self.ready = None           # an asyncio.Event, set once the store is open (start)
         self.spender = None         # the parent's spend refresh task (start)
         self.gw = None              # the process's gateway (install): its snapshot's config
+        self.config = config        # the boot config (its overlay's groups: start)
         if self.local:
             from cbusbar.ledger import LimitTable
 
@@ -62,6 +63,15 @@ class GovBoot:
             models = config.models
             self.store = store = open_store(gov.store, gov.groups, lambda m: _provider(models, m))
             store.open_sync()
+            from .overlay_groups import to_import
+            puts, gone = to_import(config, dict(store.groups), False, log.warning)
+            for g in puts:
+                store.put_group_sync(g)
+            for n in gone:
+                store.delete_group_sync(n)
+            if puts or gone:
+                log.info("governance: %d group(s) imported from the config overlay, %d removed by "
+                         "its tombstones", len(puts), len(gone))
             self.keys = list(store.keys.values())
             self.groups = list(store.groups.values())
             self.table = LimitTable(DEFAULT_BUCKETS)
@@ -151,10 +161,28 @@ class GovBoot:
             from .store import open_store
             self.store = open_store(self.gov.store)
             await self.store.open()
+            await self._import_overlay_groups()
         self.ready.set()
         for s in self.parent_ends:
             self.readers.append(gw.loop.create_task(self._read_usage(gw.loop, s)))
         self.spender = gw.loop.create_task(self._spend_loop(gw))
+
+    async def _import_overlay_groups(self):
+        """A shared store's boot import of the overlay's groups (busbar/governance/
+        overlay_groups.py): the ones the store lacks; the store's own are the fleet's truth."""
+        from .overlay_groups import to_import
+        config, self.config = self.config, None
+        try:
+            stored = {g.name: g for g in await self.store.list_groups()}
+            puts, _ = to_import(config, stored, True, log.warning)
+            for g in puts:
+                await self.store.put_group(g)
+        except Exception as exc:
+            log.warning("governance: the config overlay's groups were not imported into the "
+                        "store: %s", exc)
+            return
+        if puts:
+            log.info("governance: %d group(s) imported from the config overlay", len(puts))
 
     async def _spend_loop(self, gw):
         """The governance gauges of /metrics: every SPEND_REFRESH_SECS, the figures of every key

@@ -143,9 +143,12 @@ class MemoryStore:
     async def delete_key(self, key_id):
         self._tombstone_mem(key_id, int(time.time()))
 
-    # -- groups
-    async def put_group(self, rec: GroupRecord):
+    # -- groups (the *_sync forms: boot's overlay import, before any event loop runs)
+    def put_group_sync(self, rec: GroupRecord):
         self.groups[rec.name] = rec
+
+    async def put_group(self, rec: GroupRecord):
+        self.put_group_sync(rec)
 
     async def get_group(self, name):
         return self.groups.get(name)
@@ -153,8 +156,11 @@ class MemoryStore:
     async def list_groups(self):
         return sorted(self.groups.values(), key=lambda g: g.name)
 
-    async def delete_group(self, name):
+    def delete_group_sync(self, name):
         self.groups.pop(name, None)
+
+    async def delete_group(self, name):
+        self.delete_group_sync(name)
 
     # -- usage
     async def add_usage(self, rows, windows=None):
@@ -658,15 +664,15 @@ class SqliteStore(MemoryStore):
         self.keys[key_id].revision = gone.revision
 
     # -- groups
-    async def put_group(self, rec):
+    def put_group_sync(self, rec):
         self.db.execute("INSERT INTO store_meta (k, v) VALUES (?, ?) ON CONFLICT (k) DO UPDATE "
                         "SET v = excluded.v",
                         (GROUP_META + rec.name, orjson.dumps(group_to_dict(rec)).decode()))
-        await MemoryStore.put_group(self, rec)
+        MemoryStore.put_group_sync(self, rec)
 
-    async def delete_group(self, name):
+    def delete_group_sync(self, name):
         self.db.execute("DELETE FROM store_meta WHERE k = ?", (GROUP_META + name,))
-        await MemoryStore.delete_group(self, name)
+        MemoryStore.delete_group_sync(self, name)
 
     # -- audit: the v6 schema's audit_log, append-only (its triggers refuse UPDATE and DELETE)
     _AUDIT_COLS = "seq, ts, action, resource, outcome, principal, prev_hash, hash"
