@@ -161,3 +161,43 @@ def test_an_unwritable_overlay_undoes_the_group_change(mock_port, tmp_path):
         assert (tmp_path / "busbar-overlay.json").read_text() == "{not json"
     finally:
         stop(g.proc)
+
+
+def test_a_shared_store_keeps_its_own_and_takes_what_it_lacks(mock_port, tmp_path):
+    from tests.busbar.governance.conftest import _need_redis
+    from tests.redis_server import RedisServer
+    _need_redis()
+    redis = RedisServer().start()
+    tail = GROUPS.replace("store: {module: memory}",
+                          "store: {module: valkey, settings: {url: {env: BB_REDIS}}}")
+    one, two = tmp_path / "one", tmp_path / "two"
+    one.mkdir()
+    two.mkdir()
+    _write_overlay(one, {"groups": {"ov1": {"limits": [{"requests": 2, "per": "minute"}]}}})
+    _write_overlay(two, {"groups": {"ov1": {"limits": [{"requests": 2, "per": "minute"}]},
+                                    "ov2": {"parent": "ov1"}},
+                         "deleted_groups": ["ov9"]})
+    text, admin = gov_config(mock_port, tail)
+    text2, admin2 = gov_config(mock_port, tail)
+    env = gov_env({"BB_REDIS": redis.url})
+    a = b = None
+    try:
+        a = start_gateway(one, text, 1, env)
+        a.admin = Admin(admin)
+        assert _names(a.admin)["ov1"]["limits"][0]["amount"] == 2      # imported
+        assert a.admin.call("PATCH", "/groups/ov1", {"limits": [{"requests": 7,
+                                                                "per": "minute"}]})[0] == 200
+        assert a.admin.call("POST", "/groups", {"name": "ov9", "config": {}})[0] == 201
+        # another instance whose overlay is older: the store's ov1 stands, ov2 is taken, and its
+        # tombstone does not remove the group another instance made
+        b = start_gateway(two, text2, 1, env)
+        b.admin = Admin(admin2)
+        groups = _names(b.admin)
+        assert groups["ov1"]["limits"][0]["amount"] == 7
+        assert groups["ov2"]["parent"] == "ov1" and "ov9" in groups
+        assert "ov2" in _names(a.admin)                     # the fleet shares it
+    finally:
+        for g in (a, b):
+            if g is not None:
+                stop(g.proc)
+        redis.close()
