@@ -65,11 +65,11 @@ import asyncio
 import hashlib
 import logging
 import math
-import sys
 import time
 
 import orjson
 
+from busbar.governance.resp import DOWN, RespClient, RespError, encode_script, redis_py
 from busbar.governance.model import (
     C_BUCKET, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS, Denial, GroupRecord,
     KeyRecord, StoreError, Usage, credential_live, day_epoch, day_of_bucket, group_from_dict,
@@ -106,36 +106,7 @@ class StoreUnavailable(RuntimeError):
 
 
 # ---------------------------------------------------------------------------- redis-py, lazily
-def _redis():
-    """redis-py's asyncio package, imported on first use.
-
-    The single-file executable (packaging/busbar.spec) leaves out importlib.metadata and what it
-    imports (email, csv, zipfile). redis-py imports importlib.metadata at import time only to read
-    its own version (redis.utils.get_lib_version, which already falls back when the distribution
-    is not found), so when the module is absent a stand-in that says "not found" takes its place."""
-    mod = sys.modules.get("redis.asyncio")
-    if mod is not None:
-        return mod
-    try:
-        import importlib.metadata  # noqa: F401
-    except ImportError:
-        import importlib
-        import types
-
-        stub = types.ModuleType("importlib.metadata")
-
-        class PackageNotFoundError(ModuleNotFoundError):
-            pass
-
-        def version(name):
-            raise PackageNotFoundError(name)
-
-        stub.PackageNotFoundError = PackageNotFoundError
-        stub.version = version
-        sys.modules["importlib.metadata"] = stub
-        importlib.metadata = stub
-    import redis.asyncio
-    return redis.asyncio
+_redis = redis_py     # busbar/governance/resp.py: redis-py's asyncio package, imported on first use
 
 
 def _connect(url: str, timeout: float, retry: bool):
@@ -991,31 +962,38 @@ class RedisLedger:
             raise ValueError("fail_mode: expected closed or open, got %r" % (fail_mode,))
         self.url = url
         self.fail_mode = fail_mode
+        # fail_mode open keeps a local count (_seen, _drift) to admit against while Redis is
+        # down; closed never reads one, so the request path does not keep it
+        self._local = fail_mode == "open"
         self.timeout = timeout
         self.prefix = prefix
         self.up = True                  # False while Redis is unreachable
-        self._r = None
+        self._c = None                  # the RespClient (busbar/governance/resp.py), once started
         self._pend = _Writes()          # not yet in Redis
         self._drift = {}                # (ledger key, kind) -> what _pend adds to that value
         self._seen = {}                 # (ledger key, kind) -> (last value seen, expires at)
         self._rates = {}                # id(rate card) -> (the card, its hash key, written)
+        self._lkeys = {}                # (bucket, window) or (group, -1) -> ledger key (_lkey)
+        self._mfields = {}              # model -> its four `m:<model>:<tier>` ledger fields
         self._flusher = None            # the task writing the pending settles
         self._prober = None             # the task asking a down Redis again
 
     async def start(self):
-        self._r = _connect(self.url, self.timeout, retry=False)
-        self._down = _down_errors()
-        self._admit = self._r.register_script(ADMIT_LUA)
-        self._settle = self._r.register_script(SETTLE_LUA)
+        # busbar's own pipelined client (resp.py), not redis-py: the request path's commands are
+        # framed in C and share one connection, no task or timeout object per command.
+        self._c = RespClient(self.url, self.timeout)
+        self._down = DOWN
+        self._admit_sha = self._c.script(ADMIT_LUA)
+        self._settle_sha = self._c.script(SETTLE_LUA)
         try:    # load both scripts now, so the first request does not pay the NOSCRIPT detour
-            await self._r.script_load(ADMIT_LUA)
-            await self._r.script_load(SETTLE_LUA)
+            await self._c.load(self._admit_sha)
+            await self._c.load(self._settle_sha)
         except self._down as e:
             self._went_down(e)
 
     async def close(self, timeout: float = 2.0):
         """Writes what is pending (bounded by `timeout`), then disconnects."""
-        if self._r is None:
+        if self._c is None:
             return
         try:
             await asyncio.wait_for(self.flush(), timeout)
@@ -1028,8 +1006,8 @@ class RedisLedger:
                     await t
                 except (asyncio.CancelledError, Exception):
                     pass
-        await self._r.aclose()
-        self._r = None
+        self._c.close()
+        self._c = None
 
     async def flush(self):
         """Waits until every settle so far is written to Redis, or could not be (Redis down:
@@ -1051,13 +1029,25 @@ class RedisLedger:
             got = self._rates[(id(card), fee)] = [card, key, fields, False]
         return got
 
+    def _lkey(self, c):
+        """ledger_key, remembered per (bucket, window) or group: the request path asks for the
+        same few keys every time."""
+        memo = self._lkeys
+        mk = (c[C_GROUP], -1) if c[C_KIND] == "concurrent" else (c[C_BUCKET], c[C_WINDOW])
+        k = memo.get(mk)
+        if k is None:
+            if len(memo) > 4096:     # windows roll: old ones are dropped wholesale
+                memo.clear()
+            k = memo[mk] = ledger_key(self.prefix, c)
+        return k
+
     def _layout(self, checks, reserve):
-        """(ledger hash keys, gauge keys, per hash (ttl, reserve), per check (code, index))."""
-        p = self.prefix
+        """(ledger hash keys, gauge keys, per hash (ttl, reserve), key index (1-based) by key,
+        each check's ledger key)."""
         hashes, gauges = [], []
         index, ttl, res = {}, {}, {}
-        for c in checks:
-            k = ledger_key(p, c)
+        lkeys = [self._lkey(c) for c in checks]
+        for c, k in zip(checks, lkeys):
             if k not in index:
                 if c[C_KIND] == "concurrent":
                     gauges.append(k)
@@ -1068,7 +1058,7 @@ class RedisLedger:
             if c[C_KIND] == "budget_usd":
                 res[k] = reserve
         order = {k: i + 1 for i, k in enumerate(hashes + gauges)}
-        return hashes, gauges, [(ttl[k], res.get(k, 0)) for k in hashes], order
+        return hashes, gauges, [(ttl[k], res.get(k, 0)) for k in hashes], order, lkeys
 
     async def admit(self, checks, now: float, card=None, reserve: int = 0, fee: int = 0):
         """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
@@ -1080,15 +1070,14 @@ class RedisLedger:
         if not self.up:
             return self._admit_local(checks, now, reserve, fee) if self.fail_mode == "open" \
                 else UNAVAILABLE
-        hashes, gauges, per_hash, order = self._layout(checks, reserve)
+        hashes, gauges, per_hash, order, lkeys = self._layout(checks, reserve)
         rc = self._rate_card(card, fee)
         keys = hashes + gauges + [rc[1]]
         args = [len(hashes), len(gauges)]
         for ttl, res in per_hash:
             args += (ttl, res)
-        p = self.prefix
-        for c in checks:
-            args += (_KIND_CODE[c[C_KIND]], order[ledger_key(p, c)], c[C_LIMIT])
+        for c, k in zip(checks, lkeys):
+            args += (_KIND_CODE[c[C_KIND]], order[k], c[C_LIMIT])
         try:
             out = await self._run_admit(keys, args, rc, checks, reserve, fee)
         except asyncio.CancelledError:
@@ -1101,6 +1090,8 @@ class RedisLedger:
             _log_error("admission script failed: %r" % e)
             return UNAVAILABLE
         failed = out[0]
+        if not self._local:
+            return _denial(checks[failed - 1]) if failed else None
         seen = self._seen
         if len(seen) > 8192:
             self._prune(now)
@@ -1110,7 +1101,7 @@ class RedisLedger:
             if not failed:
                 v += _charge(c, reserve, fee)
             exp = now + c[C_ROLL] if c[C_WINDOW] and c[C_ROLL] is not None else None
-            seen[(ledger_key(p, c), c[C_KIND])] = (v, exp)
+            seen[(lkeys[i], c[C_KIND])] = (v, exp)
         if failed:
             return _denial(checks[failed - 1])
         return None
@@ -1119,26 +1110,47 @@ class RedisLedger:
         """The admission script, the rate card written first where it may be missing. Shielded: a
         caller cancelled mid-flight (its client went away) must not leave charges nobody will
         settle; if the script admitted, they are given back when it answers."""
+        frame = encode_script(self._admit_sha, keys, args)
         for _ in range(2):
             if not rc[3] and any(c[C_KIND] == "budget_usd" for c in checks):
-                await self._r.hset(rc[1], mapping=rc[2])
+                fields = []
+                for f, v in rc[2].items():
+                    fields += (f, v)
+                await self._c.call(b"HSET", rc[1], *fields)
                 rc[3] = True
-            call = asyncio.ensure_future(self._admit(keys=keys, args=args))
-            try:
-                out = await asyncio.shield(call)
-            except asyncio.CancelledError:
-                call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve, fee))
-                raise
+            out = await self._send_admit(frame, checks, reserve, fee)
+            if out is None:                 # NOSCRIPT (a restarted Redis): load, send again
+                await self._c.load(self._admit_sha)
+                out = await self._send_admit(frame, checks, reserve, fee)
+                if out is None:
+                    raise RuntimeError("the admission script could not be loaded into Redis")
             if out and out[0] == -1:         # the card's hash is gone (a Redis restart): again
                 rc[3] = False
                 continue
             return out
         raise RuntimeError("the rate card could not be written to Redis")
 
-    def _undo_if_admitted(self, fut, checks, reserve, fee=0):
-        if fut.cancelled() or fut.exception() is not None or fut.result()[0]:
-            return
-        self.undo(checks, reserve, fee)
+    async def _send_admit(self, frame, checks, reserve, fee):
+        """The admission script's reply, None on NOSCRIPT (it did not run). A caller cancelled
+        while it is in flight leaves it to be answered: its charges are given back then."""
+        conn = self._c.conn
+        if conn is None or conn._closed is not None:
+            conn = await self._c.connection()
+        fut = conn.send(frame)
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():
+                conn.orphaned(fut, lambda r: self._undo_if_admitted(r, checks, reserve, fee))
+            raise
+        except RespError as e:
+            if e.code == "NOSCRIPT":
+                return None
+            raise
+
+    def _undo_if_admitted(self, reply, checks, reserve, fee=0):
+        if reply.__class__ is list and reply and reply[0] == 0:
+            self.undo(checks, reserve, fee)
 
     def _value(self, key, kind):
         s = self._seen.get((key, kind))
@@ -1187,7 +1199,7 @@ class RedisLedger:
             self._kick()
 
     def _drift_add(self, key, kind, delta):
-        if delta:
+        if delta and self._local:
             self._drift[(key, kind)] = self._drift.get((key, kind), 0) + delta
 
     def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
@@ -1208,6 +1220,7 @@ class RedisLedger:
         try:
             p = self.prefix
             w = self._pend
+            hinc = w.hinc
             inp = out = cr = cw = 0
             model = ""
             if usage is not None:
@@ -1216,8 +1229,15 @@ class RedisLedger:
                 model = usage.model or ""
             tokens = (inp, out, cr, cw)
             done = set()
+            mf = None
+            if model:
+                mf = self._mfields.get(model)
+                if mf is None:
+                    if len(self._mfields) > 1024:
+                        self._mfields.clear()
+                    mf = self._mfields[model] = tuple("m:%s:%s" % (model, t) for t in TIERS)
             for c in checks:
-                k = ledger_key(p, c)
+                k = self._lkey(c)
                 kind = c[C_KIND]
                 if kind == "concurrent":
                     if k not in done:
@@ -1228,16 +1248,17 @@ class RedisLedger:
                 ttl = _ledger_ttl(c[C_PER], c[C_ROLL])
                 if k not in done:
                     done.add(k)
-                    if model:
-                        for tier, v in zip(TIERS, tokens):
-                            w.hinc(k, "m:%s:%s" % (model, tier), v, True, ttl)
+                    if mf is not None:
+                        for f, v in zip(mf, tokens):
+                            if v:
+                                hinc(k, f, v, True, ttl)
                     if not ok:
-                        w.hinc(k, "billable_requests", -1, True, ttl)
+                        hinc(k, "billable_requests", -1, True, ttl)
                     self._drift_add(k, "tokens", inp + out + cr + cw)
                 if kind == "budget_usd" and (k, "b") not in done:
                     done.add((k, "b"))
                     if reserve:
-                        w.hinc(k, "bb:reserved", -reserve, True, ttl)
+                        hinc(k, "bb:reserved", -reserve, True, ttl)
                     # (a non-2xx answer leaves the billable count, and its fee with it)
                     self._drift_add(k, "budget_usd", cost - reserve - (0 if ok else fee))
             if usage is not None:
@@ -1251,7 +1272,7 @@ class RedisLedger:
             _log_error("settle failed: %r" % e)
 
     def _kick(self):
-        if self._r is not None:
+        if self._c is not None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
 
     async def _flush_loop(self):
@@ -1268,7 +1289,7 @@ class RedisLedger:
         try:
             if pend:
                 keys, args = pend.script(self.prefix)
-                await self._settle(keys=keys, args=args)
+                await self._c.evalsha(self._settle_sha, keys, args)
         except BaseException as e:
             pend.merge(self._pend)
             self._pend = pend
@@ -1305,19 +1326,16 @@ class RedisLedger:
     async def _probe(self):
         """While down: ask Redis again every PROBE_INTERVAL; once it answers, push everything
         counted meanwhile (one script), then send admission back to Redis."""
-        try:    # every pooled connection may be dead (a restart): start again from new ones
-            await self._r.connection_pool.disconnect()
-        except Exception:
-            pass
+        self._c.close()     # the connection may be dead (a restart): start again from a new one
         while True:
             await asyncio.sleep(PROBE_INTERVAL)
             try:
-                await self._r.ping()
+                await self._c.call(b"PING")
             except Exception:
                 continue
             try:    # a restarted Redis has no scripts, and may have lost the rate cards
-                await self._r.script_load(ADMIT_LUA)
-                await self._r.script_load(SETTLE_LUA)
+                await self._c.load(self._admit_sha)
+                await self._c.load(self._settle_sha)
             except Exception:
                 continue
             for rc in self._rates.values():

@@ -1,0 +1,179 @@
+"""busbar/governance/resp.py, the pipelined client of the ledger's request path, against a real
+redis-server (tests/redis_server.py) and against scripted fake servers: concurrent admissions
+share one connection and stay exact; AUTH and SELECT from the URL; NOSCRIPT reloads the script;
+a server that drops the connection in the middle of a reply, or never answers, fails the
+commands in flight (the ledger: 503 "unavailable", down, the settles kept) and the next call
+connects again."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from busbar.governance.redis_store import UNAVAILABLE, RedisLedger, RedisStore
+from busbar.governance.resp import RespClient
+from cbusbar.resp import RespError
+
+from .test_redis_store import CARD, check, raw_client, usage
+
+
+def run(coro):
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def prefix():
+    return "r%s:" % uuid.uuid4().hex[:8]
+
+
+def test_concurrent_admissions_pipeline_on_one_connection_and_stay_exact(redis_server):
+    """40 admissions at once against a limit of 10: exactly 10 admitted, all on one connection
+    (replies matched in order), and the settles that follow land."""
+    async def go():
+        p = prefix()
+        led = RedisLedger(redis_server.url, prefix=p)
+        st = RedisStore(redis_server.url, prefix=p)
+        await led.start()
+        await st.open()
+        try:
+            now = time.time()
+            rate = check("g", "requests", 10, 1, "minute", now)
+            conc = check("g", "concurrent", 1000, 1)
+            conn = led._c.conn
+            res = await asyncio.gather(*(led.admit([rate, conc], now, CARD) for _ in range(40)))
+            assert sum(1 for r in res if r is None) == 10
+            assert all(r.kind == "requests" for r in res if r is not None)
+            assert led._c.conn is conn and conn._sent >= 42 and conn._got == conn._sent
+            for r in res:
+                if r is None:
+                    led.settle([rate, conc], 0, usage(inp=3), True)
+            await led.flush()
+            assert await st.check_values([rate, conc], CARD) == [10, 0]
+            [row] = await st.usage_rows()
+            assert (row["requests"], row["input_tokens"]) == (10, 30)
+        finally:
+            await led.close()
+            await st.close()
+    run(go())
+
+
+def test_noscript_reloads_and_select_and_auth_from_the_url(own_redis):
+    async def go():
+        r = await raw_client(own_redis.url)
+        await r.config_set("requirepass", "s3cret")
+        await r.aclose()
+        base = "127.0.0.1:%d" % own_redis.port
+        # a wrong password: the connection's setup is refused, as "down"
+        bad = RespClient("redis://:nope@%s/0" % base, 0.5)
+        with pytest.raises(ConnectionError, match="setup"):
+            await bad.call(b"PING")
+        bad.close()
+        for url in ("redis://:s3cret@%s/3" % base, "redis://default:s3cret@%s?db=3" % base):
+            p = prefix()
+            led = RedisLedger(url, prefix=p)
+            await led.start()
+            try:
+                now = time.time()
+                rate = check("g", "requests", 2, 1, "minute", now)
+                assert await led.admit([rate], now, CARD) is None
+                await led._c.call(b"SCRIPT", b"FLUSH")        # the scripts are gone...
+                assert await led.admit([rate], now, CARD) is None    # ...loaded again
+                assert (await led.admit([rate], now, CARD)).kind == "requests"
+                led.settle([rate], 0, usage(inp=1), True)
+                await led.flush()
+                key = "%susage:group:g@minute:%d" % (p, rate[4])
+                c = RespClient("redis://:s3cret@%s/3" % base, 0.5)
+                assert await c.call(b"HGET", key, b"requests") == b"2"
+                assert await c.call(b"SELECT", 0) == b"OK"
+                assert await c.call(b"EXISTS", key) == 0           # db 3, not 0
+                with pytest.raises(RespError):
+                    await c.call(b"NOSUCHCOMMAND")
+                assert await c.call(b"PING") == b"PONG"              # still usable
+                c.close()
+            finally:
+                await led.close()
+    run(go())
+
+
+class FakeRedis:
+    """A loopback server that answers SCRIPT LOAD, and then does `then` to every other command:
+    'half' sends the start of an admission reply and closes the connection, 'mute' says
+    nothing."""
+
+    def __init__(self, then):
+        self.then = then
+        self.conns = 0
+
+    async def start(self):
+        self.srv = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.url = "redis://127.0.0.1:%d/0" % self.srv.sockets[0].getsockname()[1]
+        return self
+
+    async def _serve(self, reader, writer):
+        from cbusbar.resp import RespParser
+        self.conns += 1
+        p = RespParser()
+        while True:
+            data = await reader.read(65536)
+            if not data:
+                break
+            for cmd in p.feed(data):
+                if cmd[0].upper() == b"SCRIPT":
+                    writer.write(b"$40\r\n" + b"0" * 40 + b"\r\n")
+                elif cmd[0].upper() == b"PING":
+                    writer.write(b"+PONG\r\n")
+                elif self.then == "half":
+                    writer.write(b"*2\r\n:0\r\n")       # an admission reply, cut short
+                    await writer.drain()
+                    writer.close()
+                    return
+            await writer.drain()
+        writer.close()
+
+    def close(self):
+        self.srv.close()
+
+
+@pytest.mark.parametrize("then", ["half", "mute"])
+def test_a_server_that_drops_or_stalls_mid_reply_fails_closed(then):
+    async def go():
+        fake = await FakeRedis(then).start()
+        led = RedisLedger(fake.url, fail_mode="closed", timeout=0.3)
+        await led.start()
+        try:
+            assert led.up
+            now = time.time()
+            rate = check("g", "requests", 10, 1, "minute", now)
+            t0 = time.monotonic()
+            res = await asyncio.gather(*(led.admit([rate], now, CARD) for _ in range(5)))
+            took = time.monotonic() - t0
+            assert res == [UNAVAILABLE] * 5                 # every command in flight failed
+            assert not led.up
+            if then == "mute":
+                assert 0.3 <= took < 0.6                    # one deadline: timeout .. 1.5x
+            else:
+                assert took < 0.3
+            led.settle([rate], 0, usage(inp=1), True)      # kept while down
+            assert led._pend
+            await led.flush()
+            assert await led.admit([rate], now, CARD) == UNAVAILABLE
+        finally:
+            await led.close(timeout=0.2)
+            fake.close()
+    run(go())
+
+
+def test_client_connects_again_after_the_connection_is_lost(own_redis):
+    async def go():
+        c = RespClient(own_redis.url, 0.5)
+        assert await c.call(b"PING") == b"PONG"
+        first = c.conn
+        own_redis.stop()
+        with pytest.raises((ConnectionError, OSError)):
+            await c.call(b"PING")
+        own_redis.start()
+        assert await c.call(b"PING") == b"PONG"
+        assert c.conn is not first
+        c.close()
+    run(go())
