@@ -3,7 +3,8 @@ scripts): one connection per worker, pipelined, on an asyncio Protocol, with the
 (cbusbar/resp.pyx).
 
 - Many commands in flight on the connection at once; replies are matched to them in order (FIFO),
-  each caller awaiting a plain future: no Task, no wait_for, no timeout object per command.
+  each caller awaiting a plain future: no Task, no wait_for, no timeout object per command. The
+  commands of one event-loop turn go out in one write (one system call) at the turn's end.
 - One deadline per connection: while commands are in flight a timer ticks every `timeout / 2`;
   when the oldest of them has gone unanswered for `timeout` (between 1 and 1.5 x `timeout`), the
   connection is declared dead and aborted, and every command on it fails with TimeoutError.
@@ -116,6 +117,7 @@ class RespConnection(asyncio.Protocol):
         self._sent = 0              # commands sent on this connection
         self._got = 0               # replies read
         self._timer = None          # the deadline tick, while commands are in flight
+        self._out = []              # frames of this loop turn, written together at its end
         self._marks = []            # _sent at the last three ticks
 
     # -- asyncio.Protocol
@@ -162,7 +164,10 @@ class RespConnection(asyncio.Protocol):
             return fut
         self._waiting.append(fut)
         self._sent += 1
-        self._transport.write(frame)
+        out = self._out
+        out.append(frame)
+        if len(out) == 1:           # one write (one system call) for the turn's commands
+            self._loop.call_soon(self._write)
         if self._timer is None:
             self._marks = [self._sent]
             self._timer = self._loop.call_later(self._timeout / 2, self._tick)
@@ -179,6 +184,12 @@ class RespConnection(asyncio.Protocol):
         self._fail(ConnectionError("the connection to Redis was closed by busbar"))
 
     # -- inside
+    def _write(self):
+        out, self._out = self._out, []
+        t = self._transport
+        if t is not None and out:
+            t.write(out[0] if len(out) == 1 else b"".join(out))
+
     def _tick(self):
         self._timer = None
         if self._closed is not None:
@@ -209,6 +220,7 @@ class RespConnection(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._out = []
         waiting, self._waiting = self._waiting, deque()
         for fut in waiting:
             if fut.done():
