@@ -69,7 +69,9 @@ import time
 
 import orjson
 
-from busbar.governance.resp import DOWN, RespClient, RespError, encode_script, redis_py
+from busbar.governance.resp import DOWN, RespClient, RespError, redis_py
+from cbusbar.respledger import LedgerLayout
+from cbusbar.respledger import Writes as _Writes
 from busbar.governance.model import (
     C_BUCKET, C_GROUP, C_KIND, C_LIMIT, C_PER, C_ROLL, C_WINDOW, USAGE_FIELDS, Denial, GroupRecord,
     KeyRecord, StoreError, Usage, credential_live, day_epoch, day_of_bucket, group_from_dict,
@@ -97,8 +99,6 @@ SCHEMA_VERSION = 6
 TIERS = ("input", "output", "cache_read", "cache_write")
 # A CAS write (a key row changed between its read and its write) is tried again this often.
 CAS_TRIES = 8
-
-_KIND_CODE = {"requests": "r", "tokens": "t", "budget_usd": "b", "concurrent": "c"}
 
 
 class StoreUnavailable(RuntimeError):
@@ -139,17 +139,13 @@ def conc_key(p: str, group: str) -> str:
     return "%sbb:conc:%s" % (p, group)
 
 
-def _esc(s: str) -> str:
-    """A metering row key component: `\\` and the `|` separator escaped (the Rust store's rule)."""
-    return s.replace("\\", "\\\\").replace("|", "\\|")
-
-
 def metering_set(p: str, bucket: int) -> str:
     return "%smetering:%d" % (p, bucket)
 
 
-def metering_row(p: str, bucket: int, key_id: str, model: str, provider: str) -> str:
-    return "%smetering:%d:%s|%s|%s" % (p, bucket, _esc(key_id), _esc(model), _esc(provider))
+# A metering row's key (`metering:<day>:<key>|<model>|<provider>`, `\\` and `|` escaped) is
+# named by cbusbar/respledger.pyx (Writes.meter), as its day's set, and the ledger keys of the
+# request path (LedgerLayout.key, the same names as ledger_key below).
 
 
 def ledger_key(p: str, check) -> str:
@@ -444,89 +440,6 @@ def _json_with_revision_slot(d: dict) -> bytes:
     d = dict(d)
     d["revision"] = -1
     return orjson.dumps(d)
-
-
-class _Writes:
-    """Pending increments, in the shape SETTLE_LUA takes: hash fields (with a floor-at-0 flag and
-    the hash's ttl), gauges, and metering rows' attribution."""
-
-    __slots__ = ("hashes", "gauges", "rows")
-
-    def __init__(self):
-        self.hashes = {}        # key -> [ttl, {field: [delta, floor]}]
-        self.gauges = {}        # key -> delta
-        self.rows = {}          # row key -> (day set key, key id, model, provider, group)
-
-    def __bool__(self):
-        return bool(self.hashes or self.gauges or self.rows)
-
-    def hinc(self, key, field, delta, floor=False, ttl=0):
-        if not delta:
-            return
-        h = self.hashes.get(key)
-        if h is None:
-            h = self.hashes[key] = [ttl, {}]
-        elif ttl and not h[0]:
-            h[0] = ttl
-        cur = h[1].get(field)
-        if cur is None:
-            h[1][field] = [delta, floor]
-        else:
-            cur[0] += delta
-
-    def gauge(self, key, delta):
-        self.gauges[key] = self.gauges.get(key, 0) + delta
-
-    def meter(self, p, bucket, key_id, group, model, provider, counts):
-        """One usage row's counts (model.USAGE_FIELDS order) into its metering row."""
-        row = metering_row(p, bucket, key_id, model, provider)
-        self.rows.setdefault(row, (metering_set(p, bucket), key_id, model, provider, group or ""))
-        for field, v in zip(("requests", "tokens_input", "tokens_output", "tokens_cache_read",
-                             "tokens_cache_write", "billable_requests"), counts):
-            self.hinc(row, field, v)
-
-    def ledger(self, p, bucket, start, requests, billable, models, ttl=0):
-        k = usage_key(p, bucket, start)
-        self.hinc(k, "requests", requests, True, ttl)
-        self.hinc(k, "billable_requests", billable, True, ttl)
-        for model, t in models.items():
-            for tier, v in zip(TIERS, t):
-                self.hinc(k, "m:%s:%s" % (model, tier), v, True, ttl)
-
-    def merge(self, other: "_Writes"):
-        for k, (ttl, fields) in other.hashes.items():
-            for f, (d, floor) in fields.items():
-                self.hinc(k, f, d, floor, ttl)
-        for k, d in other.gauges.items():
-            self.gauge(k, d)
-        for k, v in other.rows.items():
-            self.rows.setdefault(k, v)
-
-    def script(self, p):
-        """(keys, args) of SETTLE_LUA."""
-        keys = []
-        args = [0, 0, 0]
-        for k, (ttl, fields) in self.hashes.items():
-            live = [(f, d, floor) for f, (d, floor) in fields.items() if d]
-            if not live:
-                continue
-            keys.append(k)
-            args += (ttl, len(live))
-            for f, d, floor in live:
-                args += (f, d, 1 if floor else 0)
-            args[0] += 1
-        for k, d in self.gauges.items():
-            if d:
-                keys.append(k)
-                args.append(d)
-                args[1] += 1
-        for k, (dayset, key_id, model, provider, group) in self.rows.items():
-            keys.append(k)
-            args += (dayset, key_id, model, provider, group)
-            args[2] += 1
-        keys.append(p + "schema")
-        args.append(SCHEMA_VERSION)
-        return keys, args
 
 
 def _usage_writes(p, rows, windows, now) -> _Writes:
@@ -847,7 +760,7 @@ class RedisStore:
     async def add_usage(self, rows: list[Usage], windows=None) -> None:
         w = _usage_writes(self.prefix, rows, windows, time.time())
         if w:
-            keys, args = w.script(self.prefix)
+            keys, args = w.script(self.prefix, SCHEMA_VERSION)
             await self._call(self._settle(keys=keys, args=args))
 
     async def usage_rows(self, day: str | None = None) -> list[dict]:
@@ -973,8 +886,9 @@ class RedisLedger:
         self._drift = {}                # (ledger key, kind) -> what _pend adds to that value
         self._seen = {}                 # (ledger key, kind) -> (last value seen, expires at)
         self._rates = {}                # id(rate card) -> (the card, its hash key, written)
-        self._lkeys = {}                # (bucket, window) or (group, -1) -> ledger key (_lkey)
-        self._mfields = {}              # model -> its four `m:<model>:<tier>` ledger fields
+        # the request path's key names and commands, in C (cbusbar/respledger.pyx)
+        self._lay = LedgerLayout(prefix, EXPIRE_MARGIN, day_epoch)
+        self._lkey = self._lay.key
         self._flusher = None            # the task writing the pending settles
         self._prober = None             # the task asking a down Redis again
 
@@ -1029,37 +943,6 @@ class RedisLedger:
             got = self._rates[(id(card), fee)] = [card, key, fields, False]
         return got
 
-    def _lkey(self, c):
-        """ledger_key, remembered per (bucket, window) or group: the request path asks for the
-        same few keys every time."""
-        memo = self._lkeys
-        mk = (c[C_GROUP], -1) if c[C_KIND] == "concurrent" else (c[C_BUCKET], c[C_WINDOW])
-        k = memo.get(mk)
-        if k is None:
-            if len(memo) > 4096:     # windows roll: old ones are dropped wholesale
-                memo.clear()
-            k = memo[mk] = ledger_key(self.prefix, c)
-        return k
-
-    def _layout(self, checks, reserve):
-        """(ledger hash keys, gauge keys, per hash (ttl, reserve), key index (1-based) by key,
-        each check's ledger key)."""
-        hashes, gauges = [], []
-        index, ttl, res = {}, {}, {}
-        lkeys = [self._lkey(c) for c in checks]
-        for c, k in zip(checks, lkeys):
-            if k not in index:
-                if c[C_KIND] == "concurrent":
-                    gauges.append(k)
-                else:
-                    hashes.append(k)
-                    ttl[k] = _ledger_ttl(c[C_PER], c[C_ROLL])
-                index[k] = None
-            if c[C_KIND] == "budget_usd":
-                res[k] = reserve
-        order = {k: i + 1 for i, k in enumerate(hashes + gauges)}
-        return hashes, gauges, [(ttl[k], res.get(k, 0)) for k in hashes], order, lkeys
-
     async def admit(self, checks, now: float, card=None, reserve: int = 0, fee: int = 0):
         """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
         reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
@@ -1070,16 +953,10 @@ class RedisLedger:
         if not self.up:
             return self._admit_local(checks, now, reserve, fee) if self.fail_mode == "open" \
                 else UNAVAILABLE
-        hashes, gauges, per_hash, order, lkeys = self._layout(checks, reserve)
         rc = self._rate_card(card, fee)
-        keys = hashes + gauges + [rc[1]]
-        args = [len(hashes), len(gauges)]
-        for ttl, res in per_hash:
-            args += (ttl, res)
-        for c, k in zip(checks, lkeys):
-            args += (_KIND_CODE[c[C_KIND]], order[k], c[C_LIMIT])
+        frame, lkeys = self._lay.admit(self._admit_sha, checks, reserve, rc[1])
         try:
-            out = await self._run_admit(keys, args, rc, checks, reserve, fee)
+            out = await self._run_admit(frame, rc, checks, reserve, fee)
         except asyncio.CancelledError:
             raise
         except self._down as e:
@@ -1106,11 +983,10 @@ class RedisLedger:
             return _denial(checks[failed - 1])
         return None
 
-    async def _run_admit(self, keys, args, rc, checks, reserve, fee=0):
+    async def _run_admit(self, frame, rc, checks, reserve, fee=0):
         """The admission script, the rate card written first where it may be missing. Shielded: a
         caller cancelled mid-flight (its client went away) must not leave charges nobody will
         settle; if the script admitted, they are given back when it answers."""
-        frame = encode_script(self._admit_sha, keys, args)
         for _ in range(2):
             if not rc[3] and any(c[C_KIND] == "budget_usd" for c in checks):
                 fields = []
@@ -1218,58 +1094,36 @@ class RedisLedger:
         concurrency slots back, and its metering row. `cost` (its tokens at the rate card) moves
         the local count fail_mode open uses."""
         try:
-            p = self.prefix
-            w = self._pend
-            hinc = w.hinc
-            inp = out = cr = cw = 0
-            model = ""
-            if usage is not None:
-                inp, out = usage.input_tokens, usage.output_tokens
-                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
-                model = usage.model or ""
-            tokens = (inp, out, cr, cw)
-            done = set()
-            mf = None
-            if model:
-                mf = self._mfields.get(model)
-                if mf is None:
-                    if len(self._mfields) > 1024:
-                        self._mfields.clear()
-                    mf = self._mfields[model] = tuple("m:%s:%s" % (model, t) for t in TIERS)
-            for c in checks:
-                k = self._lkey(c)
-                kind = c[C_KIND]
-                if kind == "concurrent":
-                    if k not in done:
-                        w.gauge(k, -1)
-                        self._drift_add(k, "concurrent", -1)
-                        done.add(k)
-                    continue
-                ttl = _ledger_ttl(c[C_PER], c[C_ROLL])
-                if k not in done:
-                    done.add(k)
-                    if mf is not None:
-                        for f, v in zip(mf, tokens):
-                            if v:
-                                hinc(k, f, v, True, ttl)
-                    if not ok:
-                        hinc(k, "billable_requests", -1, True, ttl)
-                    self._drift_add(k, "tokens", inp + out + cr + cw)
-                if kind == "budget_usd" and (k, "b") not in done:
-                    done.add((k, "b"))
-                    if reserve:
-                        hinc(k, "bb:reserved", -reserve, True, ttl)
-                    # (a non-2xx answer leaves the billable count, and its fee with it)
-                    self._drift_add(k, "budget_usd", cost - reserve - (0 if ok else fee))
-            if usage is not None:
-                w.ledger(p, usage.key_id, 0, 1, 1 if ok else 0, {model: list(tokens)} if model
-                         else {})
-                w.meter(p, day_epoch(usage.day), usage.key_id, usage.group, model,
-                        usage.provider or "", [1, inp, out, cr, cw, 1 if ok else 0])
+            self._lay.settle(self._pend, checks, reserve, usage, ok)     # the writes, in C
+            if self._local:
+                self._settle_local(checks, reserve, usage, ok, cost, fee)
             if self.up and (self._flusher is None or self._flusher.done()):
                 self._kick()
         except Exception as e:
             _log_error("settle failed: %r" % e)
+
+    def _settle_local(self, checks, reserve, usage, ok, cost, fee):
+        """fail_mode open: what a settle moves in the local count (as its writes do in Redis)."""
+        tokens = 0
+        if usage is not None:
+            tokens = (usage.input_tokens + usage.output_tokens + usage.cache_read_tokens
+                      + usage.cache_write_tokens)
+        done = set()
+        for c in checks:
+            k = self._lkey(c)
+            kind = c[C_KIND]
+            if kind == "concurrent":
+                if k not in done:
+                    self._drift_add(k, "concurrent", -1)
+                    done.add(k)
+                continue
+            if k not in done:
+                done.add(k)
+                self._drift_add(k, "tokens", tokens)
+            if kind == "budget_usd" and (k, "b") not in done:
+                done.add((k, "b"))
+                # (a non-2xx answer leaves the billable count, and its fee with it)
+                self._drift_add(k, "budget_usd", cost - reserve - (0 if ok else fee))
 
     def _kick(self):
         if self._c is not None:
@@ -1288,7 +1142,7 @@ class RedisLedger:
         self._pend, self._drift = _Writes(), {}
         try:
             if pend:
-                keys, args = pend.script(self.prefix)
+                keys, args = pend.script(self.prefix, SCHEMA_VERSION)
                 await self._c.evalsha(self._settle_sha, keys, args)
         except BaseException as e:
             pend.merge(self._pend)
