@@ -1016,8 +1016,10 @@ class RedisLedger:
         try:
             return await fut
         except asyncio.CancelledError:
-            if fut.cancelled():
+            if fut.cancelled():     # still in flight: undone when its reply comes
                 conn.orphaned(fut, lambda r: self._undo_if_admitted(r, checks, reserve, fee))
+            elif fut.exception() is None:   # answered, but the caller is gone: undone now
+                self._undo_if_admitted(fut.result(), checks, reserve, fee)
             raise
         except RespError as e:
             if e.code == "NOSCRIPT":

@@ -29,6 +29,11 @@ from collections import deque
 from cbusbar.resp import RespError, RespParser, RespProtocolError, encode_command, encode_script
 
 DOWN = (ConnectionError, TimeoutError, OSError)     # "the server did not answer"
+# Replies of cancelled commands kept until their caller claims them (RespConnection.orphaned):
+# a caller claims in the loop turn after its cancellation, so a handful suffices; the bound only
+# keeps unclaimed ones (cancelled commands of a shutdown) from piling up.
+ORPHANS_KEPT = 256
+_NONE = object()
 
 
 def redis_py():
@@ -175,10 +180,18 @@ class RespConnection(asyncio.Protocol):
 
     def orphaned(self, fut, callback):
         """`fut` was cancelled by its caller while in flight: `callback` gets its reply (or the
-        exception that ended the connection) when it comes."""
+        exception that ended the connection) when it comes, or now if it came already (between
+        the cancellation and the caller's turn to say so)."""
         if self._orphans is None:
             self._orphans = {}
-        self._orphans[fut] = callback
+        early = self._orphans.pop(fut, _NONE)
+        if early is _NONE:
+            self._orphans[fut] = callback
+        else:
+            try:
+                callback(early)
+            except Exception:
+                pass
 
     def close(self):
         self._fail(ConnectionError("the connection to Redis was closed by busbar"))
@@ -207,12 +220,22 @@ class RespConnection(asyncio.Protocol):
         self._timer = self._loop.call_later(self._timeout / 2, self._tick)
 
     def _orphan(self, fut, reply):
-        cb = self._orphans.pop(fut, None) if self._orphans else None
-        if cb is not None:
-            try:
-                cb(reply)
-            except Exception:       # an orphan's bookkeeping must not break the connection
-                pass
+        """The reply of a command whose caller was cancelled: to its callback, or kept for one
+        that its caller has not registered yet (at most ORPHANS_KEPT; a cancelled command
+        nobody claims, e.g. at shutdown, is dropped with them)."""
+        orphans = self._orphans
+        if orphans is None:
+            orphans = self._orphans = {}
+        cb = orphans.pop(fut, None)
+        if cb is None:
+            if len(orphans) >= ORPHANS_KEPT:
+                orphans.clear()
+            orphans[fut] = reply
+            return
+        try:
+            cb(reply)
+        except Exception:       # an orphan's bookkeeping must not break the connection
+            pass
 
     def _fail(self, exc):
         if self._closed is None:

@@ -177,3 +177,71 @@ def test_client_connects_again_after_the_connection_is_lost(own_redis):
         assert c.conn is not first
         c.close()
     run(go())
+
+
+class _Transport:
+    def __init__(self):
+        self.written = []
+        self.aborted = False
+
+    def write(self, data):
+        self.written.append(data)
+
+    def abort(self):
+        self.aborted = True
+
+
+def test_a_cancelled_commands_reply_reaches_its_orphan_callback_in_either_order():
+    """The admission's refund hangs on this: a caller cancelled while its command is in flight
+    registers a callback; the reply may come before or after it does."""
+    from busbar.governance.resp import RespConnection
+    from cbusbar.resp import encode_command
+
+    async def go():
+        loop = asyncio.get_running_loop()
+        conn = RespConnection(loop, 5.0)
+        t = _Transport()
+        conn.connection_made(t)
+        a = conn.send(encode_command([b"EVALSHA", b"x", 0]))
+        b = conn.send(encode_command([b"PING"]))
+        c = conn.send(encode_command([b"PING"]))
+        await asyncio.sleep(0)
+        assert t.written == [b"".join([encode_command([b"EVALSHA", b"x", 0]),
+                                       encode_command([b"PING"]) * 2])]   # one write a turn
+        got = []
+        a.cancel()
+        conn.orphaned(a, got.append)                # registered first, reply after
+        b.cancel()
+        conn.data_received(b"*2\r\n:0\r\n:5\r\n+PONG\r\n+PO")
+        assert got == [[0, 5]]
+        conn.orphaned(b, got.append)                # reply first, registered after
+        assert got == [[0, 5], b"PONG"]
+        assert not c.done()
+        conn.data_received(b"NG\r\n")
+        assert c.result() == b"PONG"
+        # a reply nothing asked for: the connection is unusable, dropped
+        conn.data_received(b"+OK\r\n")
+        assert t.aborted and not conn.alive
+        d = conn.send(encode_command([b"PING"]))
+        with pytest.raises(ConnectionError):
+            await d
+    run(go())
+
+
+def test_url_forms():
+    from busbar.governance.resp import Endpoint
+    e = Endpoint("redis://user:p%40ss@10.0.0.5:6390/4")
+    assert (e.host, e.port, e.username, e.password, e.db, e.path, e.ssl) == (
+        "10.0.0.5", 6390, "user", "p@ss", 4, None, None)
+    assert e.handshake() == [[b"AUTH", "user", "p@ss"], [b"SELECT", 4]]
+    e = Endpoint("redis://localhost?db=2&client_name=bb")
+    assert (e.port, e.db, e.handshake()) == (6379, 2, [[b"SELECT", 2], [b"CLIENT", b"SETNAME", "bb"]])
+    e = Endpoint("unix:///run/valkey.sock?db=1")
+    assert (e.path, e.db) == ("/run/valkey.sock", 1)
+    e = Endpoint("rediss://:pw@cache.example:6380/0?ssl_cert_reqs=none")
+    assert e.ssl is not None and not e.ssl.check_hostname and e.server_hostname is None
+    assert e.handshake() == [[b"AUTH", "pw"]]
+    e = Endpoint("rediss://cache.example:6380/0")
+    assert e.ssl.check_hostname and e.server_hostname == "cache.example"
+    with pytest.raises(ValueError):
+        Endpoint("http://nope")
