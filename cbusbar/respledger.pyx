@@ -144,7 +144,8 @@ cdef class LedgerLayout:
     cdef object day_epoch       # model.day_epoch
     cdef dict _keys             # (bucket, window) or (group, -1) -> ledger key
     cdef dict _mfields          # model -> its four `m:<model>:<tier>` fields
-    cdef dict _days             # 'YYYY-MM-DD' -> its epoch second
+    cdef dict _rows             # (key id, model, provider, day) -> (own ledger, metering row,
+    #                             its day's set): a settle's names
 
     def __cinit__(self, str prefix, object margin, object day_epoch):
         self.prefix = prefix
@@ -152,7 +153,7 @@ cdef class LedgerLayout:
         self.day_epoch = day_epoch
         self._keys = {}
         self._mfields = {}
-        self._days = {}
+        self._rows = {}
 
     cpdef str key(self, tuple c):
         """The Redis key a check counts in: its bucket's ledger hash, or its group's gauge."""
@@ -258,13 +259,36 @@ cdef class LedgerLayout:
                 done.add((k, "b"))
                 if reserve:
                     w.hinc(k, "bb:reserved", -reserve, True, ttl)
-        if usage is not None:
-            w.ledger(p, usage.key_id, 0, 1, 1 if ok else 0, {model: list(tokens)} if model else {})
-            day = usage.day
-            epoch = self._days.get(day)
-            if epoch is None:
-                if len(self._days) > MEMO_MAX:
-                    self._days.clear()
-                epoch = self._days[day] = self.day_epoch(day)
-            w.meter(p, epoch, usage.key_id, usage.group, model, usage.provider or "",
-                    [1, inp, out, cr, cw, 1 if ok else 0])
+        if usage is None:
+            return
+        key_id = usage.key_id
+        provider = usage.provider or ""
+        rk = (key_id, model, provider, usage.day)
+        names = self._rows.get(rk)
+        if names is None:
+            epoch = self.day_epoch(usage.day)
+            if len(self._rows) > MEMO_MAX:
+                self._rows.clear()
+            names = self._rows[rk] = (
+                "%susage:%s:0" % (p, key_id),
+                "%smetering:%d:%s|%s|%s" % (p, epoch, _esc(key_id), _esc(model), _esc(provider)),
+                "%smetering:%d" % (p, epoch))
+        own, row, dayset = names
+        # the key's own bucket (as Writes.ledger writes it): the request, billable when 2xx,
+        # the model's tokens
+        w.hinc(own, "requests", 1, True, 0)
+        if ok:
+            w.hinc(own, "billable_requests", 1, True, 0)
+        if mf is not None:
+            for i in range(4):
+                if tokens[i]:
+                    w.hinc(own, mf[i], tokens[i], True, 0)
+        # its metering row (as Writes.meter writes it)
+        if row not in w.rows:
+            w.rows[row] = (dayset, key_id, model, provider, usage.group or "")
+        w.hinc(row, "requests", 1)
+        for i in range(4):
+            if tokens[i]:
+                w.hinc(row, _METER_FIELDS[i + 1], tokens[i])
+        if ok:
+            w.hinc(row, "billable_requests", 1)

@@ -74,3 +74,19 @@ def test_settle_writes_and_the_script():
     assert args[:3] == [4, 0, 1]                        # the gauge nets to 0: not sent
     assert args[3:5] == [13 + EXPIRE_MARGIN, 2]
     assert args[-6:] == ["bb:metering:%d" % e, "vk_a|b\\c", "m", "prov", "g", SCHEMA_VERSION]
+
+
+def test_settle_without_a_model_and_the_names_remembered():
+    lay = LedgerLayout(P, EXPIRE_MARGIN, day_epoch)
+    w = Writes()
+    u = Usage("2023-11-14", "vk_a", None, None, None, 1, 4, 1, 0, 0, 1, None)
+    lay.settle(w, [], 0, u, True)
+    lay.settle(w, (), 0, u, True)
+    e = day_epoch("2023-11-14")
+    row = "bb:metering:%d:vk_a||" % e
+    assert w.hashes["bb:usage:vk_a:0"] == [0, {"requests": [2, True], "billable_requests": [2, True]}]
+    assert w.hashes[row] == [0, {"requests": [2, False], "tokens_input": [8, False],
+                                 "tokens_output": [2, False], "billable_requests": [2, False]}]
+    assert w.rows == {row: ("bb:metering:%d" % e, "vk_a", "", "", "")}
+    lay.settle(w, [], 0, None, True)                    # no usage: nothing more
+    assert len(w.hashes) == 2
