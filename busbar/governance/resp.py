@@ -257,6 +257,13 @@ class RespConnection(asyncio.Protocol):
             t.abort()
 
 
+def _retrieved(fut):
+    """A connect nobody awaits any more (its callers were cancelled): its failure is not logged
+    as never retrieved (the next call connects again and reports its own)."""
+    if not fut.cancelled():
+        fut.exception()
+
+
 class RespClient:
     """A pipelined connection to one Redis, opened on first use and again after it is lost."""
 
@@ -271,9 +278,10 @@ class RespClient:
         c = self.conn
         if c is not None and c._closed is None:
             return c
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect())
         fut = self._connecting
+        if fut is None or fut.done():   # (a done one failed, or its connection is lost since)
+            fut = self._connecting = asyncio.ensure_future(self._connect())
+            fut.add_done_callback(_retrieved)
         try:
             return await asyncio.shield(fut)
         finally:

@@ -245,3 +245,21 @@ def test_url_forms():
     assert e.ssl.check_hostname and e.server_hostname == "cache.example"
     with pytest.raises(ValueError):
         Endpoint("http://nope")
+
+
+def test_a_failed_connect_is_not_the_next_calls_answer(own_redis):
+    """A connect that failed while its caller was gone does not answer a later call: that call
+    connects again."""
+    async def go():
+        own_redis.stop()
+        c = RespClient(own_redis.url, 0.5)
+        t = asyncio.ensure_future(c.call(b"PING"))
+        await asyncio.sleep(0)
+        t.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await t
+        await asyncio.sleep(0.1)                    # the connect fails meanwhile (refused)
+        own_redis.start()
+        assert await c.call(b"PING") == b"PONG"
+        c.close()
+    run(go())
