@@ -9,11 +9,13 @@ own event loop; every statement is prepared once per connection and reused):
 - `PostgresStore` (the parent, admin API): keys, credentials, the denylist, groups and usage, in the
   store contract of busbar/governance/store.py; every change sends a NOTIFY on the invalidation
   channel inside the transaction that writes it (delivered at its commit).
-- `PostgresLedger` (every worker, hot path): admission is ONE statement, `SELECT busbar_admit(...)`,
-  a server-side function that locks the ledger rows of the request's buckets in one global order,
-  tests every check of the request and charges all of them or none; settlement is ONE statement per
-  batch, `SELECT busbar_settle(...)`, sent in the background (the settles made while one is in
-  flight go in the next).
+- `PostgresLedger` (every worker, hot path): admission is ONE statement, `SELECT
+  busbar_admit_v2(...)`, a server-side function that locks the ledger rows of the request's
+  buckets in one global order, tests every check of the request and charges all of them or none;
+  settlement is ONE statement per batch, `SELECT busbar_settle_v2(...)`, sent in the background
+  (the settles made while one is in flight go in the next). Its pool skips asyncpg's reset query
+  on release (busbar leaves no session state on these connections: no LISTEN, SET, cursor or
+  advisory lock outlives a call), which would be one more round trip per use.
 - `PostgresDirectory` (every worker): key and group policy cached per worker, dropped on the
   invalidation NOTIFY (a LISTEN connection of its own), and read again after POLICY_TTL at the
   latest (a Rust gateway sharing the database sends none: its revocations are seen that late).
@@ -32,7 +34,9 @@ busbar's own (the Rust store reads none of them; its CREATE ... IF NOT EXISTS le
     busbar_groups (name, doc)        groups made through the admin API (JSON)
     busbar_inflight                  per ledger bucket and window: budget reservations in flight
     busbar_concurrency               per group: requests in flight (a concurrent limit)
-    busbar_admit(), busbar_settle()  the admission and settlement functions
+    busbar_admit_v2(), busbar_settle_v2()  the admission and settlement functions (FUNCTIONS_
+                                     VERSION 2; version 1, busbar_admit/busbar_settle, is left
+                                     for busbar gateways of the version before during an upgrade)
     NOTIFY channel busbar_inval      "key:<id>", "group:<name>", "all"
 
 The limits: requests are the ledger's `requests` of the bucket's window; tokens its tokens of all
@@ -58,6 +62,7 @@ import asyncio
 import logging
 import math
 import time
+from operator import itemgetter
 
 import orjson
 
@@ -71,6 +76,10 @@ from busbar.governance.redis_store import (
 log = logging.getLogger("busbar.governance")
 
 SCHEMA_VERSION = 6
+# busbar's own functions' version, in their names (busbar_admit_v2): they are (re)created at every
+# boot (CREATE OR REPLACE), and a new version gets new names, so gateways of both versions run side
+# by side on one database during an upgrade.
+FUNCTIONS_VERSION = 2
 CHANNEL = "busbar_inval"
 # Every statement's deadline, seconds (settings.timeout_ms): an admission waiting on a contended
 # ledger row for longer than this is answered 503 rather than holding the client. 5 s: far past
@@ -207,62 +216,63 @@ CREATE TABLE IF NOT EXISTS busbar_concurrency (
   in_flight  BIGINT NOT NULL DEFAULT 0
 );
 
--- Admission. b_*: the request's ledger buckets (sorted), each with the budget reservation it is
--- charged (0: none); g_names: the groups whose concurrent limit applies (sorted); k_*: the checks
--- (kind r|t|b|c, index into b_* or g_names, limit); r_*: the rate card, nano-units per token.
--- Returns {0, v1..vn}: admitted and charged, each check's value before; {i, v1..vi}: check i
--- (1-based) failed, nothing charged.
-CREATE OR REPLACE FUNCTION busbar_admit(
-  b_ids TEXT[], b_starts BIGINT[], b_reserve BIGINT[], g_names TEXT[],
+-- busbar's functions are versioned by name (FUNCTIONS_VERSION): a new version is created next to
+-- the old one, so busbar gateways of either version can share the database during an upgrade (the
+-- functions agree on the tables, their meaning and the lock order).
+--
+-- Admission. b_*: the request's ledger buckets (sorted), b_budget 1 for a bucket a budget is
+-- checked on (it is charged `reserve`, nano-units); g_names: the groups whose concurrent limit
+-- applies (sorted); k_*: the checks (kind r|t|b|c, index into b_* or g_names, limit); r_*: the
+-- rate card, nano-units per token. Returns {0, v1..vn}: admitted and charged, each check's value
+-- before; {i, v1..vi}: check i (1-based) failed, nothing charged.
+-- Each bucket's request count is charged first (an upsert that locks the row, in order: from
+-- then on no other admission of these buckets runs, and each later statement reads what
+-- committed before), then every check is tested; a failed check takes the charges back in the
+-- same transaction, so nothing of it is ever seen.
+CREATE OR REPLACE FUNCTION busbar_admit_v2(
+  b_ids TEXT[], b_starts BIGINT[], b_budget INT[], g_names TEXT[],
   k_kind TEXT[], k_idx INT[], k_limit BIGINT[],
-  r_models TEXT[], r_in FLOAT8[], r_out FLOAT8[], r_cr FLOAT8[], r_cw FLOAT8[])
+  r_models TEXT[], r_in FLOAT8[], r_out FLOAT8[], r_cr FLOAT8[], r_cw FLOAT8[], reserve BIGINT)
 RETURNS BIGINT[] LANGUAGE plpgsql AS $fn$
 DECLARE
   nb INT := coalesce(array_length(b_ids, 1), 0);
   ng INT := coalesce(array_length(g_names, 1), 0);
-  nk INT := coalesce(array_length(k_kind, 1), 0);
-  req BIGINT[] := '{}';
-  conc BIGINT[] := '{}';
+  req BIGINT[];
+  conc BIGINT[];
   res BIGINT[] := ARRAY[0]::BIGINT[];
   got BIGINT;
   v FLOAT8;
   i INT;
+  failed INT := 0;
 BEGIN
-  -- every bucket's ledger row, locked in order (made when missing): from here on no other
-  -- admission of these buckets runs, and each later statement reads what committed before
   FOR i IN 1..nb LOOP
-    SELECT requests INTO got FROM usage_windows
-      WHERE bucket_id = b_ids[i] AND window_start = b_starts[i] FOR UPDATE;
-    IF NOT FOUND THEN
-      INSERT INTO usage_windows (bucket_id, window_start) VALUES (b_ids[i], b_starts[i])
-        ON CONFLICT DO NOTHING;
-      SELECT requests INTO got FROM usage_windows
-        WHERE bucket_id = b_ids[i] AND window_start = b_starts[i] FOR UPDATE;
-    END IF;
+    INSERT INTO usage_windows AS w (bucket_id, window_start, requests, billable_requests)
+      VALUES (b_ids[i], b_starts[i], 1, 1)
+      ON CONFLICT (bucket_id, window_start) DO UPDATE
+      SET requests = w.requests + 1, billable_requests = w.billable_requests + 1
+      RETURNING w.requests - 1 INTO got;
     req[i] := greatest(got, 0);
   END LOOP;
   FOR i IN 1..ng LOOP
-    SELECT in_flight INTO got FROM busbar_concurrency WHERE group_name = g_names[i] FOR UPDATE;
-    IF NOT FOUND THEN
-      INSERT INTO busbar_concurrency (group_name) VALUES (g_names[i]) ON CONFLICT DO NOTHING;
-      SELECT in_flight INTO got FROM busbar_concurrency WHERE group_name = g_names[i] FOR UPDATE;
-    END IF;
-    conc[i] := greatest(got, 0);
+    INSERT INTO busbar_concurrency AS c (group_name, in_flight) VALUES (g_names[i], 1)
+      ON CONFLICT (group_name) DO UPDATE SET in_flight = greatest(c.in_flight, 0) + 1
+      RETURNING c.in_flight - 1 INTO got;
+    conc[i] := got;
   END LOOP;
-  FOR k IN 1..nk LOOP
+  FOR k IN 1..coalesce(array_length(k_kind, 1), 0) LOOP
     i := k_idx[k];
-    IF k_kind[k] = 'c' THEN
-      res := res || conc[i];
-      IF conc[i] + 1 > k_limit[k] THEN res[1] := k; RETURN res; END IF;
-    ELSIF k_kind[k] = 'r' THEN
+    IF k_kind[k] = 'r' THEN
       res := res || req[i];
-      IF req[i] + 1 > k_limit[k] THEN res[1] := k; RETURN res; END IF;
+      IF req[i] + 1 > k_limit[k] THEN failed := k; EXIT; END IF;
+    ELSIF k_kind[k] = 'c' THEN
+      res := res || conc[i];
+      IF conc[i] + 1 > k_limit[k] THEN failed := k; EXIT; END IF;
     ELSIF k_kind[k] = 't' THEN
       SELECT coalesce(sum(greatest(tokens_input, 0) + greatest(tokens_output, 0) +
                           greatest(tokens_cache_read, 0) + greatest(tokens_cache_write, 0)), 0)
         INTO got FROM usage_ledger WHERE bucket_id = b_ids[i] AND window_start = b_starts[i];
       res := res || got;
-      IF got >= k_limit[k] THEN res[1] := k; RETURN res; END IF;
+      IF got >= k_limit[k] THEN failed := k; EXIT; END IF;
     ELSE
       -- one statement: the reservations and the tokens read in one snapshot
       SELECT coalesce((SELECT greatest(reserved, 0) FROM busbar_inflight
@@ -277,104 +287,104 @@ BEGIN
                         WHERE l.bucket_id = b_ids[i] AND l.window_start = b_starts[i]), 0)
         INTO v;
       res := res || floor(v)::BIGINT;
-      IF v + b_reserve[i] > k_limit[k] THEN res[1] := k; RETURN res; END IF;
+      IF v + reserve > k_limit[k] THEN failed := k; EXIT; END IF;
     END IF;
   END LOOP;
-  IF nb > 0 THEN
-    UPDATE usage_windows w SET requests = w.requests + 1, billable_requests = w.billable_requests + 1
-      FROM unnest(b_ids, b_starts) AS t(b, s) WHERE w.bucket_id = t.b AND w.window_start = t.s;
-  END IF;
-  IF ng > 0 THEN
-    UPDATE busbar_concurrency SET in_flight = greatest(in_flight, 0) + 1
-      WHERE group_name = ANY(g_names);
-  END IF;
-  FOR i IN 1..nb LOOP
-    IF b_reserve[i] > 0 THEN
-      INSERT INTO busbar_inflight (bucket_id, window_start, reserved)
-        VALUES (b_ids[i], b_starts[i], b_reserve[i])
-        ON CONFLICT (bucket_id, window_start)
-        DO UPDATE SET reserved = greatest(busbar_inflight.reserved, 0) + b_reserve[i];
+  IF failed > 0 THEN
+    IF nb > 0 THEN
+      UPDATE usage_windows w
+        SET requests = w.requests - 1, billable_requests = w.billable_requests - 1
+        FROM unnest(b_ids, b_starts) AS t(b, s) WHERE w.bucket_id = t.b AND w.window_start = t.s;
     END IF;
-  END LOOP;
+    IF ng > 0 THEN
+      UPDATE busbar_concurrency SET in_flight = in_flight - 1 WHERE group_name = ANY(g_names);
+    END IF;
+    res[1] := failed;
+    RETURN res;
+  END IF;
+  IF reserve > 0 THEN
+    FOR i IN 1..nb LOOP
+      IF b_budget[i] > 0 THEN
+        INSERT INTO busbar_inflight AS f (bucket_id, window_start, reserved)
+          VALUES (b_ids[i], b_starts[i], reserve)
+          ON CONFLICT (bucket_id, window_start)
+          DO UPDATE SET reserved = greatest(f.reserved, 0) + reserve;
+      END IF;
+    END LOOP;
+  END IF;
   RETURN res;
 END
 $fn$;
 
--- Settlement of a batch (every array sorted by its key, deltas merged per key):
--- w_*: usage_windows deltas (requests, 2xx requests); g_*: concurrency deltas; i_*: reservation
--- deltas; l_*: token deltas per bucket, window and model; m_*: metering rows (key, day bucket,
--- model, provider, group at use, requests, 2xx requests, the four tiers). Counts floor at 0.
-CREATE OR REPLACE FUNCTION busbar_settle(
-  w_ids TEXT[], w_starts BIGINT[], w_req BIGINT[], w_bill BIGINT[],
-  g_names TEXT[], g_delta BIGINT[],
-  i_ids TEXT[], i_starts BIGINT[], i_delta BIGINT[],
-  l_ids TEXT[], l_starts BIGINT[], l_models TEXT[],
-  l_in BIGINT[], l_out BIGINT[], l_cr BIGINT[], l_cw BIGINT[],
-  m_keys TEXT[], m_buckets BIGINT[], m_models TEXT[], m_providers TEXT[], m_groups TEXT[],
-  m_req BIGINT[], m_bill BIGINT[], m_in BIGINT[], m_out BIGINT[], m_cr BIGINT[], m_cw BIGINT[])
+-- Settlement of a batch, one JSON document of five arrays of rows (each sorted by its key, deltas
+-- merged per key): w usage_windows [bucket, start, requests, 2xx requests]; g concurrency [group,
+-- delta]; i reservations [bucket, start, delta]; l tokens [bucket, start, model, input, output,
+-- cache read, cache write]; m metering [key, day bucket, model, provider, group at use, requests,
+-- 2xx requests, the four tiers]. Rows are written in the document's order (the lock order).
+-- Counts floor at 0.
+CREATE OR REPLACE FUNCTION busbar_settle_v2(d JSONB)
 RETURNS INT LANGUAGE plpgsql AS $fn$
 DECLARE
-  i INT;
+  e JSONB;
 BEGIN
-  FOR i IN 1..coalesce(array_length(w_ids, 1), 0) LOOP
-    INSERT INTO usage_windows (bucket_id, window_start, requests, billable_requests)
-      VALUES (w_ids[i], w_starts[i], greatest(w_req[i], 0), greatest(w_bill[i], 0))
+  FOR e IN SELECT x FROM jsonb_array_elements(d->'w') AS t(x) LOOP
+    INSERT INTO usage_windows AS u (bucket_id, window_start, requests, billable_requests)
+      VALUES (e->>0, (e->>1)::BIGINT, greatest((e->>2)::BIGINT, 0), greatest((e->>3)::BIGINT, 0))
       ON CONFLICT (bucket_id, window_start) DO UPDATE
-      SET requests = greatest(usage_windows.requests + w_req[i], 0),
-          billable_requests = greatest(usage_windows.billable_requests + w_bill[i], 0);
+      SET requests = greatest(u.requests + (e->>2)::BIGINT, 0),
+          billable_requests = greatest(u.billable_requests + (e->>3)::BIGINT, 0);
   END LOOP;
-  FOR i IN 1..coalesce(array_length(g_names, 1), 0) LOOP
-    INSERT INTO busbar_concurrency (group_name, in_flight) VALUES (g_names[i], greatest(g_delta[i], 0))
+  FOR e IN SELECT x FROM jsonb_array_elements(d->'g') AS t(x) LOOP
+    INSERT INTO busbar_concurrency AS c (group_name, in_flight)
+      VALUES (e->>0, greatest((e->>1)::BIGINT, 0))
       ON CONFLICT (group_name) DO UPDATE
-      SET in_flight = greatest(busbar_concurrency.in_flight + g_delta[i], 0);
+      SET in_flight = greatest(c.in_flight + (e->>1)::BIGINT, 0);
   END LOOP;
-  FOR i IN 1..coalesce(array_length(i_ids, 1), 0) LOOP
-    INSERT INTO busbar_inflight (bucket_id, window_start, reserved)
-      VALUES (i_ids[i], i_starts[i], greatest(i_delta[i], 0))
+  FOR e IN SELECT x FROM jsonb_array_elements(d->'i') AS t(x) LOOP
+    INSERT INTO busbar_inflight AS f (bucket_id, window_start, reserved)
+      VALUES (e->>0, (e->>1)::BIGINT, greatest((e->>2)::BIGINT, 0))
       ON CONFLICT (bucket_id, window_start) DO UPDATE
-      SET reserved = greatest(busbar_inflight.reserved + i_delta[i], 0);
+      SET reserved = greatest(f.reserved + (e->>2)::BIGINT, 0);
   END LOOP;
-  FOR i IN 1..coalesce(array_length(l_ids, 1), 0) LOOP
-    INSERT INTO usage_ledger (bucket_id, window_start, model, tokens_input, tokens_output,
-                              tokens_cache_read, tokens_cache_write)
-      VALUES (l_ids[i], l_starts[i], l_models[i], greatest(l_in[i], 0), greatest(l_out[i], 0),
-              greatest(l_cr[i], 0), greatest(l_cw[i], 0))
+  FOR e IN SELECT x FROM jsonb_array_elements(d->'l') AS t(x) LOOP
+    INSERT INTO usage_ledger AS l (bucket_id, window_start, model, tokens_input, tokens_output,
+                                   tokens_cache_read, tokens_cache_write)
+      VALUES (e->>0, (e->>1)::BIGINT, e->>2, greatest((e->>3)::BIGINT, 0),
+              greatest((e->>4)::BIGINT, 0), greatest((e->>5)::BIGINT, 0),
+              greatest((e->>6)::BIGINT, 0))
       ON CONFLICT (bucket_id, window_start, model) DO UPDATE
-      SET tokens_input = greatest(usage_ledger.tokens_input + l_in[i], 0),
-          tokens_output = greatest(usage_ledger.tokens_output + l_out[i], 0),
-          tokens_cache_read = greatest(usage_ledger.tokens_cache_read + l_cr[i], 0),
-          tokens_cache_write = greatest(usage_ledger.tokens_cache_write + l_cw[i], 0);
+      SET tokens_input = greatest(l.tokens_input + (e->>3)::BIGINT, 0),
+          tokens_output = greatest(l.tokens_output + (e->>4)::BIGINT, 0),
+          tokens_cache_read = greatest(l.tokens_cache_read + (e->>5)::BIGINT, 0),
+          tokens_cache_write = greatest(l.tokens_cache_write + (e->>6)::BIGINT, 0);
   END LOOP;
-  FOR i IN 1..coalesce(array_length(m_keys, 1), 0) LOOP
-    INSERT INTO usage_metering (key_id, bucket, model, provider, tokens_input, tokens_output,
-                                tokens_cache_read, tokens_cache_write, requests, billable_requests,
-                                key_group_at_use, pricing_version)
-      VALUES (m_keys[i], m_buckets[i], m_models[i], m_providers[i], m_in[i], m_out[i], m_cr[i],
-              m_cw[i], m_req[i], m_bill[i], m_groups[i], '')
+  FOR e IN SELECT x FROM jsonb_array_elements(d->'m') AS t(x) LOOP
+    INSERT INTO usage_metering AS m (key_id, bucket, model, provider, key_group_at_use, requests,
+                                     billable_requests, tokens_input, tokens_output,
+                                     tokens_cache_read, tokens_cache_write, pricing_version)
+      VALUES (e->>0, (e->>1)::BIGINT, e->>2, e->>3, e->>4, (e->>5)::BIGINT, (e->>6)::BIGINT,
+              (e->>7)::BIGINT, (e->>8)::BIGINT, (e->>9)::BIGINT, (e->>10)::BIGINT, '')
       ON CONFLICT (key_id, bucket, model, provider) DO UPDATE
-      SET tokens_input = usage_metering.tokens_input + EXCLUDED.tokens_input,
-          tokens_output = usage_metering.tokens_output + EXCLUDED.tokens_output,
-          tokens_cache_read = usage_metering.tokens_cache_read + EXCLUDED.tokens_cache_read,
-          tokens_cache_write = usage_metering.tokens_cache_write + EXCLUDED.tokens_cache_write,
-          requests = usage_metering.requests + EXCLUDED.requests,
-          billable_requests = usage_metering.billable_requests + EXCLUDED.billable_requests;
+      SET requests = m.requests + EXCLUDED.requests,
+          billable_requests = m.billable_requests + EXCLUDED.billable_requests,
+          tokens_input = m.tokens_input + EXCLUDED.tokens_input,
+          tokens_output = m.tokens_output + EXCLUDED.tokens_output,
+          tokens_cache_read = m.tokens_cache_read + EXCLUDED.tokens_cache_read,
+          tokens_cache_write = m.tokens_cache_write + EXCLUDED.tokens_cache_write;
   END LOOP;
   RETURN 1;
 END
 $fn$;
 """
 
-ADMIT_SQL = ("SELECT busbar_admit($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], "
-             "$6::int[], $7::bigint[], $8::text[], $9::float8[], $10::float8[], $11::float8[], "
-             "$12::float8[])")
-SETTLE_SQL = ("SELECT busbar_settle(%s)" % ", ".join(
-    "$%d::%s" % (i + 1, t) for i, t in enumerate(
-        ("text[]", "bigint[]", "bigint[]", "bigint[]",
-         "text[]", "bigint[]",
-         "text[]", "bigint[]", "bigint[]",
-         "text[]", "bigint[]", "text[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]",
-         "text[]", "bigint[]", "text[]", "text[]", "text[]",
-         "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]", "bigint[]"))))
+# The admission's arrays go as text (Postgres array literals, cast in the statement): built once
+# per request shape and rate card and kept, where array parameters would be encoded (and every
+# element type-checked in Python by asyncpg) on each call.
+ADMIT_SQL = ("SELECT busbar_admit_v2($1::text::text[], $2::text::bigint[], $3::text::int[], "
+             "$4::text::text[], $5::text::text[], $6::text::int[], $7::text::bigint[], "
+             "$8::text::text[], $9::text::float8[], $10::text::float8[], $11::text::float8[], "
+             "$12::text::float8[], $13::bigint)")
+SETTLE_SQL = "SELECT busbar_settle_v2($1::text::jsonb)"
 
 _KEY_COLUMNS = ("k.id, k.generation_hash, k.name, k.allowed_pools, k.enabled, k.created_at, "
                 "k.key_group, k.labels, k.expires_at, k.deleted_at, k.revision")
@@ -402,11 +412,20 @@ def _down_errors() -> tuple:
             a.CannotConnectNowError, a.OperatorInterventionError, a.TooManyConnectionsError)
 
 
-async def _pool(url: str, timeout: float, size: int):
-    """A pool that connects on first use (a database down at boot does not hold the boot)."""
+async def _no_reset(conn) -> None:
+    """A pooled connection back from a call of busbar's worker side: nothing to undo (asyncpg
+    itself still rolls back a transaction left open)."""
+
+
+async def _pool(url: str, timeout: float, size: int, reset: bool = True):
+    """A pool that connects on first use (a database down at boot does not hold the boot).
+    `reset=False`: no reset query on release (asyncpg's default sends `pg_advisory_unlock_all();
+    CLOSE ALL; UNLISTEN *; RESET ALL` each time, a round trip): for the worker's pools, whose calls
+    leave no session state."""
     return await _asyncpg().create_pool(
         url, min_size=0, max_size=size, timeout=timeout, command_timeout=timeout,
-        max_inactive_connection_lifetime=60.0, server_settings={"application_name": "busbar"})
+        max_inactive_connection_lifetime=60.0, server_settings={"application_name": "busbar"},
+        reset=None if reset else _no_reset)
 
 
 def safe_url(url: str) -> str:
@@ -466,7 +485,12 @@ async def ensure_schema(conn) -> None:
                                  "(%s); grant CREATE on the schema to the store's user" % e) \
                     from None
     finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATE_LOCK_KEY)
+        try:
+            await conn.execute("SELECT pg_advisory_unlock($1)", MIGRATE_LOCK_KEY)
+        except BaseException:
+            # a pool without the reset query must not keep this connection holding the lock
+            conn.terminate()
+            raise
 
 
 # ---------------------------------------------------------------------------- records
@@ -527,10 +551,16 @@ class _Writes:
             self.inflight[k] = self.inflight.get(k, 0) + delta
 
     def add_tokens(self, bucket, start, model, t):
-        if any(t):
-            cur = self.tokens.setdefault((bucket, start, model), [0, 0, 0, 0])
-            for i in range(4):
-                cur[i] += t[i]
+        if t[0] or t[1] or t[2] or t[3]:
+            k = (bucket, start, model)
+            cur = self.tokens.get(k)
+            if cur is None:
+                self.tokens[k] = [t[0], t[1], t[2], t[3]]
+            else:
+                cur[0] += t[0]
+                cur[1] += t[1]
+                cur[2] += t[2]
+                cur[3] += t[3]
 
     def add_meter(self, key_id, bucket, model, provider, group, counts):
         """counts: requests, billable, input, output, cache read, cache write."""
@@ -553,25 +583,17 @@ class _Writes:
         for (k, b, m, p), v in other.meter.items():
             self.add_meter(k, b, m, p, v[0], v[1:])
 
-    def args(self) -> list:
-        """busbar_settle's 27 arrays, each table's rows in byte order of their key (the lock
-        order; Python's str order is code point order, which is UTF-8 byte order, COLLATE "C")."""
-        w = sorted(k for k, v in self.windows.items() if v[0] or v[1])
-        g = sorted(k for k, v in self.gauges.items() if v)
-        i = sorted(k for k, v in self.inflight.items() if v)
-        t = sorted(self.tokens)
-        m = sorted(self.meter)
-        W, G, I, T, M = self.windows, self.gauges, self.inflight, self.tokens, self.meter
-        return [[k[0] for k in w], [k[1] for k in w], [W[k][0] for k in w], [W[k][1] for k in w],
-                g, [G[k] for k in g],
-                [k[0] for k in i], [k[1] for k in i], [I[k] for k in i],
-                [k[0] for k in t], [k[1] for k in t], [k[2] for k in t],
-                [T[k][0] for k in t], [T[k][1] for k in t], [T[k][2] for k in t],
-                [T[k][3] for k in t],
-                [k[0] for k in m], [k[1] for k in m], [k[2] for k in m], [k[3] for k in m],
-                [M[k][0] for k in m], [M[k][1] for k in m], [M[k][2] for k in m],
-                [M[k][3] for k in m], [M[k][4] for k in m], [M[k][5] for k in m],
-                [M[k][6] for k in m]]
+    def doc(self) -> str:
+        """busbar_settle_v2's document: each table's rows in byte order of their key (the lock
+        order; Python's str order is code point order, which is UTF-8 byte order, COLLATE "C"),
+        rows whose deltas are all 0 left out."""
+        return orjson.dumps({
+            "w": [[k[0], k[1], v[0], v[1]] for k, v in sorted(self.windows.items())
+                  if v[0] or v[1]],
+            "g": [[k, v] for k, v in sorted(self.gauges.items()) if v],
+            "i": [[k[0], k[1], v] for k, v in sorted(self.inflight.items()) if v],
+            "l": [[k[0], k[1], k[2], *v] for k, v in sorted(self.tokens.items())],
+            "m": [[*k, *v] for k, v in sorted(self.meter.items())]}).decode()
 
 
 def _usage_writes(rows, windows) -> _Writes:
@@ -587,6 +609,66 @@ def _usage_writes(rows, windows) -> _Writes:
         for model, t in models.items():
             w.add_tokens(bucket, start, model, t)
     return w
+
+
+# ---------------------------------------------------------------------------- admission shapes
+def _text_lit(xs) -> str:
+    """A Postgres text[] literal (every element quoted, so any text round-trips)."""
+    return "{%s}" % ",".join(['"%s"' % x.replace("\\", "\\\\").replace('"', '\\"')
+                              for x in xs])
+
+
+def _num_lit(xs) -> str:
+    """A Postgres numeric array literal (int and float reprs are valid input)."""
+    return "{%s}" % ",".join(map(repr, xs))
+
+
+_NO_CARD = ("{}", "{}", "{}", "{}", "{}")
+# A check's shape: what the admission's arguments depend on (its charge and seconds to the roll
+# vary per request and are not sent).
+_SHAPE_OF = itemgetter(C_BUCKET, C_KIND, C_LIMIT, C_WINDOW, C_GROUP)
+# Shapes kept per worker: one per (group chain, pool) in use and window start (a new one each
+# minute for a per-minute limit), so the table is emptied when it reaches this many; 4096
+# shapes are well under a megabyte.
+SHAPES_MAX = 4096
+
+
+class _Shape:
+    """A request shape's admission arguments (busbar_admit_v2's first seven, as array literals)
+    and what settling it touches: its ledger buckets, those a budget is checked on, its
+    concurrent-limit groups."""
+
+    __slots__ = ("args", "buckets", "budget", "groups")
+
+    def __init__(self, checks):
+        buckets = sorted({(c[C_BUCKET], c[C_WINDOW]) for c in checks
+                          if c[C_KIND] != "concurrent"})
+        groups = sorted({c[C_GROUP] for c in checks if c[C_KIND] == "concurrent"})
+        budget = {(c[C_BUCKET], c[C_WINDOW]) for c in checks if c[C_KIND] == "budget_usd"}
+        bidx = {b: i + 1 for i, b in enumerate(buckets)}
+        gidx = {g: i + 1 for i, g in enumerate(groups)}
+        idx = [gidx[c[C_GROUP]] if c[C_KIND] == "concurrent" else bidx[(c[C_BUCKET], c[C_WINDOW])]
+               for c in checks]
+        self.args = (_text_lit([b for b, _ in buckets]), _num_lit([s for _, s in buckets]),
+                     _num_lit([1 if b in budget else 0 for b in buckets]), _text_lit(groups),
+                     _text_lit([_KIND_CODE[c[C_KIND]] for c in checks]), _num_lit(idx),
+                     _num_lit([int(c[C_LIMIT]) for c in checks]))
+        self.buckets = tuple(buckets)
+        self.budget = tuple(b for b in buckets if b in budget)
+        self.groups = tuple(groups)
+
+
+_days = {}
+
+
+def _day_epoch(day: str) -> int:
+    """model.day_epoch, kept (a worker settles in one or two days at a time)."""
+    got = _days.get(day)
+    if got is None:
+        if len(_days) > 8:
+            _days.clear()
+        got = _days[day] = day_epoch(day)
+    return got
 
 
 # ---------------------------------------------------------------------------- admin side
@@ -804,7 +886,7 @@ class PostgresStore:
     async def add_usage(self, rows: list[Usage], windows=None) -> None:
         w = _usage_writes(rows, windows)
         if w:
-            await self._call(lambda c: c.fetchval(SETTLE_SQL, *w.args()))
+            await self._call(lambda c: c.fetchval(SETTLE_SQL, w.doc()))
 
     async def usage_rows(self, day: str | None = None) -> list[dict]:
         from .model import _usage_row
@@ -924,14 +1006,15 @@ class PostgresLedger:
         self.up = False                 # the schema is checked and the database answers
         self._pool = None
         self._pend = _Writes()          # settles not yet in the database
-        self._rates = {}                # id(rate card) -> (the card, its four arrays + models)
+        self._rates = {}                # id(rate card) -> (the card, its five array literals)
+        self._shapes = {}               # a request's checks' shape -> _Shape
         self._flusher = None            # the task writing the pending settles
         self._prober = None             # the task asking a down database again
         self._down = ()
 
     async def start(self):
         self._down = _down_errors()
-        self._pool = await _pool(self.url, self.timeout, self.pool_size)
+        self._pool = await _pool(self.url, self.timeout, self.pool_size, reset=False)
         try:
             async with self._pool.acquire() as conn:
                 await ensure_schema(conn)
@@ -973,36 +1056,39 @@ class PostgresLedger:
             await asyncio.wait([self._flusher])
 
     # -- admission
-    def _card_arrays(self, card):
+    def _card(self, card) -> tuple:
+        """busbar_admit_v2's rate card arguments (models, and nano-units per token of each tier),
+        as array literals, kept per card."""
         got = self._rates.get(id(card))
         if got is None or got[0] is not card:
             items = sorted((card or {}).items())
-            got = (card, [m for m, _ in items], [1000.0 * r.input for _, r in items],
-                   [1000.0 * r.output for _, r in items], [1000.0 * r.cache_read for _, r in items],
-                   [1000.0 * r.cache_write for _, r in items])
+            got = (card, _text_lit([m for m, _ in items]),
+                   _num_lit([1000.0 * r.input for _, r in items]),
+                   _num_lit([1000.0 * r.output for _, r in items]),
+                   _num_lit([1000.0 * r.cache_read for _, r in items]),
+                   _num_lit([1000.0 * r.cache_write for _, r in items]))
             if len(self._rates) > 16:
                 self._rates.clear()
             self._rates[id(card)] = got
         return got
 
+    def _shape(self, checks) -> _Shape:
+        """What admission and settlement need of a request's checks, kept per shape (each check's
+        bucket, kind, limit, window start and group: the same for every request of a key's
+        group chain and pool within a window)."""
+        shape = tuple(map(_SHAPE_OF, checks))
+        got = self._shapes.get(shape)
+        if got is None:
+            got = _Shape(checks)
+            if len(self._shapes) >= SHAPES_MAX:
+                self._shapes.clear()
+            self._shapes[shape] = got
+        return got
+
     def admit_args(self, checks, card, reserve) -> list:
-        """busbar_admit's arguments for a request's checks."""
-        buckets = sorted({(c[C_BUCKET], c[C_WINDOW]) for c in checks
-                          if c[C_KIND] != "concurrent"})
-        groups = sorted({c[C_GROUP] for c in checks if c[C_KIND] == "concurrent"})
-        bidx = {b: i + 1 for i, b in enumerate(buckets)}
-        gidx = {g: i + 1 for i, g in enumerate(groups)}
-        budget = {(c[C_BUCKET], c[C_WINDOW]) for c in checks if c[C_KIND] == "budget_usd"}
-        kinds, idx, limits = [], [], []
-        for c in checks:
-            kind = c[C_KIND]
-            kinds.append(_KIND_CODE[kind])
-            idx.append(gidx[c[C_GROUP]] if kind == "concurrent" else bidx[(c[C_BUCKET], c[C_WINDOW])])
-            limits.append(int(c[C_LIMIT]))
-        rates = self._card_arrays(card) if budget else (None, [], [], [], [], [])
-        return [[b for b, _ in buckets], [s for _, s in buckets],
-                [reserve if b in budget else 0 for b in buckets], groups, kinds, idx, limits,
-                *rates[1:]]
+        """busbar_admit_v2's arguments for a request's checks."""
+        sp = self._shape(checks)
+        return [*sp.args, *(self._card(card)[1:] if sp.budget else _NO_CARD), reserve]
 
     async def admit(self, checks, now: float, card=None, reserve: int = 0, fee: int = 0):
         """None when admitted (charged), a Denial, or UNAVAILABLE. `reserve`: the budget
@@ -1015,8 +1101,7 @@ class PostgresLedger:
         if not self.up:
             return UNAVAILABLE
         reserve += fee
-        args = self.admit_args(checks, card, reserve)
-        call = asyncio.ensure_future(self._run(ADMIT_SQL, args))
+        call = asyncio.ensure_future(self._run(ADMIT_SQL, *self.admit_args(checks, card, reserve)))
         try:
             # Shielded: a caller cancelled mid-flight (its client went away) must not leave
             # charges nobody will settle; if it admitted, they are given back when it answers.
@@ -1035,7 +1120,7 @@ class PostgresLedger:
             return _denial(checks[failed - 1])
         return None
 
-    async def _run(self, sql, args):
+    async def _run(self, sql, *args):
         async with self._pool.acquire() as conn:
             return await conn.fetchval(sql, *args)
 
@@ -1046,23 +1131,15 @@ class PostgresLedger:
 
     def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
         """An admission that was not used (its client left before it started): every charge back."""
-        reserve += fee
         try:
+            sp = self._shape(checks)
             w = self._pend
-            done = set()
-            for c in checks:
-                if c[C_KIND] == "concurrent":
-                    if ("c", c[C_GROUP]) not in done:
-                        done.add(("c", c[C_GROUP]))
-                        w.gauge(c[C_GROUP], -1)
-                    continue
-                k = (c[C_BUCKET], c[C_WINDOW])
-                if k not in done:
-                    done.add(k)
-                    w.window(k[0], k[1], -1, -1)
-                if c[C_KIND] == "budget_usd" and ("b",) + k not in done:
-                    done.add(("b",) + k)
-                    w.reserve(k[0], k[1], -reserve)
+            for g in sp.groups:
+                w.gauge(g, -1)
+            for b, s in sp.buckets:
+                w.window(b, s, -1, -1)
+            for b, s in sp.budget:
+                w.reserve(b, s, -reserve - fee)
             self._kick_if_idle()
         except Exception as e:
             _log_error("undo failed: %r" % e)
@@ -1075,38 +1152,33 @@ class PostgresLedger:
         (the tokens now price it), a non-2xx answer taken off the billable count, its concurrency
         slot back, and its metering row. Written in the background, merged with the others."""
         try:
+            sp = self._shape(checks)
             w = self._pend
-            inp = out = cr = cw = 0
             model = ""
             if usage is not None:
-                inp, out = usage.input_tokens, usage.output_tokens
-                cr, cw = usage.cache_read_tokens, usage.cache_write_tokens
+                tokens = (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
+                          usage.cache_write_tokens)
                 model = usage.model or ""
-            tokens = (inp, out, cr, cw)
-            done = set()
-            for c in checks:
-                if c[C_KIND] == "concurrent":
-                    if ("c", c[C_GROUP]) not in done:
-                        done.add(("c", c[C_GROUP]))
-                        w.gauge(c[C_GROUP], -1)
-                    continue
-                k = (c[C_BUCKET], c[C_WINDOW])
-                if k not in done:
-                    done.add(k)
+            for g in sp.groups:
+                w.gauge(g, -1)
+            if model or not ok:
+                for b, s in sp.buckets:
                     if model:
-                        w.add_tokens(k[0], k[1], model, tokens)
+                        w.add_tokens(b, s, model, tokens)
                     if not ok:
-                        w.window(k[0], k[1], 0, -1)
-                if c[C_KIND] == "budget_usd" and ("b",) + k not in done:
-                    done.add(("b",) + k)
-                    # a 2xx keeps its per_request_fee in the row; anything else gets it back
-                    w.reserve(k[0], k[1], -reserve - (0 if ok else fee))
+                        w.window(b, s, 0, -1)
+            if sp.budget:
+                # a 2xx keeps its per_request_fee in the row; anything else gets it back
+                d = -reserve - (0 if ok else fee)
+                for b, s in sp.budget:
+                    w.reserve(b, s, d)
             if usage is not None:
-                w.window(usage.key_id, 0, 1, 1 if ok else 0)
+                key = usage.key_id
+                w.window(key, 0, 1, 1 if ok else 0)
                 if model:
-                    w.add_tokens(usage.key_id, 0, model, tokens)
-                w.add_meter(usage.key_id, day_epoch(usage.day), model, usage.provider or "",
-                            usage.group, (1, 1 if ok else 0, inp, out, cr, cw))
+                    w.add_tokens(key, 0, model, tokens)
+                w.add_meter(key, _day_epoch(usage.day), model, usage.provider or "", usage.group,
+                            (1, 1 if ok else 0) + tokens)
             self._kick_if_idle()
         except Exception as e:
             _log_error("settle failed: %r" % e)
@@ -1135,7 +1207,7 @@ class PostgresLedger:
         pend = self._pend
         self._pend = _Writes()
         try:
-            await self._run(SETTLE_SQL, pend.args())
+            await self._run(SETTLE_SQL, pend.doc())
         except BaseException as e:
             pend.merge(self._pend)
             self._pend = pend
@@ -1206,7 +1278,7 @@ class PostgresDirectory(PolicyCache):
 
     async def start(self):
         self._down = _down_errors()
-        self._pool = await _pool(self.url, self.timeout, self.pool_size)
+        self._pool = await _pool(self.url, self.timeout, self.pool_size, reset=False)
         self._listening = asyncio.Event()
         self._listener = asyncio.get_running_loop().create_task(self._listen())
         try:    # normally listening within a round trip; a down database does not hold the boot
