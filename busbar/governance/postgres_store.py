@@ -89,6 +89,11 @@ DEFAULT_TIMEOUT = 5.0
 # one round trip (~0.3 ms on loopback), so 4 serve thousands of admissions a second per worker,
 # and 4 x (instances x workers) stays well within a server's max_connections (100 by default).
 DEFAULT_POOL_SIZE = 4
+# Admissions in one statement at most (busbar_admit_batch_v2): a batch holds its ledger rows for
+# its whole transaction (~10-30 us of database work per request), so 64 keep one well under a few
+# milliseconds, and a worker's senders (pool size - 1) take 192 per round trip, past what one
+# event-loop turn gathers.
+ADMIT_BATCH_MAX = 64
 PROBE_INTERVAL = 0.2            # while the database is unreachable, how often it is asked again
 LISTEN_PING = 2.0               # the invalidation connection is checked this often
 # A cached key or group is read again after redis_store.POLICY_TTL (5 s) even without a NOTIFY:
@@ -316,6 +321,41 @@ BEGIN
 END
 $fn$;
 
+-- Admission of a batch (the requests a worker admits in one event-loop turn, one round trip and
+-- one transaction): u_*: every ledger bucket and concurrency group of the batch (sorted), locked
+-- first in that one global order (made when missing), so that the requests, each admitted by
+-- busbar_admit_v2 in turn (all of its charges or none, in the order of the arrays), never wait on
+-- another transaction in a cycle; the per-request arguments are busbar_admit_v2's, each array as
+-- its literal. Returns each request's status: 0 admitted, else its failed check (1-based).
+CREATE OR REPLACE FUNCTION busbar_admit_batch_v2(
+  u_ids TEXT[], u_starts BIGINT[], u_groups TEXT[],
+  b_ids TEXT[], b_starts TEXT[], b_budget TEXT[], g_names TEXT[],
+  k_kind TEXT[], k_idx TEXT[], k_limit TEXT[], reserve BIGINT[],
+  r_models TEXT[], r_in FLOAT8[], r_out FLOAT8[], r_cr FLOAT8[], r_cw FLOAT8[])
+RETURNS INT[] LANGUAGE plpgsql AS $fn$
+DECLARE
+  res INT[] := '{}';
+BEGIN
+  IF coalesce(array_length(u_ids, 1), 0) > 0 THEN
+    INSERT INTO usage_windows AS w (bucket_id, window_start)
+      SELECT b, s FROM unnest(u_ids, u_starts) AS t(b, s)
+      ON CONFLICT (bucket_id, window_start) DO UPDATE SET requests = w.requests;
+  END IF;
+  IF coalesce(array_length(u_groups, 1), 0) > 0 THEN
+    INSERT INTO busbar_concurrency AS c (group_name)
+      SELECT g FROM unnest(u_groups) AS t(g)
+      ON CONFLICT (group_name) DO UPDATE SET in_flight = c.in_flight;
+  END IF;
+  FOR j IN 1..coalesce(array_length(reserve, 1), 0) LOOP
+    res := res || (busbar_admit_v2(b_ids[j]::TEXT[], b_starts[j]::BIGINT[], b_budget[j]::INT[],
+                                   g_names[j]::TEXT[], k_kind[j]::TEXT[], k_idx[j]::INT[],
+                                   k_limit[j]::BIGINT[], r_models, r_in, r_out, r_cr, r_cw,
+                                   reserve[j]))[1]::INT;
+  END LOOP;
+  RETURN res;
+END
+$fn$;
+
 -- Settlement of a batch, one JSON document of five arrays of rows (each sorted by its key, deltas
 -- merged per key): w usage_windows [bucket, start, requests, 2xx requests]; g concurrency [group,
 -- delta]; i reservations [bucket, start, delta]; l tokens [bucket, start, model, input, output,
@@ -384,6 +424,11 @@ ADMIT_SQL = ("SELECT busbar_admit_v2($1::text::text[], $2::text::bigint[], $3::t
              "$4::text::text[], $5::text::text[], $6::text::int[], $7::text::bigint[], "
              "$8::text::text[], $9::text::float8[], $10::text::float8[], $11::text::float8[], "
              "$12::text::float8[], $13::bigint)")
+ADMIT_BATCH_SQL = ("SELECT busbar_admit_batch_v2($1::text::text[], $2::text::bigint[], "
+                   "$3::text::text[], $4::text::text[], $5::text::text[], $6::text::text[], "
+                   "$7::text::text[], $8::text::text[], $9::text::text[], $10::text::text[], "
+                   "$11::text::bigint[], $12::text::text[], $13::text::float8[], "
+                   "$14::text::float8[], $15::text::float8[], $16::text::float8[])")
 SETTLE_SQL = "SELECT busbar_settle_v2($1::text::jsonb)"
 
 _KEY_COLUMNS = ("k.id, k.generation_hash, k.name, k.allowed_pools, k.enabled, k.created_at, "
@@ -1008,12 +1053,20 @@ class PostgresLedger:
         self._pend = _Writes()          # settles not yet in the database
         self._rates = {}                # id(rate card) -> (the card, its five array literals)
         self._shapes = {}               # a request's checks' shape -> _Shape
+        self._loop = None
+        self._queue = []                # admissions not yet sent: (shape, card, reserve, future,
+                                        # checks)
+        self._wake = False              # a sender is to start at the next loop turn
+        self._senders = set()           # the tasks sending admission batches
+        # admission senders at once: one pooled connection each, one left for the settlements
+        self._max_senders = max(1, pool_size - 1)
         self._flusher = None            # the task writing the pending settles
         self._prober = None             # the task asking a down database again
         self._down = ()
 
     async def start(self):
         self._down = _down_errors()
+        self._loop = asyncio.get_running_loop()
         self._pool = await _pool(self.url, self.timeout, self.pool_size, reset=False)
         try:
             async with self._pool.acquire() as conn:
@@ -1033,7 +1086,7 @@ class PostgresLedger:
             await asyncio.wait_for(self.flush(), timeout)
         except asyncio.TimeoutError:
             pass
-        for t in (self._flusher, self._prober):
+        for t in (self._flusher, self._prober, *self._senders):
             if t is not None and not t.done():
                 t.cancel()
                 try:
@@ -1095,39 +1148,110 @@ class PostgresLedger:
         reservation (nano-units) charged to every budget bucket; `card`: the rate card a budget's
         tokens are priced with; `fee`: per_request_fee (nano-units), reserved with it and kept in
         the bucket's busbar_inflight row by a 2xx settle (the spend admission reads is the
-        reservations plus the tokens at the card)."""
+        reservations plus the tokens at the card).
+
+        The admissions asked for in one event-loop turn go to the database together, one
+        statement (busbar_admit_batch_v2, each request all or nothing, in the order asked); while
+        every sender is waiting on the database the next ones gather for the next statement."""
         if not checks:
             return None
         if not self.up:
             return UNAVAILABLE
         reserve += fee
-        call = asyncio.ensure_future(self._run(ADMIT_SQL, *self.admit_args(checks, card, reserve)))
+        fut = self._loop.create_future()
+        self._queue.append((self._shape(checks), card, reserve, fut, checks))
+        if not self._wake and len(self._senders) < self._max_senders:
+            self._wake = True
+            self._loop.call_soon(self._start_sender)
+        # A caller cancelled meanwhile (its client went away) cancels `fut`; its admission still
+        # runs, and what it charged is given back when the batch answers (_answer).
+        failed = await fut
+        if failed == 0:
+            return None
+        if failed < 0:
+            return UNAVAILABLE
+        return _denial(checks[failed - 1])
+
+    def _start_sender(self):
+        self._wake = False
+        if self._queue and len(self._senders) < self._max_senders:
+            t = self._loop.create_task(self._sender())
+            self._senders.add(t)
+            t.add_done_callback(self._senders.discard)
+
+    async def _sender(self):
+        """Sends the queued admissions, a batch at a time, until none is left."""
+        while self._queue:
+            if not self.up:
+                q, self._queue = self._queue, []
+                self._answer(q, None)
+                return
+            batch = self._take()
+            if self._queue and not self._wake and len(self._senders) < self._max_senders:
+                self._wake = True
+                self._loop.call_soon(self._start_sender)
+            await self._admit_batch(batch)
+
+    def _take(self) -> list:
+        """The next batch: up to ADMIT_BATCH_MAX queued admissions, those with a budget priced by
+        one rate card (the statement takes one)."""
+        q = self._queue
+        card = _UNSET = object()
+        n = 0
+        for sp, c, _r, _f, _ch in q:
+            if n == ADMIT_BATCH_MAX:
+                break
+            if sp.budget:
+                if card is _UNSET:
+                    card = c
+                elif c is not card:
+                    break
+            n += 1
+        batch = q[:n]
+        del q[:n]
+        return batch
+
+    async def _admit_batch(self, batch):
+        if len(batch) == 1:
+            sp, card, reserve, _f, _c = batch[0]
+            sql = ADMIT_SQL
+            args = [*sp.args, *(self._card(card)[1:] if sp.budget else _NO_CARD), reserve]
+        else:
+            union = sorted({b for it in batch for b in it[0].buckets})
+            groups = sorted({g for it in batch for g in it[0].groups})
+            budget = [it[1] for it in batch if it[0].budget]
+            sql = ADMIT_BATCH_SQL
+            args = [_text_lit([b for b, _ in union]), _num_lit([s for _, s in union]),
+                    _text_lit(groups),
+                    *[_text_lit([it[0].args[i] for it in batch]) for i in range(7)],
+                    _num_lit([it[2] for it in batch]),
+                    *(self._card(budget[0])[1:] if budget else _NO_CARD)]
+        out = None
         try:
-            # Shielded: a caller cancelled mid-flight (its client went away) must not leave
-            # charges nobody will settle; if it admitted, they are given back when it answers.
-            out = await asyncio.shield(call)
-        except asyncio.CancelledError:
-            call.add_done_callback(lambda f: self._undo_if_admitted(f, checks, reserve))
-            raise
+            out = await self._run(sql, *args)
         except self._down as e:
             self._went_down(e)
-            return UNAVAILABLE
+        except asyncio.CancelledError:
+            self._answer(batch, None)
+            raise
         except Exception as e:
             _log_error("admission failed: %r" % e)
-            return UNAVAILABLE
-        failed = out[0]
-        if failed:
-            return _denial(checks[failed - 1])
-        return None
+        self._answer(batch, out if out is None or len(batch) > 1 else out[:1])
+
+    def _answer(self, batch, statuses):
+        """Each admission's status to its caller (-1: unavailable); one whose caller left is given
+        back if it was admitted."""
+        for i, (_sp, _card, reserve, fut, checks) in enumerate(batch):
+            st = -1 if statuses is None else statuses[i]
+            if fut.cancelled():
+                if st == 0:
+                    self.undo(checks, reserve)
+            elif not fut.done():
+                fut.set_result(st)
 
     async def _run(self, sql, *args):
         async with self._pool.acquire() as conn:
             return await conn.fetchval(sql, *args)
-
-    def _undo_if_admitted(self, fut, checks, reserve):
-        if fut.cancelled() or fut.exception() is not None or fut.result()[0]:
-            return
-        self.undo(checks, reserve)
 
     def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
         """An admission that was not used (its client left before it started): every charge back."""

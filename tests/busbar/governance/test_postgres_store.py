@@ -228,6 +228,96 @@ def test_exact_across_many_concurrent_ledgers(db):
     run(go())
 
 
+def test_admissions_of_one_turn_go_in_one_statement_each_all_or_nothing(db):
+    """Sixty admissions asked for in one event-loop turn on one ledger, over two groups whose
+    buckets interleave in the lock order: they go in a few statements (batches), each request is
+    admitted all or nothing in the order asked, and the counts are exact: a request refused by
+    its concurrent limit leaves its requests count and its reservation uncharged."""
+    async def go():
+        st, led = PostgresStore(db), PostgresLedger(db, pool_size=2)
+        await st.open()
+        await led.start()
+        sent = []
+        run_sql = led._run
+
+        async def counting(sql, *args):
+            sent.append(sql)
+            return await run_sql(sql, *args)
+        led._run = counting
+        try:
+            now = time.time()
+            a = [check("a", "requests", 10, 1, "minute", now),
+                 check("a", "budget_usd", 1_000_000, 50_000, "day", now)]
+            b = [check("b", "requests", 1000, 1, "minute", now),
+                 check("b", "budget_usd", 10 ** 12, 50_000, "day", now),
+                 check("b", "concurrent", 3, 1)]
+            out = await asyncio.gather(*[led.admit(a if i % 2 else b, now, CARD, 50_000)
+                                         for i in range(60)])
+            assert len(sent) < 10, len(sent)
+            assert any("busbar_admit_batch_v2" in q for q in sent)
+            got_a = [r for i, r in enumerate(out) if i % 2]
+            got_b = [r for i, r in enumerate(out) if not i % 2]
+            # first come, first admitted: the order asked is the order admitted
+            assert got_a[:10] == [None] * 10
+            assert {(r.kind, r.group) for r in got_a[10:]} == {("requests", "a")}
+            assert got_b[:3] == [None] * 3
+            assert {(r.kind, r.group) for r in got_b[3:]} == {("concurrent", "b")}
+            assert await st.check_values(a, CARD) == [10, 500_000]
+            assert await st.check_values(b, CARD) == [3, 150_000, 3]
+        finally:
+            await led.close()
+            await st.close()
+    run(go())
+
+
+def test_a_connection_killed_mid_batch_fails_closed_and_counts_once(db):
+    """A batch of admissions whose connection dies while it waits in the database (its ledger row
+    held by another transaction): every request of it is answered unavailable (503, fail
+    closed), nothing of it is charged (its transaction never committed), the ledger recovers,
+    and the next admission counts once."""
+    async def go():
+        import asyncpg
+        st, led = PostgresStore(db), PostgresLedger(db, pool_size=2)
+        await st.open()
+        await led.start()
+        blocker = await asyncpg.connect(db)
+        try:
+            now = time.time()
+            rate = check("k", "requests", 100, 1, "minute", now)
+            assert await led.admit([rate], now) is None
+            tx = blocker.transaction()
+            await tx.start()
+            await blocker.execute("SELECT 1 FROM usage_windows WHERE bucket_id = $1 AND "
+                                  "window_start = $2 FOR UPDATE", rate[0], rate[4])
+            calls = [asyncio.ensure_future(led.admit([rate], now)) for _ in range(8)]
+            pid = None
+            for _ in range(200):
+                await asyncio.sleep(0.02)
+                pid = await blocker.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND "
+                    "query LIKE '%busbar_admit_batch_v2%'")
+                if pid is not None:
+                    break
+            assert pid is not None, "the batch never waited on the row"
+            assert await blocker.fetchval("SELECT pg_terminate_backend($1)", pid)
+            out = await asyncio.gather(*calls)
+            assert out == [UNAVAILABLE] * 8
+            await tx.rollback()
+            assert (await st.check_values([rate]))[0] == 1
+            for _ in range(100):
+                if led.up:
+                    break
+                await asyncio.sleep(0.05)
+            assert led.up
+            assert await led.admit([rate], now) is None
+            assert (await st.check_values([rate]))[0] == 2
+        finally:
+            await blocker.close()
+            await led.close()
+            await st.close()
+    run(go())
+
+
 def test_a_cancelled_admission_leaves_no_charge(db):
     async def go():
         st, led = PostgresStore(db), PostgresLedger(db)
