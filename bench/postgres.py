@@ -9,7 +9,8 @@ settlement (`SELECT busbar_settle(...)`), the two statements every governed requ
 - `admit+settle`: both, one request after another (the sequential cost per request);
 - `concurrent`: --tasks requests in flight over --ledgers ledgers (workers), each admitting and
   settling in a loop on one group's rows (the contended case: every admission of the fleet locks
-  the same ledger row), settles batched as the gateway batches them: requests per second.
+  the same ledger row), admissions and settles batched as the gateway batches them: requests per
+  second, and how many admissions and settles went in one statement on average.
 
 Usage:
   python bench/postgres.py                   µs per statement (median, p99) and the throughput
@@ -41,6 +42,14 @@ def checks(group, now):
         out.append((rust_bucket(group, per, None), kind, limit, 1, window_start(per, now), roll,
                     group, per))
     return out
+
+
+def counting(run, sent):
+    """The ledger's statement runner, counting admission and settlement statements."""
+    async def counted(sql, *args):
+        sent["settle" if "settle" in sql else "admit"] += 1
+        return await run(sql, *args)
+    return counted
 
 
 def pct(xs, p):
@@ -77,8 +86,10 @@ async def bench(url, n, tasks, ledgers):
         print("%-14s median %7.1f us   p99 %7.1f us" % (name, 1e6 * statistics.median(xs),
                                                         1e6 * pct(xs, 0.99)))
     leds = [PostgresLedger(url) for _ in range(ledgers)]
+    sent = {"admit": 0, "settle": 0}
     for x in leds:
         await x.start()
+        x._run = counting(x._run, sent)
     done = 0
     stop_at = time.perf_counter() + 5.0
 
@@ -94,8 +105,10 @@ async def bench(url, n, tasks, ledgers):
     for x in leds:
         await x.flush()
     secs = time.perf_counter() - t0
-    print("%-14s %d in flight over %d ledgers: %.0f requests/s admitted and settled"
-          % ("concurrent", tasks, ledgers, done / secs))
+    print("%-14s %d in flight over %d ledgers: %.0f requests/s admitted and settled; "
+          "%.1f admissions and %.1f settles a statement"
+          % ("concurrent", tasks, ledgers, done / secs, done / max(1, sent["admit"]),
+             done / max(1, sent["settle"])))
     for x in leds:
         await x.close()
     await st.close()

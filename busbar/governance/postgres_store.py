@@ -12,6 +12,9 @@ own event loop; every statement is prepared once per connection and reused):
 - `PostgresLedger` (every worker, hot path): admission is ONE statement, `SELECT
   busbar_admit_v2(...)`, a server-side function that locks the ledger rows of the request's
   buckets in one global order, tests every check of the request and charges all of them or none;
+  the admissions asked for in one event-loop turn go in one statement together
+  (`busbar_admit_batch_v2`: the batch's rows locked in that order first, then each request in
+  turn, all or nothing);
   settlement is ONE statement per batch, `SELECT busbar_settle_v2(...)`, sent in the background
   (the settles made while one is in flight go in the next). Its pool skips asyncpg's reset query
   on release (busbar leaves no session state on these connections: no LISTEN, SET, cursor or
@@ -679,11 +682,11 @@ SHAPES_MAX = 4096
 
 
 class _Shape:
-    """A request shape's admission arguments (busbar_admit_v2's first seven, as array literals)
-    and what settling it touches: its ledger buckets, those a budget is checked on, its
-    concurrent-limit groups."""
+    """A request shape's admission arguments (busbar_admit_v2's first seven, as array literals,
+    and quoted as a batch carries them) and what settling it touches: its ledger buckets, those a
+    budget is checked on, its concurrent-limit groups."""
 
-    __slots__ = ("args", "buckets", "budget", "groups")
+    __slots__ = ("args", "quoted", "buckets", "budget", "groups")
 
     def __init__(self, checks):
         buckets = sorted({(c[C_BUCKET], c[C_WINDOW]) for c in checks
@@ -698,6 +701,8 @@ class _Shape:
                      _num_lit([1 if b in budget else 0 for b in buckets]), _text_lit(groups),
                      _text_lit([_KIND_CODE[c[C_KIND]] for c in checks]), _num_lit(idx),
                      _num_lit([int(c[C_LIMIT]) for c in checks]))
+        # each literal as an element of a batch's text[] literal (busbar_admit_batch_v2)
+        self.quoted = tuple(_text_lit([a])[1:-1] for a in self.args)
         self.buckets = tuple(buckets)
         self.budget = tuple(b for b in buckets if b in budget)
         self.groups = tuple(groups)
@@ -1223,7 +1228,7 @@ class PostgresLedger:
             sql = ADMIT_BATCH_SQL
             args = [_text_lit([b for b, _ in union]), _num_lit([s for _, s in union]),
                     _text_lit(groups),
-                    *[_text_lit([it[0].args[i] for it in batch]) for i in range(7)],
+                    *["{%s}" % ",".join(col) for col in zip(*[it[0].quoted for it in batch])],
                     _num_lit([it[2] for it in batch]),
                     *(self._card(budget[0])[1:] if budget else _NO_CARD)]
         out = None
