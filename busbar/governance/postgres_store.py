@@ -572,7 +572,7 @@ async def _read_group(conn, name):
 class _Writes:
     """Increments not yet in the database, merged per row, in the shape busbar_settle takes."""
 
-    __slots__ = ("windows", "gauges", "inflight", "tokens", "meter")
+    __slots__ = ("windows", "gauges", "inflight", "tokens", "meter", "settled")
 
     def __init__(self):
         self.windows = {}       # (bucket, start) -> [requests, billable]
@@ -580,9 +580,51 @@ class _Writes:
         self.inflight = {}      # (bucket, start) -> reservation delta
         self.tokens = {}        # (bucket, start, model) -> [input, output, cache read, write]
         self.meter = {}         # (key, day bucket, model, provider) -> [group, 6 counts]
+        # settles summed per (request shape, key, day bucket, model, provider, group), not yet
+        # spread over the rows above (spread()): [requests, 2xx, the four tiers, reservation
+        # delta]; a request's settle is one sum here, its rows are made once per batch
+        self.settled = {}
 
     def __bool__(self):
-        return bool(self.windows or self.gauges or self.inflight or self.tokens or self.meter)
+        return bool(self.windows or self.gauges or self.inflight or self.tokens or self.meter
+                    or self.settled)
+
+    def settle(self, sp, key, day, model, provider, group, ok, t, reserve_delta):
+        k = (sp, key, day, model, provider, group)
+        cur = self.settled.get(k)
+        if cur is None:
+            self.settled[k] = [1, ok, t[0], t[1], t[2], t[3], reserve_delta]
+        else:
+            cur[0] += 1
+            cur[1] += ok
+            cur[2] += t[0]
+            cur[3] += t[1]
+            cur[4] += t[2]
+            cur[5] += t[3]
+            cur[6] += reserve_delta
+
+    def spread(self):
+        """The summed settles into their rows: each request's concurrency slot back, its tokens
+        into every ledger bucket of its checks and the key's own, a non-2xx off the billable
+        counts, the reservation deltas, the key's request counts and its metering row."""
+        settled, self.settled = self.settled, {}
+        for (sp, key, day, model, provider, group), (n, ok, i, o, cr, cw, d) in settled.items():
+            t = (i, o, cr, cw)
+            for g in sp.groups:
+                self.gauge(g, -n)
+            for b, s in sp.buckets:
+                if model:
+                    self.add_tokens(b, s, model, t)
+                if n != ok:
+                    self.window(b, s, 0, ok - n)
+            if d:
+                for b, s in sp.budget:
+                    self.reserve(b, s, d)
+            if key is not None:
+                self.window(key, 0, n, ok)
+                if model:
+                    self.add_tokens(key, 0, model, t)
+                self.add_meter(key, day, model, provider, group, (n, ok, i, o, cr, cw))
 
     def window(self, bucket, start, requests, billable):
         if requests or billable:
@@ -620,6 +662,8 @@ class _Writes:
                 cur[i + 1] += v
 
     def merge(self, other: "_Writes"):
+        if other.settled:
+            other.spread()
         for (b, s), (r, bl) in other.windows.items():
             self.window(b, s, r, bl)
         for g, d in other.gauges.items():
@@ -635,6 +679,8 @@ class _Writes:
         """busbar_settle_v2's document: each table's rows in byte order of their key (the lock
         order; Python's str order is code point order, which is UTF-8 byte order, COLLATE "C"),
         rows whose deltas are all 0 left out."""
+        if self.settled:
+            self.spread()
         return orjson.dumps({
             "w": [[k[0], k[1], v[0], v[1]] for k, v in sorted(self.windows.items())
                   if v[0] or v[1]],
@@ -672,6 +718,7 @@ def _num_lit(xs) -> str:
 
 
 _NO_CARD = ("{}", "{}", "{}", "{}", "{}")
+_NO_TOKENS = (0, 0, 0, 0)
 # A check's shape: what the admission's arguments depend on (its charge and seconds to the roll
 # vary per request and are not sent).
 _SHAPE_OF = itemgetter(C_BUCKET, C_KIND, C_LIMIT, C_WINDOW, C_GROUP)
@@ -1282,32 +1329,15 @@ class PostgresLedger:
         slot back, and its metering row. Written in the background, merged with the others."""
         try:
             sp = self._shape(checks)
-            w = self._pend
-            model = ""
-            if usage is not None:
-                tokens = (usage.input_tokens, usage.output_tokens, usage.cache_read_tokens,
-                          usage.cache_write_tokens)
-                model = usage.model or ""
-            for g in sp.groups:
-                w.gauge(g, -1)
-            if model or not ok:
-                for b, s in sp.buckets:
-                    if model:
-                        w.add_tokens(b, s, model, tokens)
-                    if not ok:
-                        w.window(b, s, 0, -1)
-            if sp.budget:
-                # a 2xx keeps its per_request_fee in the row; anything else gets it back
-                d = -reserve - (0 if ok else fee)
-                for b, s in sp.budget:
-                    w.reserve(b, s, d)
-            if usage is not None:
-                key = usage.key_id
-                w.window(key, 0, 1, 1 if ok else 0)
-                if model:
-                    w.add_tokens(key, 0, model, tokens)
-                w.add_meter(key, _day_epoch(usage.day), model, usage.provider or "", usage.group,
-                            (1, 1 if ok else 0) + tokens)
+            # a 2xx keeps its per_request_fee in the budget rows; anything else gets it back
+            d = (-reserve - (0 if ok else fee)) if sp.budget else 0
+            if usage is None:
+                self._pend.settle(sp, None, 0, "", "", None, 1 if ok else 0, _NO_TOKENS, d)
+            else:
+                self._pend.settle(sp, usage.key_id, _day_epoch(usage.day), usage.model or "",
+                                  usage.provider or "", usage.group, 1 if ok else 0,
+                                  (usage.input_tokens, usage.output_tokens,
+                                   usage.cache_read_tokens, usage.cache_write_tokens), d)
             self._kick_if_idle()
         except Exception as e:
             _log_error("settle failed: %r" % e)
