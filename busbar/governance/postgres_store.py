@@ -1145,6 +1145,8 @@ class PostgresLedger:
                     await t
                 except (asyncio.CancelledError, Exception):
                     pass
+        q, self._queue = self._queue, []
+        self._answer(q, None)           # admissions never sent: unavailable
         try:
             await asyncio.wait_for(self._pool.close(), timeout)
         except Exception:
