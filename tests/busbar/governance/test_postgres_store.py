@@ -343,6 +343,41 @@ def test_a_cancelled_admission_leaves_no_charge(db):
     run(go())
 
 
+def test_cancelled_admissions_in_a_batch_leave_no_charge(db):
+    """Ten admissions in one batch, four of them cancelled while it is in the database (their
+    clients left): the six others are admitted, and what the batch charged for the four is given
+    back (requests, reservation, concurrency slot), so only the six remain."""
+    async def go():
+        st, led = PostgresStore(db), PostgresLedger(db, pool_size=2)
+        await st.open()
+        await led.start()
+        try:
+            now = time.time()
+            checks = [check("cb", "requests", 100, 1, "minute", now),
+                      check("cb", "budget_usd", 10 ** 12, 1000, "day", now),
+                      check("cb", "concurrent", 100, 1)]
+            calls = [asyncio.ensure_future(led.admit(checks, now, CARD, 1000)) for _ in range(10)]
+            await asyncio.sleep(0)      # queued, the batch sent at the next loop turn
+            await asyncio.sleep(0)
+            for t in calls[:4]:
+                t.cancel()
+            out = await asyncio.gather(*calls[4:])
+            assert out == [None] * 6
+            for t in calls[:4]:
+                with pytest.raises(asyncio.CancelledError):
+                    await t
+            for _ in range(100):
+                await led.flush()
+                if await st.check_values(checks, CARD) == [6, 6000, 6]:
+                    break
+                await asyncio.sleep(0.02)
+            assert await st.check_values(checks, CARD) == [6, 6000, 6]
+        finally:
+            await led.close()
+            await st.close()
+    run(go())
+
+
 def test_another_schema_is_refused_and_nothing_deleted(postgres_server):
     async def go(url, setup, match):
         import asyncpg
