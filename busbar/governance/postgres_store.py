@@ -16,9 +16,11 @@ own event loop; every statement is prepared once per connection and reused):
   (`busbar_admit_batch_v2`: the batch's rows locked in that order first, then each request in
   turn, all or nothing);
   settlement is ONE statement per batch, `SELECT busbar_settle_v2(...)`, sent in the background
-  (the settles made while one is in flight go in the next). Its pool skips asyncpg's reset query
-  on release (busbar leaves no session state on these connections: no LISTEN, SET, cursor or
-  advisory lock outlives a call), which would be one more round trip per use.
+  (the settles made while one is in flight go in the next). Its connections are a set of its own
+  (`_Conns`), not asyncpg's pool, whose reset query on release would be one more round trip per
+  use (busbar leaves no session state on these connections: no LISTEN, SET, cursor or advisory
+  lock outlives a call) and whose acquire/release cost ~360 bytecodes a call; the directory's pool
+  skips the reset query likewise.
 - `PostgresDirectory` (every worker): key and group policy cached per worker, dropped on the
   invalidation NOTIFY (a LISTEN connection of its own), and read again after POLICY_TTL at the
   latest (a Rust gateway sharing the database sends none: its revocations are seen that late).
@@ -63,6 +65,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 import math
 import time
 from operator import itemgetter
@@ -88,8 +91,9 @@ CHANNEL = "busbar_inval"
 # ledger row for longer than this is answered 503 rather than holding the client. 5 s: far past
 # any lock wait a healthy database has (an admission holds its rows for well under a millisecond).
 DEFAULT_TIMEOUT = 5.0
-# Connections per worker (settings.pool_size): an admission or a settlement batch holds one for
-# one round trip (~0.3 ms on loopback), so 4 serve thousands of admissions a second per worker,
+# Connections per worker (settings.pool_size): an admission batch or a settlement batch holds one
+# for one round trip (~0.3 ms on loopback; pool size - 1 send admissions, one is left for the
+# settlements), so 4 serve thousands of admissions a second per worker,
 # and 4 x (instances x workers) stays well within a server's max_connections (100 by default).
 DEFAULT_POOL_SIZE = 4
 # Admissions in one statement at most (busbar_admit_batch_v2): a batch holds its ledger rows for
@@ -1084,6 +1088,125 @@ class PostgresStore:
             await asyncio.sleep(PRUNE_EVERY_SECS)
 
 
+# ---------------------------------------------------------------------------- worker: connections
+class _Conns:
+    """The ledger's connections, up to `size`, made on first need, each serving one statement at a
+    time: asyncpg's pool without its per-call cost (acquire, release, the reset query, a timeout
+    context: ~360 bytecodes a call). A connection a call failed on is thrown away (its state is
+    unknown); expire() throws away the idle ones and marks the busy ones to go when they return
+    (the database came back: they may be dead)."""
+
+    def __init__(self, url: str, timeout: float, size: int):
+        self.url = url
+        self.timeout = timeout
+        self.size = size
+        self.idle = []
+        self.n = 0                      # connections open or being opened
+        self.waiters = deque()          # futures of calls waiting for a connection
+        self.gen = 0
+        self.gen_of = {}                # connection -> the generation it was made in
+        self.closed = False
+
+    async def _connect(self):
+        self.n += 1
+        try:
+            conn = await _asyncpg().connect(self.url, timeout=self.timeout,
+                                            command_timeout=self.timeout,
+                                            server_settings={"application_name": "busbar"})
+        except BaseException:
+            self.n -= 1
+            self._wake()
+            raise
+        self.gen_of[conn] = self.gen
+        return conn
+
+    async def get(self):
+        if self.closed:
+            raise ConnectionError("the ledger is closed")
+        if self.idle:
+            return self.idle.pop()
+        if self.n < self.size:
+            return await self._connect()
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        try:
+            conn = await fut
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.result() is not None:
+                self.put(fut.result())
+            raise
+        return conn if conn is not None else await self._connect()
+
+    def _wake(self):
+        """A connection slot came free: the first waiter opens a connection of its own."""
+        while self.waiters:
+            f = self.waiters.popleft()
+            if not f.done():
+                f.set_result(None)
+                return
+
+    def put(self, conn):
+        if self.closed or conn.is_closed() or self.gen_of.get(conn) != self.gen:
+            self.drop(conn)
+            return
+        while self.waiters:
+            f = self.waiters.popleft()
+            if not f.done():
+                f.set_result(conn)
+                return
+        self.idle.append(conn)
+
+    def drop(self, conn):
+        """A connection thrown away (failed, expired or closing)."""
+        self.gen_of.pop(conn, None)
+        self.n -= 1
+        conn.terminate()
+        if not self.closed:
+            self._wake()
+
+    def expire(self):
+        self.gen += 1
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            self.drop(conn)
+
+    async def close(self, timeout: float):
+        self.closed = True
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            self.gen_of.pop(conn, None)
+            self.n -= 1
+            try:
+                await asyncio.wait_for(conn.close(), timeout)
+            except Exception:
+                conn.terminate()
+        while self.waiters:
+            f = self.waiters.popleft()
+            if not f.done():
+                f.set_exception(ConnectionError("the ledger is closed"))
+
+    async def run(self, sql, args):
+        """One statement on a connection of the set; its value."""
+        conn = await self.get()
+        try:
+            out = await conn.fetchval(sql, *args)
+        except BaseException:
+            self.drop(conn)
+            raise
+        self.put(conn)
+        return out
+
+    async def schema(self):
+        """ensure_schema on a connection of the set."""
+        conn = await self.get()
+        try:
+            await ensure_schema(conn)
+        except BaseException:
+            self.drop(conn)
+            raise
+        self.put(conn)
+
+
 # ---------------------------------------------------------------------------- worker: ledger
 class PostgresLedger:
     """Admission and settlement against the ledger in Postgres (one worker's view). Construct
@@ -1101,7 +1224,7 @@ class PostgresLedger:
         self.timeout = timeout
         self.pool_size = pool_size
         self.up = False                 # the schema is checked and the database answers
-        self._pool = None
+        self._conns = None              # _Conns, from start()
         self._pend = _Writes()          # settles not yet in the database
         self._rates = {}                # id(rate card) -> (the card, its five array literals)
         self._shapes = {}               # a request's checks' shape -> _Shape
@@ -1119,10 +1242,9 @@ class PostgresLedger:
     async def start(self):
         self._down = _down_errors()
         self._loop = asyncio.get_running_loop()
-        self._pool = await _pool(self.url, self.timeout, self.pool_size, reset=False)
+        self._conns = _Conns(self.url, self.timeout, self.pool_size)
         try:
-            async with self._pool.acquire() as conn:
-                await ensure_schema(conn)
+            await self._conns.schema()
             self.up = True
         except self._down as e:
             self._went_down(e)
@@ -1132,7 +1254,7 @@ class PostgresLedger:
 
     async def close(self, timeout: float = 2.0):
         """Writes what is pending (bounded by `timeout`), then disconnects."""
-        if self._pool is None:
+        if self._conns is None:
             return
         try:
             await asyncio.wait_for(self.flush(), timeout)
@@ -1147,11 +1269,8 @@ class PostgresLedger:
                     pass
         q, self._queue = self._queue, []
         self._answer(q, None)           # admissions never sent: unavailable
-        try:
-            await asyncio.wait_for(self._pool.close(), timeout)
-        except Exception:
-            self._pool.terminate()
-        self._pool = None
+        await self._conns.close(timeout)
+        self._conns = None
 
     async def flush(self):
         """Waits until every settle so far is written, or could not be (then it is kept)."""
@@ -1304,8 +1423,7 @@ class PostgresLedger:
                 fut.set_result(st)
 
     async def _run(self, sql, *args):
-        async with self._pool.acquire() as conn:
-            return await conn.fetchval(sql, *args)
+        return await self._conns.run(sql, args)
 
     def undo(self, checks, reserve: int = 0, fee: int = 0) -> None:
         """An admission that was not used (its client left before it started): every charge back."""
@@ -1345,7 +1463,7 @@ class PostgresLedger:
             _log_error("settle failed: %r" % e)
 
     def _kick_if_idle(self):
-        if self.up and self._pool is not None and (self._flusher is None or self._flusher.done()):
+        if self.up and self._conns is not None and (self._flusher is None or self._flusher.done()):
             self._kick()
 
     def _kick(self):
@@ -1399,9 +1517,8 @@ class PostgresLedger:
         while True:
             await asyncio.sleep(PROBE_INTERVAL)
             try:
-                await self._pool.expire_connections()
-                async with self._pool.acquire() as conn:
-                    await ensure_schema(conn)
+                self._conns.expire()
+                await self._conns.schema()
             except Exception:
                 continue
             pending = bool(self._pend)

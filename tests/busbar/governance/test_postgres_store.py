@@ -378,6 +378,44 @@ def test_cancelled_admissions_in_a_batch_leave_no_charge(db):
     run(go())
 
 
+def test_the_ledgers_connections_serve_one_statement_each_in_turn(db):
+    """The ledger's own connection set (_Conns): twelve statements over two connections, never
+    more opened, each answered its own value; a waiter cancelled while waiting, or a statement
+    that fails (its connection thrown away), leaks no slot: the set still serves, with two."""
+    from busbar.governance.postgres_store import _Conns
+
+    async def go():
+        conns = _Conns(db, 5.0, 2)
+        try:
+            most = 0
+
+            async def one(i):
+                nonlocal most
+                v = await conns.run("SELECT $1::int FROM pg_sleep(0.01)", (i,))
+                most = max(most, conns.n)
+                return v
+            assert await asyncio.gather(*[one(i) for i in range(12)]) == list(range(12))
+            assert most == 2 and conns.n == 2 and len(conns.idle) == 2
+            busy = [asyncio.ensure_future(conns.run("SELECT 1 FROM pg_sleep(0.2)", ()))
+                    for _ in range(2)]
+            await asyncio.sleep(0.05)
+            waiter = asyncio.ensure_future(conns.run("SELECT 2", ()))
+            await asyncio.sleep(0.01)
+            waiter.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await waiter
+            assert await asyncio.gather(*busy) == [1, 1]
+            with pytest.raises(Exception, match="division by zero"):
+                await conns.run("SELECT 1 / 0", ())
+            assert conns.n == 1
+            assert await asyncio.gather(*[one(i) for i in range(6)]) == list(range(6))
+            assert conns.n == 2
+        finally:
+            await conns.close(2.0)
+        assert conns.n == 0
+    run(go())
+
+
 def test_another_schema_is_refused_and_nothing_deleted(postgres_server):
     async def go(url, setup, match):
         import asyncpg
