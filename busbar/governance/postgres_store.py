@@ -329,36 +329,127 @@ END
 $fn$;
 
 -- Admission of a batch (the requests a worker admits in one event-loop turn, one round trip and
--- one transaction): u_*: every ledger bucket and concurrency group of the batch (sorted), locked
--- first in that one global order (made when missing), so that the requests, each admitted by
--- busbar_admit_v2 in turn (all of its charges or none, in the order of the arrays), never wait on
--- another transaction in a cycle; the per-request arguments are busbar_admit_v2's, each array as
--- its literal. Returns each request's status: 0 admitted, else its failed check (1-based).
+-- one transaction). u_*: every ledger bucket and concurrency group of the batch (sorted): their
+-- rows are locked first, in that one global order (made when missing), and their counts read
+-- (from then on no other admission of these buckets runs); then, in one statement after the
+-- locks, every bucket's tokens, spend at the card and reservations. The requests are then
+-- decided one after another in memory, in the order of the arrays, each all or nothing against
+-- the counts as the requests before it left them, exactly as busbar_admit_v2 would one by one;
+-- the charges of the admitted ones are written at the end, one statement per table.
+-- Per request j: n_checks[j] checks in c_* (kind r|t|b|c, index into u_ids or u_groups, limit),
+-- n_buckets[j] buckets in q_* (index into u_ids; 1 if it is charged the reservation), n_groups[j]
+-- groups in h_idx, its reservation reserve[j]. Returns each request's status: 0 admitted, else
+-- its failed check (1-based, in its own checks).
 CREATE OR REPLACE FUNCTION busbar_admit_batch_v2(
   u_ids TEXT[], u_starts BIGINT[], u_groups TEXT[],
-  b_ids TEXT[], b_starts TEXT[], b_budget TEXT[], g_names TEXT[],
-  k_kind TEXT[], k_idx TEXT[], k_limit TEXT[], reserve BIGINT[],
+  n_checks INT[], c_kind TEXT[], c_idx INT[], c_limit BIGINT[],
+  n_buckets INT[], q_idx INT[], q_budget INT[], n_groups INT[], h_idx INT[], reserve BIGINT[],
   r_models TEXT[], r_in FLOAT8[], r_out FLOAT8[], r_cr FLOAT8[], r_cw FLOAT8[])
 RETURNS INT[] LANGUAGE plpgsql AS $fn$
 DECLARE
+  nu INT := coalesce(array_length(u_ids, 1), 0);
+  ng INT := coalesce(array_length(u_groups, 1), 0);
+  req BIGINT[];
+  conc BIGINT[];
+  tok BIGINT[];
+  spend FLOAT8[];
+  d_req BIGINT[] := array_fill(0::BIGINT, ARRAY[nu]);
+  d_res BIGINT[] := array_fill(0::BIGINT, ARRAY[nu]);
+  d_conc BIGINT[] := array_fill(0::BIGINT, ARRAY[ng]);
   res INT[] := '{}';
+  c INT := 0;
+  q INT := 0;
+  h INT := 0;
+  failed INT;
+  i INT;
 BEGIN
-  IF coalesce(array_length(u_ids, 1), 0) > 0 THEN
-    INSERT INTO usage_windows AS w (bucket_id, window_start)
-      SELECT b, s FROM unnest(u_ids, u_starts) AS t(b, s)
-      ON CONFLICT (bucket_id, window_start) DO UPDATE SET requests = w.requests;
+  IF nu > 0 THEN
+    WITH up AS (
+      INSERT INTO usage_windows AS w (bucket_id, window_start)
+        SELECT b, s FROM unnest(u_ids, u_starts) AS t(b, s)
+        ON CONFLICT (bucket_id, window_start) DO UPDATE SET requests = w.requests
+        RETURNING w.bucket_id, w.window_start, w.requests)
+    SELECT array_agg(greatest(up.requests, 0) ORDER BY t.o) INTO req
+      FROM unnest(u_ids, u_starts) WITH ORDINALITY AS t(b, s, o)
+      JOIN up ON up.bucket_id = t.b AND up.window_start = t.s;
   END IF;
-  IF coalesce(array_length(u_groups, 1), 0) > 0 THEN
-    INSERT INTO busbar_concurrency AS c (group_name)
-      SELECT g FROM unnest(u_groups) AS t(g)
-      ON CONFLICT (group_name) DO UPDATE SET in_flight = c.in_flight;
+  IF ng > 0 THEN
+    WITH up AS (
+      INSERT INTO busbar_concurrency AS cc (group_name)
+        SELECT g FROM unnest(u_groups) AS t(g)
+        ON CONFLICT (group_name) DO UPDATE SET in_flight = cc.in_flight
+        RETURNING cc.group_name, cc.in_flight)
+    SELECT array_agg(greatest(up.in_flight, 0) ORDER BY t.o) INTO conc
+      FROM unnest(u_groups) WITH ORDINALITY AS t(g, o) JOIN up ON up.group_name = t.g;
+  END IF;
+  IF nu > 0 THEN
+    SELECT array_agg(coalesce(x.tk, 0) ORDER BY t.o),
+           array_agg(coalesce(x.sp, 0) + coalesce(f.r, 0) ORDER BY t.o)
+      INTO tok, spend
+      FROM unnest(u_ids, u_starts) WITH ORDINALITY AS t(b, s, o)
+      LEFT JOIN LATERAL (
+        SELECT sum(greatest(l.tokens_input, 0) + greatest(l.tokens_output, 0) +
+                   greatest(l.tokens_cache_read, 0) + greatest(l.tokens_cache_write, 0)) AS tk,
+               sum(greatest(l.tokens_input, 0) * r.ri + greatest(l.tokens_output, 0) * r.ro +
+                   greatest(l.tokens_cache_read, 0) * r.rr +
+                   greatest(l.tokens_cache_write, 0) * r.rw) AS sp
+          FROM usage_ledger l
+          LEFT JOIN unnest(r_models, r_in, r_out, r_cr, r_cw) AS r(m, ri, ro, rr, rw)
+            ON r.m = l.model
+         WHERE l.bucket_id = t.b AND l.window_start = t.s) x ON TRUE
+      LEFT JOIN LATERAL (
+        SELECT greatest(fi.reserved, 0) AS r FROM busbar_inflight fi
+         WHERE fi.bucket_id = t.b AND fi.window_start = t.s) f ON TRUE;
   END IF;
   FOR j IN 1..coalesce(array_length(reserve, 1), 0) LOOP
-    res := res || (busbar_admit_v2(b_ids[j]::TEXT[], b_starts[j]::BIGINT[], b_budget[j]::INT[],
-                                   g_names[j]::TEXT[], k_kind[j]::TEXT[], k_idx[j]::INT[],
-                                   k_limit[j]::BIGINT[], r_models, r_in, r_out, r_cr, r_cw,
-                                   reserve[j]))[1]::INT;
+    failed := 0;
+    FOR k IN c + 1 .. c + n_checks[j] LOOP
+      i := c_idx[k];
+      IF c_kind[k] = 'r' THEN
+        IF req[i] + 1 > c_limit[k] THEN failed := k - c; EXIT; END IF;
+      ELSIF c_kind[k] = 'c' THEN
+        IF conc[i] + 1 > c_limit[k] THEN failed := k - c; EXIT; END IF;
+      ELSIF c_kind[k] = 't' THEN
+        IF tok[i] >= c_limit[k] THEN failed := k - c; EXIT; END IF;
+      ELSE
+        IF spend[i] + reserve[j] > c_limit[k] THEN failed := k - c; EXIT; END IF;
+      END IF;
+    END LOOP;
+    c := c + n_checks[j];
+    IF failed = 0 THEN
+      FOR k IN q + 1 .. q + n_buckets[j] LOOP
+        i := q_idx[k];
+        req[i] := req[i] + 1;
+        d_req[i] := d_req[i] + 1;
+        IF q_budget[k] > 0 AND reserve[j] > 0 THEN
+          spend[i] := spend[i] + reserve[j];
+          d_res[i] := d_res[i] + reserve[j];
+        END IF;
+      END LOOP;
+      FOR k IN h + 1 .. h + n_groups[j] LOOP
+        i := h_idx[k];
+        conc[i] := conc[i] + 1;
+        d_conc[i] := d_conc[i] + 1;
+      END LOOP;
+    END IF;
+    q := q + n_buckets[j];
+    h := h + n_groups[j];
+    res := res || failed;
   END LOOP;
+  IF nu > 0 THEN
+    UPDATE usage_windows w
+      SET requests = w.requests + t.d, billable_requests = w.billable_requests + t.d
+      FROM unnest(u_ids, u_starts, d_req) AS t(b, s, d)
+     WHERE t.d <> 0 AND w.bucket_id = t.b AND w.window_start = t.s;
+    INSERT INTO busbar_inflight AS f (bucket_id, window_start, reserved)
+      SELECT b, s, d FROM unnest(u_ids, u_starts, d_res) AS t(b, s, d) WHERE d > 0
+      ON CONFLICT (bucket_id, window_start)
+      DO UPDATE SET reserved = greatest(f.reserved, 0) + EXCLUDED.reserved;
+  END IF;
+  IF ng > 0 THEN
+    UPDATE busbar_concurrency cc SET in_flight = greatest(cc.in_flight, 0) + t.d
+      FROM unnest(u_groups, d_conc) AS t(g, d) WHERE t.d <> 0 AND cc.group_name = t.g;
+  END IF;
   RETURN res;
 END
 $fn$;
@@ -431,11 +522,12 @@ ADMIT_SQL = ("SELECT busbar_admit_v2($1::text::text[], $2::text::bigint[], $3::t
              "$4::text::text[], $5::text::text[], $6::text::int[], $7::text::bigint[], "
              "$8::text::text[], $9::text::float8[], $10::text::float8[], $11::text::float8[], "
              "$12::text::float8[], $13::bigint)")
-ADMIT_BATCH_SQL = ("SELECT busbar_admit_batch_v2($1::text::text[], $2::text::bigint[], "
-                   "$3::text::text[], $4::text::text[], $5::text::text[], $6::text::text[], "
-                   "$7::text::text[], $8::text::text[], $9::text::text[], $10::text::text[], "
-                   "$11::text::bigint[], $12::text::text[], $13::text::float8[], "
-                   "$14::text::float8[], $15::text::float8[], $16::text::float8[])")
+ADMIT_BATCH_SQL = ("SELECT busbar_admit_batch_v2(%s)" % ", ".join(
+    "$%d::text::%s" % (i + 1, t) for i, t in enumerate(
+        ("text[]", "bigint[]", "text[]",
+         "int[]", "text[]", "int[]", "bigint[]",
+         "int[]", "int[]", "int[]", "int[]", "int[]", "bigint[]",
+         "text[]", "float8[]", "float8[]", "float8[]", "float8[]"))))
 SETTLE_SQL = "SELECT busbar_settle_v2($1::text::jsonb)"
 
 _KEY_COLUMNS = ("k.id, k.generation_hash, k.name, k.allowed_pools, k.enabled, k.created_at, "
@@ -734,10 +826,11 @@ SHAPES_MAX = 4096
 
 class _Shape:
     """A request shape's admission arguments (busbar_admit_v2's first seven, as array literals,
-    and quoted as a batch carries them) and what settling it touches: its ledger buckets, those a
+    and its parts of a batch's) and what settling it touches: its ledger buckets, those a
     budget is checked on, its concurrent-limit groups."""
 
-    __slots__ = ("args", "quoted", "buckets", "budget", "groups")
+    __slots__ = ("args", "kinds", "limits", "refs", "flags", "counts", "buckets", "budget",
+                 "groups")
 
     def __init__(self, checks):
         buckets = sorted({(c[C_BUCKET], c[C_WINDOW]) for c in checks
@@ -752,8 +845,15 @@ class _Shape:
                      _num_lit([1 if b in budget else 0 for b in buckets]), _text_lit(groups),
                      _text_lit([_KIND_CODE[c[C_KIND]] for c in checks]), _num_lit(idx),
                      _num_lit([int(c[C_LIMIT]) for c in checks]))
-        # each literal as an element of a batch's text[] literal (busbar_admit_batch_v2)
-        self.quoted = tuple(_text_lit([a])[1:-1] for a in self.args)
+        # a batch's parts (busbar_admit_batch_v2), as the text its array literals join: each
+        # check's kind code, limit and what it counts in (a group, or a bucket); each bucket's
+        # budget flag; the counts
+        self.kinds = tuple(_KIND_CODE[c[C_KIND]] for c in checks)
+        self.limits = tuple(str(int(c[C_LIMIT])) for c in checks)
+        self.refs = tuple((True, c[C_GROUP]) if c[C_KIND] == "concurrent"
+                          else (False, (c[C_BUCKET], c[C_WINDOW])) for c in checks)
+        self.flags = tuple("1" if b in budget else "0" for b in buckets)
+        self.counts = (str(len(checks)), str(len(buckets)), str(len(groups)))
         self.buckets = tuple(buckets)
         self.budget = tuple(b for b in buckets if b in budget)
         self.groups = tuple(groups)
@@ -1390,15 +1490,8 @@ class PostgresLedger:
             sql = ADMIT_SQL
             args = [*sp.args, *(self._card(card)[1:] if sp.budget else _NO_CARD), reserve]
         else:
-            union = sorted({b for it in batch for b in it[0].buckets})
-            groups = sorted({g for it in batch for g in it[0].groups})
-            budget = [it[1] for it in batch if it[0].budget]
             sql = ADMIT_BATCH_SQL
-            args = [_text_lit([b for b, _ in union]), _num_lit([s for _, s in union]),
-                    _text_lit(groups),
-                    *["{%s}" % ",".join(col) for col in zip(*[it[0].quoted for it in batch])],
-                    _num_lit([it[2] for it in batch]),
-                    *(self._card(budget[0])[1:] if budget else _NO_CARD)]
+            args = self._batch_args(batch)
         out = None
         try:
             out = await self._run(sql, *args)
@@ -1410,6 +1503,38 @@ class PostgresLedger:
         except Exception as e:
             _log_error("admission failed: %r" % e)
         self._answer(batch, out if out is None or len(batch) > 1 else out[:1])
+
+    def _batch_args(self, batch) -> list:
+        """busbar_admit_batch_v2's arguments: the batch's buckets and groups (sorted: the lock
+        order), every request's checks, buckets and groups as indexes into them, its reservation,
+        and the rate card."""
+        union = sorted({b for it in batch for b in it[0].buckets})
+        groups = sorted({g for it in batch for g in it[0].groups})
+        uidx = {b: str(i + 1) for i, b in enumerate(union)}
+        gidx = {g: str(i + 1) for i, g in enumerate(groups)}
+        nc, kinds, cidx, limits, nb, qidx, flags, ng, hidx, res = ([] for _ in range(10))
+        card = None
+        for sp, c, reserve, _f, _ch in batch:
+            n = sp.counts
+            nc.append(n[0])
+            nb.append(n[1])
+            ng.append(n[2])
+            kinds += sp.kinds
+            limits += sp.limits
+            cidx += [gidx[k] if g else uidx[k] for g, k in sp.refs]
+            qidx += [uidx[b] for b in sp.buckets]
+            flags += sp.flags
+            if sp.groups:
+                hidx += [gidx[g] for g in sp.groups]
+            res.append(str(reserve))
+            if sp.budget:
+                card = c
+        j = ",".join
+        return [_text_lit([b for b, _ in union]), _num_lit([s for _, s in union]),
+                _text_lit(groups), "{%s}" % j(nc), "{%s}" % j(kinds), "{%s}" % j(cidx),
+                "{%s}" % j(limits), "{%s}" % j(nb), "{%s}" % j(qidx), "{%s}" % j(flags),
+                "{%s}" % j(ng), "{%s}" % j(hidx), "{%s}" % j(res),
+                *(self._card(card)[1:] if card is not None else _NO_CARD)]
 
     def _answer(self, batch, statuses):
         """Each admission's status to its caller (-1: unavailable); one whose caller left is given

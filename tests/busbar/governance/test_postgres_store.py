@@ -270,6 +270,37 @@ def test_admissions_of_one_turn_go_in_one_statement_each_all_or_nothing(db):
     run(go())
 
 
+def test_a_batch_reads_the_ledgers_tokens_and_spend(db):
+    """A batch decides on what the ledger holds: a tokens limit already reached refuses every
+    request of its group; a budget is the tokens spent at the card plus the reservations, those
+    of the batch's earlier requests included (4 of 8 fit), and none of either is charged more."""
+    async def go():
+        st, led = PostgresStore(db), PostgresLedger(db, pool_size=2)
+        await st.open()
+        await led.start()
+        try:
+            now = time.time()
+            tok = [check("t", "tokens", 100, 0, "hour", now)]
+            cash = [check("s", "budget_usd", 1_000_000, 200_000, "day", now)]
+            led.settle(tok, 0, Usage(day_of(now), "vk_t", "t", "m", None, 1, 100, 50,
+                                     provider="p"), True)
+            led.settle(cash, 0, Usage(day_of(now), "vk_s", "s", "m", None, 1, 100, 0,
+                                      provider="p"), True)
+            await led.flush()
+            assert await st.check_values(cash, CARD) == [100_000]
+            out = await asyncio.gather(*[led.admit(tok if i % 2 else cash, now, CARD, 200_000)
+                                         for i in range(16)])
+            assert {(r.kind, r.group) for r in out[1::2]} == {("tokens", "t")}
+            assert out[0:8:2] == [None] * 4
+            assert {(r.kind, r.group) for r in out[8::2]} == {("budget_usd", "s")}
+            assert await st.check_values(cash, CARD) == [900_000]
+            assert await st.check_values(tok, CARD) == [150]
+        finally:
+            await led.close()
+            await st.close()
+    run(go())
+
+
 def test_a_connection_killed_mid_batch_fails_closed_and_counts_once(db):
     """A batch of admissions whose connection dies while it waits in the database (its ledger row
     held by another transaction): every request of it is answered unavailable (503, fail
