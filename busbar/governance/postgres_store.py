@@ -1514,18 +1514,22 @@ class PostgresLedger:
         gidx = {g: str(i + 1) for i, g in enumerate(groups)}
         nc, kinds, cidx, limits, nb, qidx, flags, ng, hidx, res = ([] for _ in range(10))
         card = None
+        mapped = {}                     # shape -> its indexes into this batch's buckets, groups
         for sp, c, reserve, _f, _ch in batch:
+            m = mapped.get(sp)
+            if m is None:
+                m = mapped[sp] = ([gidx[k] if g else uidx[k] for g, k in sp.refs],
+                                  [uidx[b] for b in sp.buckets], [gidx[g] for g in sp.groups])
             n = sp.counts
             nc.append(n[0])
             nb.append(n[1])
             ng.append(n[2])
             kinds += sp.kinds
             limits += sp.limits
-            cidx += [gidx[k] if g else uidx[k] for g, k in sp.refs]
-            qidx += [uidx[b] for b in sp.buckets]
+            cidx += m[0]
+            qidx += m[1]
             flags += sp.flags
-            if sp.groups:
-                hidx += [gidx[g] for g in sp.groups]
+            hidx += m[2]
             res.append(str(reserve))
             if sp.budget:
                 card = c
