@@ -101,6 +101,10 @@ DEFAULT_POOL_SIZE = 4
 # milliseconds, and a worker's senders (pool size - 1) take 192 per round trip, past what one
 # event-loop turn gathers.
 ADMIT_BATCH_MAX = 64
+# A ledger connection idle longer than this is closed instead of used (asyncpg's pool did the
+# same at 60 s): a server's idle_session_timeout or a proxy may have dropped it, and a statement
+# sent on a dead connection is a batch answered 503.
+IDLE_SECS = 60.0
 PROBE_INTERVAL = 0.2            # while the database is unreachable, how often it is asked again
 LISTEN_PING = 2.0               # the invalidation connection is checked this often
 # A cached key or group is read again after redis_store.POLICY_TTL (5 s) even without a NOTIFY:
@@ -1200,7 +1204,7 @@ class _Conns:
         self.url = url
         self.timeout = timeout
         self.size = size
-        self.idle = []
+        self.idle = []                  # (connection, when it came back), newest last
         self.n = 0                      # connections open or being opened
         self.waiters = deque()          # futures of calls waiting for a connection
         self.gen = 0
@@ -1223,8 +1227,12 @@ class _Conns:
     async def get(self):
         if self.closed:
             raise ConnectionError("the ledger is closed")
-        if self.idle:
-            return self.idle.pop()
+        while self.idle:
+            conn, since = self.idle.pop()
+            if conn.is_closed() or time.monotonic() - since > IDLE_SECS:
+                self.drop(conn)         # the server (or a proxy) may have closed it meanwhile
+                continue
+            return conn
         if self.n < self.size:
             return await self._connect()
         fut = asyncio.get_running_loop().create_future()
@@ -1254,7 +1262,7 @@ class _Conns:
             if not f.done():
                 f.set_result(conn)
                 return
-        self.idle.append(conn)
+        self.idle.append((conn, time.monotonic()))
 
     def drop(self, conn):
         """A connection thrown away (failed, expired or closing)."""
@@ -1267,13 +1275,13 @@ class _Conns:
     def expire(self):
         self.gen += 1
         idle, self.idle = self.idle, []
-        for conn in idle:
+        for conn, _ in idle:
             self.drop(conn)
 
     async def close(self, timeout: float):
         self.closed = True
         idle, self.idle = self.idle, []
-        for conn in idle:
+        for conn, _ in idle:
             self.gen_of.pop(conn, None)
             self.n -= 1
             try:

@@ -441,6 +441,28 @@ def test_the_ledgers_connections_serve_one_statement_each_in_turn(db):
             assert conns.n == 1
             assert await asyncio.gather(*[one(i) for i in range(6)]) == list(range(6))
             assert conns.n == 2
+            # an idle connection the server closed (idle_session_timeout, a proxy, a restart) is
+            # not used: the next statement gets another
+            import asyncpg
+            pids = {await conns.run("SELECT pg_backend_pid()", ()) for _ in range(2)}
+            admin = await asyncpg.connect(db)
+            try:
+                for pid in pids:
+                    await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+            finally:
+                await admin.close()
+            await asyncio.sleep(0.2)
+            assert await conns.run("SELECT 7", ()) == 7
+            # and one idle past IDLE_SECS is closed rather than trusted
+            from busbar.governance import postgres_store
+            old = conns.idle[-1][0]
+            saved, postgres_store.IDLE_SECS = postgres_store.IDLE_SECS, 0.0
+            try:
+                await asyncio.sleep(0.01)
+                assert await conns.run("SELECT 8", ()) == 8
+            finally:
+                postgres_store.IDLE_SECS = saved
+            assert old.is_closed() and conns.n <= 2
         finally:
             await conns.close(2.0)
         assert conns.n == 0
