@@ -1,7 +1,8 @@
 """What governance costs a request on the Postgres store (busbar/governance/postgres_store.py),
 in-process against a real PostgreSQL on loopback (a throwaway cluster, tests/postgres_server.py,
-fsync off; or --url): one admission (`SELECT busbar_admit(...)`, one round trip) and one
-settlement (`SELECT busbar_settle(...)`), the two statements every governed request adds.
+fsync off; or --url): one admission (`SELECT busbar_admit_v2(...)`, one round trip; the
+admissions of one event-loop turn go together in `busbar_admit_batch_v2`) and one settlement
+(`SELECT busbar_settle_v2(...)`, batched likewise), the two statements every governed request adds.
 
 - `admit`: one admission of a typical group chain (requests per minute, a budget per month: two
   ledger rows locked, the budget priced from the ledger), awaited one after another;

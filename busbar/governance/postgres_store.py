@@ -670,7 +670,7 @@ async def _read_group(conn, name):
 
 # ---------------------------------------------------------------------------- pending writes
 class _Writes:
-    """Increments not yet in the database, merged per row, in the shape busbar_settle takes."""
+    """Increments not yet in the database, merged per row, in the shape busbar_settle_v2 takes."""
 
     __slots__ = ("windows", "gauges", "inflight", "tokens", "meter", "settled")
 
