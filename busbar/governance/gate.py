@@ -44,6 +44,10 @@ UNAVAILABLE = "unavailable"     # a store that cannot answer (redis_store.UNAVAI
 # sees far fewer distinct keys and (group, pool) pairs than this in any real deployment).
 TOKEN_CACHE_MAX = 8192
 CHAIN_CACHE_MAX = 4096
+# A remote store's checks for a (group, pool) are reused for at most this long within their
+# windows: their seconds-to-the-roll (what a minute or hour ledger's expiry is set from) is then
+# up to this much early, which keeps the ledger hash a second longer at most.
+PLAN_REUSE_SECS = 1.0
 ACL_MESSAGE = "Your API key does not have permission to access this resource."
 
 
@@ -215,6 +219,14 @@ class Gate:
         self._chains = {}           # (group, pool) -> the chain's limits, while _stamp holds
         self._stamp = None
         self._windows = {}          # per -> (window id, when it rolls)
+        self._remote_plans = {}     # (group, pool) -> (chain, valid until, checks, has a budget)
+        # (KeyRecord, Target) -> what a network store's admission of the pair reuses, while the
+        # config, the directory's version and its time hold: (gov, version, valid until, checks,
+        # the reservation's Pricing or None, pool, group lookup)
+        self._rpasses = {}
+        self._nowait = getattr(ledger, "admit_nowait", None)
+        # whether the ledger's settle reads `cost` (Valkey's fail_mode open local count)
+        self._needs_cost = getattr(ledger, "needs_cost", False)
         self._verified = {}         # token -> (key id, exp, gen, signing key): MACs checked
         self.credentials = Credentials()    # the same, by the raw header they came in (enter)
         self._targets = {}          # Target -> its _Priced (rate card coverage, reservation)
@@ -351,6 +363,18 @@ class Gate:
         # its Pass (cbusbar.ledger) holds every decision that does not change per request, so
         # only the reservation and the limits are taken, in C. The rest takes `_admit`.
         d = self.directory
+        if d.remote:
+            rp = self._rpasses.get((ex.principal, ex.target))
+            if rp is not None:
+                now = time.time()
+                if rp[0] is gov and rp[1] == d.version and now < rp[2]:
+                    pricing = rp[4]
+                    reserve = 0 if pricing is None else pricing.reserve(
+                        ex.req.body, ex.spans, ex.ingress, ex.op is not None, BYTES_PER_TOKEN,
+                        requested_max_tokens)
+                    self._admit_now(ex, gov, rp[3], reserve, now, rp[5], cont, rp[6])
+                    return
+            return self._admit(ex, gov, cont)
         if gov is self._pass_gov and d.version == self._pass_version:
             p = self._passes.get((ex.principal, ex.target))
             if p is not None:
@@ -397,7 +421,24 @@ class Gate:
             cont()
             return
         if d.remote:
-            self.loop.create_task(self._admit_remote(ex, gov, group, pool, cont))
+            chain = self._cached_chain(gov, group)
+            if chain is None:       # a group not cached: read it, in a task
+                self.loop.create_task(self._admit_remote(ex, gov, group, pool, cont))
+                return
+            now = time.time()
+            checks, reserve, why = self.plan(ex, gov, group, pool, now, chain.get)
+            if why is not None:
+                return self.deny(ex, why)
+            if not checks:
+                cont()
+                return
+            plan = self._remote_plans[(group, pool)]
+            if len(self._rpasses) >= CHAIN_CACHE_MAX:
+                self._rpasses = {}
+            self._rpasses[(key, target)] = (
+                gov, d.version, min(plan[1], now + PLAN_REUSE_SECS), checks,
+                priced.pricing if plan[3] and priced is not None else None, pool, chain.get)
+            self._admit_now(ex, gov, checks, reserve, now, pool, cont, chain.get)
             return
         plan = self.local_plan(gov, group, pool)
         if plan.__class__ is Denial:
@@ -463,19 +504,56 @@ class Gate:
         if not checks:
             cont()
             return
+        await self._admit_checks(ex, gov, checks, reserve, now, pool, cont, chain.get)
+
+    def _admit_now(self, ex, gov, checks, reserve, now, pool, cont, lookup):
+        """A network store's admission of `checks`: without a task where the ledger answers by
+        callback (Valkey's pipelined client: the reply's callback continues the request),
+        otherwise awaited in one."""
+        nowait = self._nowait
+        if nowait is None or not nowait(
+                checks, now, gov.rate_card, reserve, gov.fee,
+                lambda r: self._admit_answer(ex, gov, r, checks, reserve, now, pool, cont, lookup)):
+            self.loop.create_task(self._admit_checks(ex, gov, checks, reserve, now, pool, cont,
+                                                     lookup))
+
+    async def _admit_checks(self, ex, gov, checks, reserve, now, pool, cont, lookup):
         try:
             r = await self.ledger.admit(checks, now, gov.rate_card, reserve, gov.fee)
         except Exception:
             log.exception("governance: admission failed")
             r = UNAVAILABLE
+        self._admit_answer(ex, gov, r, checks, reserve, now, pool, cont, lookup)
+
+    def _admit_answer(self, ex, gov, r, checks, reserve, now, pool, cont, lookup):
+        """A remote admission's answer (None: admitted and charged, a Denial, or UNAVAILABLE)."""
         if ex.closed:
             if r is None:   # admitted for a client that left meanwhile: give it back
                 self.ledger.undo(checks, reserve, gov.fee)
             return
         try:
-            self._admitted(ex, gov, r, checks, reserve, now, pool, cont, chain.get)
+            self._admitted(ex, gov, r, checks, reserve, now, pool, cont, lookup)
         except Exception as exc:
             ex.crash(exc)
+
+    def _cached_chain(self, gov, name):
+        """A remote directory's group chain {name: group} from config and the worker's cache, or
+        None when a group of it is not cached (a read is needed)."""
+        chain = {}
+        groups = gov.groups
+        cached = self.directory.cached_group
+        miss = self.directory.MISS
+        while name is not None and len(chain) < 9:
+            g = groups.get(name)
+            if g is None:
+                g = cached(name)
+                if g is miss:
+                    return None
+                if g is None:
+                    break
+            chain[name] = g
+            name = g.parent
+        return chain
 
     def _admitted(self, ex, gov, r, checks, reserve, now, pool, cont, lookup=None):
         """Redis: the admission script's answer."""
@@ -496,25 +574,38 @@ class Gate:
         chain = self.chain(gov, group_name, pool, lookup, rust=True)
         if chain.__class__ is Denial:
             return None, None, chain
+        k = (group_name, pool)
+        got = self._remote_plans.get(k)
+        if got is None or got[0] is not chain or now >= got[1]:
+            got = self._remote_checks(chain, now)
+            if len(self._remote_plans) >= CHAIN_CACHE_MAX:
+                self._remote_plans = {}
+            self._remote_plans[k] = got
+        return got[2], (self.reservation(ex, gov) if got[3] else 0), None
+
+    def _remote_checks(self, chain, now):
+        """(chain, valid until, the checks, whether one is a budget) of a chain at `now`: valid
+        until the first of its windows rolls, and PLAN_REUSE_SECS at most. A budget check's charge
+        is the request's reservation, which admission and settlement are given beside the checks
+        (C_CHARGE is 0 here)."""
         checks = []
-        reserve = None
         windows = self._windows
+        until = now + PLAN_REUSE_SECS
+        budget = False
         for bucket, kind, amount, per, name in chain:
             w = windows.get(per)
             if w is None or (w[1] is not None and now >= w[1]):
                 _, roll = window(per, now)
                 w = windows[per] = (window_start(per, now), None if roll is None else now + roll)
-            roll = None if w[1] is None else w[1] - now
+            roll = None
+            if w[1] is not None:
+                roll = w[1] - now
+                until = min(until, w[1])
             if kind == "budget_usd":
-                if reserve is None:
-                    reserve = self.reservation(ex, gov)
-                charge = reserve
-            elif kind == "tokens":
-                charge = 0
-            else:
-                charge = 1
-            checks.append((bucket, kind, amount, charge, w[0], roll, name, per))
-        return checks, reserve or 0, None
+                budget = True
+            checks.append((bucket, kind, amount, 0 if kind in ("budget_usd", "tokens") else 1,
+                           w[0], roll, name, per))
+        return chain, until, tuple(checks), budget
 
     def chain(self, gov, group_name, pool, lookup, rust=False):
         """The limits of the group chain for `pool`: (bucket, kind, amount, per, group) each, the
@@ -704,7 +795,7 @@ class Gate:
         checks = ticket.checks if ticket is not None else ()
         reserve = ticket.reserve if ticket is not None else 0
         cost = 0
-        if reserve:
+        if reserve and self._needs_cost:
             card = gov.rate_card
             rate = card.get(lane_name) if (card and lane_name) else None
             cost = rate.nano(inp, out, cr, cw) if rate is not None else 0

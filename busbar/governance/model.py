@@ -527,6 +527,8 @@ def iso_utc(t) -> str | None:
 #   requests   : value + 1 <= limit, charge 1 (exact)
 #   tokens     : value < limit (post-paid: blocks the next request), charge 0; settle adds tokens
 #   budget_usd : value + reserve <= limit, charge the reservation; settle adds actual - reserve
+#                (a network store's checks carry 0 and the reservation goes beside them: the
+#                checks of a group chain are reused from request to request, gate.plan)
 #   concurrent : value + 1 <= limit, charge 1; settle adds -1
 # All checks of a request are taken atomically: all charged or none.
 C_BUCKET, C_KIND, C_LIMIT, C_CHARGE, C_WINDOW, C_ROLL, C_GROUP, C_PER = range(8)

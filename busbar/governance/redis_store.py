@@ -878,6 +878,7 @@ class RedisLedger:
         # fail_mode open keeps a local count (_seen, _drift) to admit against while Redis is
         # down; closed never reads one, so the request path does not keep it
         self._local = fail_mode == "open"
+        self.needs_cost = self._local     # settle's `cost` moves that count only (gate.py)
         self.timeout = timeout
         self.prefix = prefix
         self.up = True                  # False while Redis is unreachable
@@ -982,6 +983,65 @@ class RedisLedger:
         if failed:
             return _denial(checks[failed - 1])
         return None
+
+    def admit_nowait(self, checks, now, card, reserve, fee, done) -> bool:
+        """`admit` without a coroutine, where it is one script on a connection that is up and the
+        rate card is written: `done(None | Denial | UNAVAILABLE)` is called from the reply, and
+        True is returned. False: take `await admit(...)` instead (fail_mode open's local count,
+        Redis down, no connection yet, a rate card not written). A reply that asks for more (the
+        script or the card gone after a Redis restart) continues in `admit`, in a task."""
+        if self._local or not self.up or not checks:
+            return False
+        c = self._c
+        conn = c.conn if c is not None else None
+        if conn is None or conn._closed is not None:
+            return False
+        rc = self._rate_card(card, fee)
+        if not rc[3]:
+            for x in checks:
+                if x[C_KIND] == "budget_usd":
+                    return False
+        frame, _ = self._lay.admit(self._admit_sha, checks, reserve, rc[1])
+        conn.send(frame).add_done_callback(
+            lambda f: self._admit_reply(f, checks, now, card, reserve, fee, done))
+        return True
+
+    def _admit_reply(self, f, checks, now, card, reserve, fee, done):
+        try:
+            out = f.result()
+        except asyncio.CancelledError:     # nobody cancels it; were it so, it did not answer
+            done(UNAVAILABLE)
+            return
+        except RespError as e:
+            if e.code != "NOSCRIPT":
+                _log_error("admission script failed: %r" % e)
+                done(UNAVAILABLE)
+                return
+            out = None
+        except self._down as e:
+            self._went_down(e)
+            done(UNAVAILABLE)
+            return
+        except Exception as e:
+            _log_error("admission script failed: %r" % e)
+            done(UNAVAILABLE)
+            return
+        if out is None or not out or out[0] == -1:     # NOSCRIPT, or the card's hash is gone
+            if out:
+                self._rate_card(card, fee)[3] = False
+            asyncio.get_running_loop().create_task(self._admit_again(checks, now, card, reserve,
+                                                                     fee, done))
+            return
+        failed = out[0]
+        done(_denial(checks[failed - 1]) if failed else None)
+
+    async def _admit_again(self, checks, now, card, reserve, fee, done):
+        try:
+            r = await self.admit(checks, now, card, reserve, fee)
+        except Exception as e:
+            _log_error("admission failed: %r" % e)
+            r = UNAVAILABLE
+        done(r)
 
     async def _run_admit(self, frame, rc, checks, reserve, fee=0):
         """The admission script, the rate card written first where it may be missing. Shielded: a
@@ -1308,6 +1368,15 @@ class PolicyCache:
         rec = self._fresh(self._keys, key_id)
         if rec is MISS:
             dl = self._neg.get(("k", key_id))
+            if dl is not None and dl > time.monotonic():
+                return None
+        return rec
+
+    def cached_group(self, name):
+        """A group from the cache without a read: the record, None (known not to exist), or MISS."""
+        rec = self._fresh(self._groups, name)
+        if rec is MISS:
+            dl = self._neg.get(("g", name))
             if dl is not None and dl > time.monotonic():
                 return None
         return rec

@@ -263,3 +263,41 @@ def test_a_failed_connect_is_not_the_next_calls_answer(own_redis):
         assert await c.call(b"PING") == b"PONG"
         c.close()
     run(go())
+
+
+def _nowait(led, checks, now, card, reserve=0):
+    """admit_nowait as a future (None when it declined: the caller takes admit())."""
+    fut = asyncio.get_running_loop().create_future()
+    if not led.admit_nowait(checks, now, card, reserve, 0, fut.set_result):
+        return None
+    return fut
+
+
+def test_admit_nowait_answers_by_callback_exactly_and_through_a_redis_restart(own_redis):
+    """The gate's task-free admission (gate._admit): exact under 40 at once, the script flushed
+    (NOSCRIPT) or the rate card's hash deleted (as after a Redis restart) continue through
+    admit() and still answer; a budget check before the card is written, and a ledger that is
+    down, decline (the caller awaits admit())."""
+    async def go():
+        p = prefix()
+        led = RedisLedger(own_redis.url, prefix=p)
+        await led.start()
+        try:
+            now = time.time()
+            rate = check("g", "requests", 10, 1, "minute", now)
+            budget = check("g", "budget_usd", 10 ** 12, 0, "day", now)
+            assert _nowait(led, [budget], now, CARD, 5) is None      # card not written yet
+            assert await led.admit([budget], now, CARD, 5) is None   # ...admit() writes it
+            res = await asyncio.gather(*(_nowait(led, [rate, budget], now, CARD, 5)
+                                         for _ in range(8)))
+            assert res == [None] * 8
+            await led._c.call(b"SCRIPT", b"FLUSH")
+            assert await _nowait(led, [rate], now, CARD) is None      # NOSCRIPT: loaded again
+            await led._c.call(b"DEL", led._rate_card(CARD)[1])
+            assert await _nowait(led, [rate, budget], now, CARD, 5) is None    # card again
+            assert (await _nowait(led, [rate], now, CARD)).kind == "requests"  # the 11th
+            led.up = False
+            assert _nowait(led, [rate], now, CARD) is None            # down: declines
+        finally:
+            await led.close()
+    run(go())
