@@ -44,8 +44,9 @@ def mount(site, live, plane):
     gw = live.gw
     # admin tokens and the admin_auth chain follow the config (reload, apply, PUT admin-auth)
     live.on_swap.append(lambda config: site.set_auth(config.control or live.control))
-    live.trips = views.TripClock(gw)     # pools' last_trip_at
-    live.trips.start()
+    if live.trips is None:               # pools' last_trip_at (the plane starts it at boot)
+        live.trips = views.TripClock(gw)
+        live.trips.start()
 
     def snap():
         return gw.snapshot

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 
 OVERLAY_VERSION = 1
 SECTIONS = ("groups", "hooks", "root", "plugin_versions")
@@ -126,6 +125,7 @@ def write(path: str, doc: dict) -> None:
     doc = dict(doc)
     doc["version"] = OVERLAY_VERSION
     folder = os.path.dirname(path) or "."
+    import tempfile     # (not at boot: it brings shutil, bz2, lzma and random)
     fd, tmp = tempfile.mkstemp(prefix=".busbar-overlay-", dir=folder)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as fh:

@@ -134,35 +134,53 @@ class ParentAgent:
         self.site = None
 
     async def start(self, gw):
-        from busbar.admin.api import mount
-        from busbar.admin.audit import AuditLog
-        from busbar.admin.audit import mount as mount_audit
         from busbar.admin.live import LiveConfig
-        from busbar.admin.site import AdminSite
-        from busbar.governance.admin import mount as mount_governance
+        from busbar.admin.views import TripClock
         from busbar.server.http import HttpConnection
         loop = gw.loop
         ctl = self.plane.control
+        self.gw = gw
         self.live = live = LiveConfig(gw, self.path, self.plane.workers)
         gw.live = live      # governance pushes key changes over the same channels
-        self.site = site = AdminSite(gw, ctl)
-        # The audit log and GET audit, then governance's endpoints, which answer whether or not
-        # governance is on (off: a read finds nothing, a write is a 409 that says how to turn it
-        # on); mounted here, not by the site, so site.py imports neither (no import circle).
-        site.audit_log = AuditLog(gw)
-        mount_audit(site)
-        mount_governance(site.routes, gw)
-        mount(site, live, self.plane)
-        self.server = await loop.create_server(protocol_factory(lambda: HttpConnection(site),
-                                                                ctl.admin_tls),
-                                               sock=self.plane.admin_sock, backlog=128,
-                                               **tls_options(ctl.admin_tls, gw.snapshot.limits))
+        # Pools' last_trip_at counts from boot, whether or not anyone has asked the admin API yet.
+        live.trips = TripClock(gw)
+        live.trips.start()
+        # The admin site (its handlers, the OpenAPI document, the audit log, governance's
+        # endpoints, the plugin catalog) is built when the first admin connection arrives, not at
+        # boot: a gateway nobody administers never loads it (admin_site below).
+        self.server = await loop.create_server(
+            protocol_factory(lambda: HttpConnection(self.admin_site()), ctl.admin_tls),
+            sock=self.plane.admin_sock, backlog=128,
+            **tls_options(ctl.admin_tls, gw.snapshot.limits))
         if ctl.admin_open and not ctl.admin_tokens:
             log.warning("the admin API on %s:%d is open (auth.admin_auth: [])",
                         ctl.admin_host, ctl.admin_port)
         # SIGHUP reloads (Windows has none: the admin API's config/reload does the same).
         runtime.on_signals(loop, runtime.current(), (getattr(signal, "SIGHUP", None),),
                            lambda s: loop.create_task(self._sighup()))
+
+    def admin_site(self):
+        """The admin listener's site, built (and its routes mounted) on first use."""
+        site = self.site
+        if site is None:
+            from busbar.admin.api import mount
+            from busbar.admin.audit import AuditLog
+            from busbar.admin.audit import mount as mount_audit
+            from busbar.admin.site import AdminSite
+            from busbar.governance.admin import mount as mount_governance
+            gw, live = self.gw, self.live
+            # The control in force now: a SIGHUP reload may have changed the tokens since boot.
+            site = AdminSite(gw, live.control)
+            # The audit log and GET audit, then governance's endpoints, which answer whether or
+            # not governance is on (off: a read finds nothing, a write is a 409 that says how to
+            # turn it on); mounted here, not by the site, so site.py imports neither (no import
+            # circle).
+            site.audit_log = AuditLog(gw)
+            mount_audit(site)
+            mount_governance(site.routes, gw)
+            mount(site, live, self.plane)
+            self.site = site
+        return site
 
     async def _sighup(self):
         from busbar.config import ConfigError

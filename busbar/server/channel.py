@@ -7,7 +7,6 @@ forked, so pickle carries config objects and records as they are). The control p
 from __future__ import annotations
 
 import asyncio
-import pickle
 import struct
 
 _LEN = struct.Struct(">I")
@@ -15,6 +14,7 @@ _LEN = struct.Struct(">I")
 
 def frame(obj) -> bytes:
     """One message's bytes (for a sender that writes them itself, e.g. blocking at exit)."""
+    import pickle       # (on first use: one worker and no reload never load it)
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _LEN.pack(len(data)) + data
 
@@ -34,6 +34,7 @@ async def send_msg(loop, sock, obj):
 
 
 async def recv_msg(loop, sock):
+    import pickle
     n = _LEN.unpack(await recv_exact(loop, sock, 4))[0]
     return pickle.loads(await recv_exact(loop, sock, n))
 
