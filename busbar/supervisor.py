@@ -232,6 +232,9 @@ def serve(config, workers: int | None = None, on_ready=None, extra=None, path=No
     # collector never writes to the frozen objects' headers (which would copy their pages).
     _return_large_allocations()
     _import_serving(config)
+    # The control channel's pickle (busbar/server/channel.py loads it on first use, so that one
+    # worker never does): with several, before the fork, shared like the rest.
+    import pickle  # noqa: F401
     if gov is not None:
         gov.preload()
     gc.collect()

@@ -34,8 +34,8 @@ async def send_msg(loop, sock, obj):
 
 
 async def recv_msg(loop, sock):
-    import pickle
     n = _LEN.unpack(await recv_exact(loop, sock, 4))[0]
+    import pickle       # (after the wait: a worker idling on its channel has not loaded it)
     return pickle.loads(await recv_exact(loop, sock, n))
 
 

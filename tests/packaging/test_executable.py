@@ -138,7 +138,7 @@ def test_validate_image_default_config(exe, tmp_path):
 # Extensions the executable carries compressed, written out on first import (packaging/busbar.spec,
 # LAZY): a gateway with a plain config is ready without any of them.
 LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree", "protocol",
-        "pgproto")
+        "pgproto", "_pickle", "_lzma", "liblzma")
 
 
 def process_tree(pid: int) -> list[int]:
@@ -221,11 +221,12 @@ def test_carries_ca_bundle_data_and_launcher(exe, tmp_path):
     (tmp_path / "pack" / "lazy.pack").write_bytes(ar.extract("lazy.pack"))
     pack = import_launcher().LazyPack(str(tmp_path / "pack"))
     for module in ("_sqlite3", "unicodedata", "_decimal", "pyexpat", "_elementtree",
-                   "asyncpg.protocol.protocol", "asyncpg.pgproto.pgproto"):
+                   "asyncpg.protocol.protocol", "asyncpg.pgproto.pgproto", "_pickle", "_lzma"):
         assert module in pack.modules, module
         path = module.replace(".", "/")
         assert not any(n.startswith(("python3.11/lib-dynload/%s." % path, "%s." % path)) for n in names)
     assert pack.modules["_sqlite3"][3] == ["libsqlite3.so.0"] and "libsqlite3.so.0" not in names
+    assert pack.modules["_lzma"][3] == ["liblzma.so.5"] and "liblzma.so.5" not in names
     assert not any(n.startswith("dateutil/zoneinfo") for n in names)
     # botocore's data, cut to what the credential chain reads (the shared tables and three API
     # models, all gzipped), written out when botocore is first imported
