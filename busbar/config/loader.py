@@ -15,7 +15,6 @@ import ipaddress
 import os
 import re
 import sys
-from pathlib import Path
 from typing import Mapping
 
 import yaml
@@ -63,7 +62,8 @@ from cbusbar.proto import codec
 CONFIG_ENV = "BUSBAR_CONFIG"
 PROVIDERS_ENV = "BUSBAR_PROVIDERS"  # deprecated in favour of `providers_file:`, still honoured
 DEFAULT_CONFIG_PATH = "config.yaml"
-SHIPPED_CATALOG = str(Path(__file__).resolve().parent.parent / "data" / "providers.yaml")
+SHIPPED_CATALOG = os.path.join(os.path.dirname(os.path.dirname(os.path.realpath(__file__))),
+                               "data", "providers.yaml")   # (os.path: pathlib is not loaded at boot)
 
 DEFAULT_LISTEN = ("0.0.0.0", 8080)
 
