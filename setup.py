@@ -46,6 +46,8 @@ elif pgo == "use":
     pgo_flags = ["-fprofile-use=" + PGO_DIR, "-fprofile-partial-training", "-Wno-missing-profile"]
 elif pgo:
     raise SystemExit("BUSBAR_PGO=%r: expected generate, use or nothing" % pgo)
+if pgo and os.name == "nt":
+    raise SystemExit("BUSBAR_PGO: the profile-guided build is gcc's (Linux); MSVC builds take none")
 else:
     pgo_flags = []
 if pgo:
@@ -55,6 +57,8 @@ if pgo:
     # p50 than the same build without it (commit message). Only in the profile-guided build: a
     # development rebuild would pay the whole link's optimisation each time.
     pgo_flags = ["-flto=auto"] + pgo_flags
+# -O2 is spelled alike for gcc, clang and MSVC's cl (which takes -O2 for /O2: the Windows build of
+# .github/workflows/release.yml); no -march or other gcc-only flag here, so one list serves all three.
 COMPILE_ARGS = ["-O2"] + pgo_flags
 
 INDEX_C = """\
@@ -97,6 +101,9 @@ class BuildNative(build_ext):
 
     def build_extension(self, ext):
         compile_one = self.compiler.compile
+        if getattr(self.compiler, "initialized", True) is False:
+            # MSVC finds its tools on the first compile: once here, not in every thread at once
+            self.compiler.initialize()
         stamp = os.path.join(self.build_temp, "native.flags")
         flags = " ".join(ext.extra_compile_args)
         same_flags = os.path.exists(stamp) and open(stamp).read() == flags

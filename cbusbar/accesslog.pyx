@@ -39,10 +39,13 @@ cdef extern from "<time.h>" nogil:
     struct timespec:
         time_t tv_sec
         long tv_nsec
-    int CLOCK_REALTIME
-    int clock_gettime(int clk, timespec *tp)
-    tm *gmtime_r(const time_t *timep, tm *result)
     size_t strftime(char *s, size_t maxsize, const char *fmt, const tm *t)
+
+# clock_gettime and gmtime_r, or their Windows forms (port.h)
+cdef extern from "port.h" nogil:
+    int BB_CLOCK_REALTIME
+    int bb_clock_gettime(int clk, timespec *tp)
+    tm *bb_gmtime_r(const time_t *timep, tm *result)
 
 cdef extern from *:
     """
@@ -192,7 +195,7 @@ cdef void _second_of(long long sec):
     global _second, _second_len
     cdef time_t t = <time_t>sec
     cdef tm parts
-    gmtime_r(&t, &parts)
+    bb_gmtime_r(&t, &parts)
     _second_len = strftime(_second_text, 40, b"%Y-%m-%dT%H:%M:%S.", &parts)
     _second = sec
 
@@ -301,7 +304,7 @@ cdef class LineBuffer:
 cdef double _now() noexcept nogil:
     """time.time(), without the float object."""
     cdef timespec ts
-    clock_gettime(CLOCK_REALTIME, &ts)
+    bb_clock_gettime(BB_CLOCK_REALTIME, &ts)
     return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
 
 

@@ -22,9 +22,10 @@ import time as _time
 
 cdef extern from *:
     """
-    static inline long long bb_load(long long *p) { return __atomic_load_n(p, __ATOMIC_SEQ_CST); }
+    #include "port.h"
+    static inline long long bb_load(long long *p) { return bb_atomic_load_seq_cst(p); }
     static inline long long bb_add(long long *p, long long d) {
-        return __atomic_add_fetch(p, d, __ATOMIC_SEQ_CST);
+        return bb_atomic_add_fetch_seq_cst(p, d);
     }
     """
     long long bb_load(long long *p) nogil

@@ -5,7 +5,8 @@ interpreter itself loads for hashlib and ssl.
 Why not the `cryptography` package: it carries its own 14 MB OpenSSL, which the single-file
 executable leaves out (packaging/busbar.spec); libcrypto is already in every build, because
 `_hashlib` and `_ssl` link it. So this module finds the libcrypto the process has loaded (after
-`import _hashlib`, in /proc/self/maps), takes the eleven functions below from it with dlsym, and
+`import _hashlib`, in /proc/self/maps; on Windows by its DLL's name among the loaded modules),
+takes the eleven functions below from it with dlsym (GetProcAddress: cbusbar/port.h), and
 calls them: sign and verify run in OpenSSL's C at the same speed `cryptography` would give.
 `cryptography` stays the oracle of the tests (tests/cbusbar/test_ed25519.py).
 
@@ -14,11 +15,13 @@ be found; busbar/governance/model.py then falls back to `cryptography`.
 """
 from libc.stddef cimport size_t
 
-cdef extern from "<dlfcn.h>" nogil:
-    void* dlopen(const char* filename, int flags)
-    void* dlsym(void* handle, const char* symbol)
-    int RTLD_NOW
-    int RTLD_NOLOAD
+import sys
+
+# dlopen/dlsym, or on Windows GetModuleHandleA/LoadLibraryA and GetProcAddress (port.h)
+cdef extern from "port.h" nogil:
+    void* bb_dlopen(const char* filename, int flags)
+    void* bb_dlsym(void* handle, const char* symbol)
+    int BB_RTLD_NOW
 
 # OpenSSL's NID for ed25519 (obj_mac.h: NID_ED25519), stable since 1.1.1.
 cdef int NID_ED25519 = 1087
@@ -53,13 +56,33 @@ AVAILABLE = False
 WHY = ""
 
 
+# The names libcrypto goes by where /proc/self/maps cannot say which one is loaded: Windows (the
+# python.org build's DLLs\libcrypto-3.dll, -x64 in conda's and OpenSSL's own builds; 1.1.1 before
+# Python 3.11) and macOS (Homebrew's and python.org's dylibs).
+WINDOWS_NAMES = [b"libcrypto-3-x64.dll", b"libcrypto-3.dll", b"libcrypto-1_1-x64.dll",
+                 b"libcrypto-1_1.dll"]
+MACOS_NAMES = [b"libcrypto.3.dylib", b"libcrypto.1.1.dylib"]
+LINUX_NAMES = [b"libcrypto.so.3", b"libcrypto.so.1.1"]
+
+
 def _loaded_libcrypto():
-    """Paths of the libcrypto shared objects mapped into this process, most likely first."""
+    """Paths (or on Windows, module names) of the libcrypto shared objects loaded in this process,
+    most likely first."""
     import importlib
+    hashlib_ext = None
     try:    # loads libcrypto, when Python links it dynamically
-        importlib.import_module("_hashlib")
+        hashlib_ext = importlib.import_module("_hashlib")
     except ImportError:
         pass
+    if sys.platform == "win32":
+        # a name bb_dlopen finds among the loaded modules (GetModuleHandleA) before it loads
+        # anything; then the same names beside _hashlib.pyd (python.org's DLLs folder)
+        import os
+        seen = list(WINDOWS_NAMES)
+        where = os.path.dirname(getattr(hashlib_ext, "__file__", None) or "")
+        if where:
+            seen += [os.fsencode(os.path.join(where, os.fsdecode(n))) for n in WINDOWS_NAMES]
+        return seen
     seen = []
     try:
         with open("/proc/self/maps", "rb") as f:
@@ -76,8 +99,24 @@ def _loaded_libcrypto():
     return seen
 
 
+def _candidates():
+    """Where _load looks, in order: what this process loaded, then the usual names."""
+    if sys.platform == "win32":
+        return _loaded_libcrypto()
+    return _loaded_libcrypto() + (MACOS_NAMES if sys.platform == "darwin" else LINUX_NAMES)
+
+
+def _looked_in():
+    """The places _load looked, for WHY."""
+    if sys.platform == "win32":
+        return "among the loaded modules and beside _hashlib for " + ", ".join(
+            n.decode() for n in WINDOWS_NAMES)
+    names = MACOS_NAMES if sys.platform == "darwin" else LINUX_NAMES
+    return "in /proc/self/maps and for " + ", ".join(n.decode() for n in names)
+
+
 cdef void* _sym(void* h, const char* name):
-    return dlsym(h, name)
+    return bb_dlsym(h, name)
 
 
 cdef int _bind(void* h):
@@ -102,19 +141,18 @@ cdef int _bind(void* h):
 def _load():
     global AVAILABLE, WHY
     cdef void* h
-    candidates = _loaded_libcrypto() + [b"libcrypto.so.3", b"libcrypto.so.1.1"]
-    for path in candidates:
-        h = dlopen(path, RTLD_NOW)
+    for path in _candidates():
+        h = bb_dlopen(path, BB_RTLD_NOW)
         if h != NULL and _bind(h):
             AVAILABLE = True
             return
     # A Python linked with a static libcrypto: its symbols are the process's own.
-    h = dlopen(NULL, RTLD_NOW)
+    h = bb_dlopen(NULL, BB_RTLD_NOW)
     if h != NULL and _bind(h):
         AVAILABLE = True
         return
     WHY = ("no OpenSSL libcrypto with ed25519 (1.1.1 or later) is loaded in this process "
-           "(looked in /proc/self/maps and for libcrypto.so.3, libcrypto.so.1.1)")
+           "(looked %s)" % _looked_in())
 
 
 _load()

@@ -1,7 +1,8 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
 """Governance counters shared by every worker of one gateway (SPEC §5; busbar/governance/ledger.py).
 
-One anonymous MAP_SHARED mapping made before the workers fork: a lock word and an open-addressing
+One anonymous MAP_SHARED mapping made before the workers fork (on Windows, where busbar runs in
+one process, a private one: cbusbar.shared.anonymous_mapping): a lock word and an open-addressing
 table of buckets (key hash, window id, value). Admission of one request takes every check of its
 group chain at once under the lock: it finds (or claims) each bucket, rolls a bucket whose window
 has passed to 0, tests all the checks, and charges them all or none. The critical section is C with
@@ -11,7 +12,6 @@ died (kill -9 in those nanoseconds) is detected by its pid and the lock is taken
 Why not one atomic per counter: "all or nothing" across a chain of limits needs the test of every
 counter and the charge of every counter to be one step, or two requests can each pass half.
 """
-import mmap
 import os
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
@@ -19,21 +19,18 @@ from cpython.mem cimport PyObject_Free, PyObject_Malloc
 from libc.stdint cimport uint64_t
 
 from cbusbar.ir cimport Usage
+from cbusbar.shared import anonymous_mapping
 
 cdef extern from *:
     """
-    #include <sched.h>
-    #include <signal.h>
-    #include <errno.h>
+    #include "port.h"
     static inline int bb_cas(long long *p, long long expected, long long v) {
-        return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+        return bb_atomic_cas_acquire(p, &expected, v);
     }
-    static inline long long bb_load(long long *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-    static inline void bb_release(long long *p) { __atomic_store_n(p, 0, __ATOMIC_RELEASE); }
-    static inline int bb_dead(long long pid) {
-        return pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH;
-    }
-    static inline void bb_yield(void) { sched_yield(); }
+    static inline long long bb_load(long long *p) { return bb_atomic_load_acquire(p); }
+    static inline void bb_release(long long *p) { bb_atomic_store_release(p, 0); }
+    static inline int bb_dead(long long pid) { return bb_pid_dead(pid); }
+    static inline void bb_yield(void) { bb_sched_yield(); }
     """
     int bb_cas(long long *p, long long expected, long long v) nogil
     long long bb_load(long long *p) nogil
@@ -84,8 +81,7 @@ cdef class LimitTable:
         if buckets < 16:
             buckets = 16
         self.buckets = buckets
-        self.mm = mmap.mmap(-1, 8 * (HEADER + STRIDE * buckets), mmap.MAP_SHARED,
-                            mmap.PROT_READ | mmap.PROT_WRITE)
+        self.mm = anonymous_mapping(8 * (HEADER + STRIDE * buckets))
         PyObject_GetBuffer(self.mm, &self.view, PyBUF_WRITABLE)
         self.p = <long long*>self.view.buf
         self.pid = os.getpid()
@@ -238,10 +234,12 @@ cdef class LimitTable:
 cdef extern from *:
     """
     #include <math.h>
+    #include "port.h"
     /* No fused multiply-add: the result must be Python's, bit for bit. */
-    __attribute__((optimize("fp-contract=off")))
+    BB_NO_FP_CONTRACT
     static long long bb_nano(double rin, double rout, double rcr, double rcw,
                              long long i, long long o, long long cr, long long cw) {
+        BB_NO_FP_CONTRACT_BODY
         double x = (double)i * rin + (double)o * rout;
         x = x + (double)cr * rcr;
         x = x + (double)cw * rcw;
@@ -575,8 +573,11 @@ cdef extern from "<time.h>" nogil:
     struct timespec:
         time_t tv_sec
         long tv_nsec
-    int CLOCK_REALTIME
-    int clock_gettime(int clk, timespec *tp)
+
+# clock_gettime, or on Windows GetSystemTimePreciseAsFileTime (port.h)
+cdef extern from "port.h" nogil:
+    int BB_CLOCK_REALTIME
+    int bb_clock_gettime(int clk, timespec *tp)
 
 
 cdef class Credentials:
@@ -660,7 +661,7 @@ cdef class UsageRows:
     def add(self, key_id, group, model, pool, usage, bint billable=True):
         cdef timespec ts
         cdef long long inp = 0, out = 0, cr = 0, cw = 0
-        clock_gettime(CLOCK_REALTIME, &ts)
+        bb_clock_gettime(BB_CLOCK_REALTIME, &ts)
         if ts.tv_sec // 86400 != self.day_n:
             self.day = self.day_of(<double>ts.tv_sec + <double>ts.tv_nsec * 1e-9)
             self.day_n = ts.tv_sec // 86400

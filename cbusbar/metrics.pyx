@@ -32,23 +32,24 @@ from cbusbar.shared cimport SharedCounters
 
 cdef extern from *:
     """
+    #include "port.h"
     static inline void bb_metrics_add(long long *p, long long d) {
-        __atomic_add_fetch(p, d, __ATOMIC_RELAXED);
+        bb_atomic_add_fetch_relaxed(p, d);
     }
     static inline long long bb_metrics_load(long long *p) {
-        return __atomic_load_n(p, __ATOMIC_RELAXED);
+        return bb_atomic_load_relaxed(p);
     }
     static inline int bb_metrics_cas(long long *p, long long expected, long long v) {
-        return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        return bb_atomic_cas_seq_cst(p, &expected, v);
     }
     /* min (lower) or max (!lower) of a slot where 0 means "none yet" */
     static inline int bb_metrics_msb(unsigned long long v) {
-        return 63 - __builtin_clzll(v);
+        return 63 - bb_clzll(v);
     }
     static inline void bb_metrics_extreme(long long *p, long long v, int lower) {
-        long long cur = __atomic_load_n(p, __ATOMIC_RELAXED);
+        long long cur = bb_atomic_load_relaxed(p);
         while (cur == 0 || (lower ? v < cur : v > cur)) {
-            if (__atomic_compare_exchange_n(p, &cur, v, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            if (bb_atomic_cas_relaxed(p, &cur, v))
                 return;
         }
     }

@@ -13,10 +13,11 @@ never an encrypted one (the passphrase callback refuses, so OpenSSL never prompt
 """
 from libc.stddef cimport size_t
 
-cdef extern from "<dlfcn.h>" nogil:
-    void* dlopen(const char* filename, int flags)
-    void* dlsym(void* handle, const char* symbol)
-    int RTLD_NOW
+# dlopen/dlsym, or on Windows GetModuleHandleA/LoadLibraryA and GetProcAddress (port.h)
+cdef extern from "port.h" nogil:
+    void* bb_dlopen(const char* filename, int flags)
+    void* bb_dlsym(void* handle, const char* symbol)
+    int BB_RTLD_NOW
 
 # OpenSSL's NID for an RSA key (obj_mac.h: NID_rsaEncryption / EVP_PKEY_RSA), stable since 0.9.
 cdef int EVP_PKEY_RSA = 6
@@ -58,13 +59,13 @@ cdef int _no_passphrase(char* buf, int size, int rwflag, void* u) noexcept nogil
 
 
 cdef void* _sym(void* h, const char* name):
-    return dlsym(h, name)
+    return bb_dlsym(h, name)
 
 
 cdef void* _either(void* h, const char* name, const char* older):
     # OpenSSL 3 renamed some getters (EVP_PKEY_get_base_id); 1.1.1 exports the old names.
-    cdef void* f = dlsym(h, name)
-    return f if f != NULL else dlsym(h, older)
+    cdef void* f = bb_dlsym(h, name)
+    return f if f != NULL else bb_dlsym(h, older)
 
 
 cdef int _bind(void* h):
@@ -90,20 +91,19 @@ cdef int _bind(void* h):
 def _load():
     global AVAILABLE, WHY
     cdef void* h
-    from cbusbar.ed25519 import _loaded_libcrypto
-    candidates = _loaded_libcrypto() + [b"libcrypto.so.3", b"libcrypto.so.1.1"]
-    for path in candidates:
-        h = dlopen(path, RTLD_NOW)
+    from cbusbar.ed25519 import _candidates, _looked_in
+    for path in _candidates():
+        h = bb_dlopen(path, BB_RTLD_NOW)
         if h != NULL and _bind(h):
             AVAILABLE = True
             return
     # A Python linked with a static libcrypto: its symbols are the process's own.
-    h = dlopen(NULL, RTLD_NOW)
+    h = bb_dlopen(NULL, BB_RTLD_NOW)
     if h != NULL and _bind(h):
         AVAILABLE = True
         return
     WHY = ("no OpenSSL libcrypto with EVP_DigestSign (1.1.1 or later) is loaded in this process "
-           "(looked in /proc/self/maps and for libcrypto.so.3, libcrypto.so.1.1)")
+           "(looked %s)" % _looked_in())
 
 
 _load()

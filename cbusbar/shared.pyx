@@ -3,6 +3,7 @@
 workers fork, updated with the CPU's atomic instructions (no lock, no syscall). This is what makes a
 lane's `max_concurrent` hold across all `--workers` processes together, not once per process."""
 import mmap
+import sys
 
 from cpython.buffer cimport PyObject_GetBuffer, PyBuffer_Release, PyBUF_WRITABLE
 from libc.stdlib cimport calloc, free, realloc
@@ -10,28 +11,29 @@ from libc.string cimport memset
 
 cdef extern from *:
     """
+    #include "port.h"
     static inline int busbar_cas_inc(long long *p, long long limit) {
-        long long v = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+        long long v = bb_atomic_load_seq_cst(p);
         while (v < limit) {
-            if (__atomic_compare_exchange_n(p, &v, v + 1, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST))
+            if (bb_atomic_cas_seq_cst(p, &v, v + 1))
                 return 1;
         }
         return 0;
     }
     static inline long long busbar_dec(long long *p) {
-        return __atomic_sub_fetch(p, 1, __ATOMIC_SEQ_CST);
+        return bb_atomic_sub_fetch_seq_cst(p, 1);
     }
     static inline long long busbar_load(long long *p) {
-        return __atomic_load_n(p, __ATOMIC_SEQ_CST);
+        return bb_atomic_load_seq_cst(p);
     }
     static inline long long busbar_add(long long *p, long long d) {
-        return __atomic_add_fetch(p, d, __ATOMIC_SEQ_CST);
+        return bb_atomic_add_fetch_seq_cst(p, d);
     }
     static inline void busbar_store(long long *p, long long v) {
-        __atomic_store_n(p, v, __ATOMIC_SEQ_CST);
+        bb_atomic_store_seq_cst(p, v);
     }
     static inline int busbar_cas(long long *p, long long expected, long long v) {
-        return __atomic_compare_exchange_n(p, &expected, v, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+        return bb_atomic_cas_seq_cst(p, &expected, v);
     }
     """
     int busbar_cas_inc(long long *p, long long limit) nogil
@@ -48,13 +50,22 @@ cdef class Slots:
     pass
 
 
+def anonymous_mapping(Py_ssize_t nbytes):
+    """`nbytes` of zeroed memory, page-aligned: shared with the workers forked after it (MAP_SHARED);
+    on Windows, where busbar runs in one process, the paging file's anonymous mapping (Python's
+    mmap there takes no flags)."""
+    if sys.platform == "win32":
+        return mmap.mmap(-1, nbytes)
+    return mmap.mmap(-1, nbytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+
+
 cdef class SharedCounters(Slots):
 
     def __cinit__(self, int size):
         if size < 1:
             size = 1
         self.size = size
-        self.mm = mmap.mmap(-1, 8 * size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        self.mm = anonymous_mapping(8 * size)
         PyObject_GetBuffer(self.mm, &self.view, PyBUF_WRITABLE)
         self.p = <long long*>self.view.buf
 

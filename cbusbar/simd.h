@@ -1,12 +1,15 @@
 /* Byte work inside JSON strings, shared by jsonspan.pyx and framing.pyx. The runs go 16 bytes a step
    with SSE2 (every x86-64), else one byte a step, and return the length of the run of bytes from
    p[i] that need no attention (n - i when the rest all pass); the UTF-8 check goes 16 bytes a step
-   with SSSE3, else one sequence a step. BUSBAR_NO_SIMD builds the portable forms only. */
+   with SSSE3, else one sequence a step. BUSBAR_NO_SIMD builds the portable forms only. The
+   compiler-specific spellings (bit scans, the SSSE3 target and CPU check) are port.h's, so MSVC on
+   x86-64 takes the same vector paths. */
 #ifndef BUSBAR_SIMD_H
 #define BUSBAR_SIMD_H
 #include <stdint.h>
 #include <string.h>
-#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
+#include "port.h"
+#if defined(BB_SSE2)
 #include <emmintrin.h>
 #endif
 
@@ -14,7 +17,7 @@
    framing.pyx does not validate UTF-8: the codecs' parse does). */
 static inline Py_ssize_t busbar_str_run(const unsigned char *p, Py_ssize_t i, Py_ssize_t n) {
     Py_ssize_t start = i;
-#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
+#if defined(BB_SSE2)
     const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), c1f = _mm_set1_epi8(0x1F);
     while (i + 16 <= n) {
         __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
@@ -22,7 +25,7 @@ static inline Py_ssize_t busbar_str_run(const unsigned char *p, Py_ssize_t i, Py
         __m128i hit = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(v, q), _mm_cmpeq_epi8(v, b)),
                                    _mm_cmpeq_epi8(_mm_max_epu8(v, c1f), c1f));
         int mask = _mm_movemask_epi8(hit);
-        if (mask) return i + __builtin_ctz((unsigned)mask) - start;
+        if (mask) return i + bb_ctz((unsigned)mask) - start;
         i += 16;
     }
 #endif
@@ -38,7 +41,7 @@ static inline Py_ssize_t busbar_str_run(const unsigned char *p, Py_ssize_t i, Py
    run's UTF-8 as a whole: busbar_utf8_valid). */
 static inline Py_ssize_t busbar_str_run_hi(const unsigned char *p, Py_ssize_t i, Py_ssize_t n, int *hi) {
     Py_ssize_t start = i;
-#if defined(__SSE2__) && !defined(BUSBAR_NO_SIMD)
+#if defined(BB_SSE2)
     const __m128i q = _mm_set1_epi8(0x22), b = _mm_set1_epi8(0x5C), c1f = _mm_set1_epi8(0x1F);
     while (i + 16 <= n) {
         __m128i v = _mm_loadu_si128((const __m128i *)(p + i));
@@ -47,7 +50,7 @@ static inline Py_ssize_t busbar_str_run_hi(const unsigned char *p, Py_ssize_t i,
         unsigned mask = (unsigned)_mm_movemask_epi8(hit);
         unsigned high = (unsigned)_mm_movemask_epi8(v);
         if (mask) {
-            unsigned tz = (unsigned)__builtin_ctz(mask);
+            unsigned tz = (unsigned)bb_ctz(mask);
             if (high & ((1u << tz) - 1u)) *hi = 1;
             return i + tz - start;
         }
@@ -95,7 +98,7 @@ static inline int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n)
     return 1;
 }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BUSBAR_NO_SIMD)
+#if defined(BB_SSSE3_DISPATCH)
 #include <tmmintrin.h>
 /* The same check 16 bytes a step, branch-free: the lookup algorithm of Keiser and Lemire,
    "Validating UTF-8 In Less Than One Instruction Per Byte" (2021), as simdjson writes it. */
@@ -109,7 +112,7 @@ static inline int busbar_utf8_valid_scalar(const unsigned char *p, Py_ssize_t n)
 #define BB_OVERLONG_4 64
 #define BB_TWO_CONTS 128
 #define BB_CARRY (BB_TOO_SHORT | BB_TOO_LONG | BB_TWO_CONTS)
-__attribute__((target("ssse3"), unused))
+BB_TARGET_SSSE3
 static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
     const __m128i byte_1_high = _mm_setr_epi8(
         BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG, BB_TOO_LONG,
@@ -193,9 +196,9 @@ static int busbar_utf8_valid_ssse3(const unsigned char *p, Py_ssize_t n) {
 /* Strict UTF-8: the SSSE3 check where the CPU has it (every x86-64 of the last 15 years), else the
    scalar one. */
 static inline int busbar_utf8_valid(const unsigned char *p, Py_ssize_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(BUSBAR_NO_SIMD)
+#if defined(BB_SSSE3_DISPATCH)
     static int ssse3 = -1;
-    if (ssse3 < 0) ssse3 = __builtin_cpu_supports("ssse3") ? 1 : 0;
+    if (ssse3 < 0) ssse3 = bb_cpu_has_ssse3() ? 1 : 0;
     if (ssse3) return busbar_utf8_valid_ssse3(p, n);
 #endif
     return busbar_utf8_valid_scalar(p, n);

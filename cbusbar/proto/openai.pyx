@@ -43,8 +43,9 @@ from cbusbar.jsonspan cimport (decode_str, join_literal, join_text, skip_value, 
 from libc.string cimport memchr, memcmp, memcpy
 from libc.stdlib cimport free, realloc
 
-cdef extern from "string.h" nogil:
-    void* memmem(const void* haystack, size_t hlen, const void* needle, size_t nlen)
+# glibc's memmem; a loop of memchr and memcmp where the C library has none (Windows: port.h)
+cdef extern from "../port.h" nogil:
+    void* bb_memmem(const void* haystack, size_t hlen, const void* needle, size_t nlen)
 from cpython.bytes cimport PyBytes_AS_STRING
 from cbusbar.jsonget cimport (
     OpenAIShape, as_list, req_dict, str_or_none, count, opt_str, req_str, opt_int, opt_number,
@@ -1851,7 +1852,7 @@ cdef class StreamTap(SSEDecoder):
             p = PyBytes_AS_STRING(data)
             if ((n > 36 and memcmp(p + n - 36, b'"finish_reason":null}],"usage":null}', 36) == 0)
                     or (memcmp(p + n - 23, b'"finish_reason":null}]}', 23) == 0
-                        and memmem(p, n, b'"usage"', 7) == NULL)):
+                        and bb_memmem(p, n, b'"usage"', 7) == NULL)):
                 if self.started:
                     return
                 # The first frame is still read whole, by the framing scanner: a JSON object
@@ -1963,7 +1964,7 @@ cdef class UsageHider:
                 self._put(at, p + ev, dl)
                 self._put(at + dl, b"}\n\n", 3)
                 at += dl + 3
-            elif memmem(p + ev, e - ev, b'"usage"', 7) == NULL:
+            elif bb_memmem(p + ev, e - ev, b'"usage"', 7) == NULL:
                 self._put(at, p + ev, e - ev)
                 at += e - ev
             else:
