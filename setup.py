@@ -92,7 +92,7 @@ def native_extension(modules):
         with open(path, "w") as f:
             f.write(index)
     return Extension(NATIVE, c_sources + [path], extra_compile_args=COMPILE_ARGS,
-                     extra_link_args=pgo_flags)
+                     extra_link_args=pgo_flags, depends=sorted(glob.glob("cbusbar/*.h")))
 
 
 class BuildNative(build_ext):
@@ -110,9 +110,12 @@ class BuildNative(build_ext):
 
         def compile_all(srcs, output_dir=None, **kw):
             objects = self.compiler.object_filenames(srcs, output_dir=output_dir)
+            # cbusbar's own headers (port.h, simd.h) are included by C that Cython does not
+            # regenerate when they change: a newer header recompiles every object
+            headers = max((os.path.getmtime(h) for h in ext.depends), default=0)
             todo = [s for s, o in zip(srcs, objects)
                     if self.force or not same_flags or not os.path.exists(o)
-                    or os.path.getmtime(o) < os.path.getmtime(s)]
+                    or os.path.getmtime(o) < max(os.path.getmtime(s), headers)]
             jobs = self.parallel if isinstance(self.parallel, int) and self.parallel > 1 else None
             with ThreadPoolExecutor(jobs or os.cpu_count() or 1) as pool:
                 for _ in pool.map(lambda s: compile_one([s], output_dir=output_dir, **kw), todo):

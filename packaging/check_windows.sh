@@ -14,6 +14,8 @@
 # 2. The same files again with _MSC_VER defined: port.h's and simd.h's MSVC forms (the Interlocked
 #    and _BitScan intrinsics, __cpuid, the fp_contract pragma) against MinGW's intrin.h.
 # 3. No GCC builtin, GCC attribute or POSIX-only call left in cbusbar's sources outside port.h.
+# 4. port.h and simd.h alone in the MSVC dialect itself (clang --target=x86_64-pc-windows-msvc
+#    -fms-compatibility: no __GNUC__), every form used once, when clang is installed.
 #
 # What this cannot prove, and only the Windows runner can: that MSVC itself accepts the code (MSVC
 # is not GCC with _MSC_VER defined: its C dialect, its own intrin.h and the UCRT headers differ),
@@ -191,8 +193,108 @@ if ! for mode in mingw msvc; do for c in "${cfiles[@]}"; do printf '%s\n%s\n' "$
             fi' _; then
     status=1
 fi
+# 4. port.h and simd.h in the MSVC dialect proper (no __GNUC__; __forceinline, __pragma, the
+#    intrinsics as clang's MSVC-compatible intrin.h declares them), when clang is installed: one
+#    file using every port.h form, against the Win32 and C declarations it needs, written here as
+#    the Windows SDK and the UCRT declare them (clang has no Windows SDK of its own).
+msvc_note="clang not installed: port.h not compiled in the MSVC dialect"
+if command -v clang >/dev/null 2>&1; then
+    mkdir -p "$tmp/stub"
+    cat > "$tmp/stub/windows.h" <<'EOF2'
+/* the Win32 declarations port.h uses, as the Windows SDK declares them */
+typedef unsigned long DWORD;
+typedef int BOOL;
+typedef long long LONGLONG;
+typedef unsigned long long ULONGLONG;
+typedef void *HANDLE;
+typedef struct HINSTANCE__ *HMODULE;
+typedef long long (__stdcall *FARPROC)(void);
+typedef union _LARGE_INTEGER { struct { DWORD LowPart; long HighPart; } u; LONGLONG QuadPart; } LARGE_INTEGER;
+typedef struct _FILETIME { DWORD dwLowDateTime; DWORD dwHighDateTime; } FILETIME;
+#define FALSE 0
+#define PROCESS_QUERY_LIMITED_INFORMATION 0x1000
+#define ERROR_INVALID_PARAMETER 87L
+#define STILL_ACTIVE 259
+#define LOAD_WITH_ALTERED_SEARCH_PATH 0x00000008
+__declspec(dllimport) BOOL __stdcall QueryPerformanceCounter(LARGE_INTEGER *);
+__declspec(dllimport) BOOL __stdcall QueryPerformanceFrequency(LARGE_INTEGER *);
+__declspec(dllimport) void __stdcall GetSystemTimePreciseAsFileTime(FILETIME *);
+__declspec(dllimport) ULONGLONG __stdcall GetTickCount64(void);
+__declspec(dllimport) HMODULE __stdcall GetModuleHandleA(const char *);
+__declspec(dllimport) HMODULE __stdcall LoadLibraryExA(const char *, HANDLE, DWORD);
+__declspec(dllimport) FARPROC __stdcall GetProcAddress(HMODULE, const char *);
+__declspec(dllimport) HANDLE __stdcall OpenProcess(DWORD, BOOL, DWORD);
+__declspec(dllimport) DWORD __stdcall GetLastError(void);
+__declspec(dllimport) BOOL __stdcall GetExitCodeProcess(HANDLE, DWORD *);
+__declspec(dllimport) BOOL __stdcall CloseHandle(HANDLE);
+__declspec(dllimport) BOOL __stdcall SwitchToThread(void);
+EOF2
+    cat > "$tmp/stub/time.h" <<'EOF2'
+typedef long long time_t;
+struct timespec { time_t tv_sec; long tv_nsec; };
+struct tm { int tm_sec, tm_min, tm_hour, tm_mday, tm_mon, tm_year, tm_wday, tm_yday, tm_isdst; };
+int gmtime_s(struct tm *, const time_t *);
+EOF2
+    cat > "$tmp/stub/string.h" <<'EOF2'
+#include <stddef.h>
+void *memchr(const void *, int, size_t);
+int memcmp(const void *, const void *, size_t);
+void *memcpy(void *, const void *, size_t);
+void *memset(void *, int, size_t);
+char *strchr(const char *, int);
+EOF2
+    cat > "$tmp/stub/stdlib.h" <<'EOF2'
+#include <stddef.h>
+void *malloc(size_t); void free(void *);
+void *_aligned_malloc(size_t, size_t); void _aligned_free(void *);
+EOF2
+    echo '#include <stdlib.h>' > "$tmp/stub/malloc.h"
+    cat > "$tmp/stub/setjmp.h" <<'EOF2'
+typedef struct { unsigned long long Part[2]; } __declspec(align(16)) _JBTYPE;
+typedef _JBTYPE jmp_buf[16];
+EOF2
+    cat > "$tmp/msvc.c" <<'EOF2'
+#if defined(__GNUC__) || !defined(_MSC_VER)
+#error "not the MSVC dialect"
+#endif
+typedef long long Py_ssize_t;
+#define PY_VERSION_HEX 0x030B07F0
+#include "port.h"
+#include "simd.h"
+long long use(long long *p, unsigned long long v, struct timespec *ts, struct tm *t, time_t *tt) {
+    long long e = 0;
+    long long r = bb_atomic_load_relaxed(p) + bb_atomic_load_acquire(p) + bb_atomic_load_seq_cst(p);
+    r += bb_atomic_add_fetch_relaxed(p, 2) + bb_atomic_add_fetch_seq_cst(p, 3) + bb_atomic_sub_fetch_seq_cst(p, 1);
+    bb_atomic_store_release(p, 0); bb_atomic_store_seq_cst(p, 1);
+    r += bb_atomic_cas_relaxed(p, &e, 1) + bb_atomic_cas_acquire(p, &e, 2) + bb_atomic_cas_seq_cst(p, &e, 3);
+    r += bb_clzll(v) + bb_ctz((unsigned)v) + bb_cpu_has_ssse3();
+    bb_clock_gettime(BB_CLOCK_MONOTONIC, ts); bb_clock_gettime(BB_CLOCK_PY_MONOTONIC, ts); bb_clock_gettime(BB_CLOCK_REALTIME, ts);
+    r += bb_gmtime_r(tt, t) != 0;
+    r += bb_dlsym(bb_dlopen("libcrypto-3.dll", BB_RTLD_NOW), "EVP_sha256") != 0;
+    r += bb_pid_dead(4); bb_sched_yield();
+    r += bb_memmem("abc", 3, "c", 1) != 0;
+    r += busbar_str_run((const unsigned char *)"ab\"", 0, 3) + busbar_utf8_valid((const unsigned char *)"ab", 2);
+    return r;
+}
+BB_NO_FP_CONTRACT
+static double nofma(double a, double b, double c) { BB_NO_FP_CONTRACT_BODY return a * b + c; }
+double use2(double a) { return nofma(a, a, a); }
+#if !defined(BB_SSE2) || !defined(BB_SSSE3_DISPATCH)
+#error "the vector paths are off"
+#endif
+EOF2
+    if out=$(clang --target=x86_64-pc-windows-msvc -fms-compatibility -fms-extensions -fsyntax-only \
+            -Wall -Werror -nostdinc -isystem "$(clang -print-resource-dir)/include" \
+            -isystem "$tmp/stub" -Icbusbar "$tmp/msvc.c" 2>&1); then
+        msvc_note="port.h and simd.h compile in the MSVC dialect (clang --target=x86_64-pc-windows-msvc)"
+    else
+        printf '== cbusbar/port.h (clang, MSVC dialect)\n%s\n' "$out"
+        status=1
+    fi
+fi
+
 n=${#cfiles[@]}
 if [ "$status" = 0 ]; then
-    echo "check_windows: ok: $n C files compile for x86_64 Windows (MinGW-w64 GCC; and with _MSC_VER: port.h's MSVC forms); no raw GCC builtin or POSIX call outside cbusbar/port.h"
+    echo "check_windows: ok: $n C files compile for x86_64 Windows (MinGW-w64 GCC; and with _MSC_VER: port.h's MSVC forms); $msvc_note; no raw GCC builtin or POSIX call outside cbusbar/port.h"
 fi
 exit "$status"
