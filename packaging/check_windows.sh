@@ -10,7 +10,8 @@
 #    busbar/**/*.py with a .pxd, and cbusbar/_native.c) compiled with MinGW-w64's GCC for
 #    x86_64 Windows, -fsyntax-only: the Win32 forms of cbusbar/port.h (clocks, GetProcAddress,
 #    OpenProcess, gmtime_s, memmem) against the Windows SDK headers, with a call to anything
-#    Windows lacks (clock_gettime, dlopen, memmem...) an error, not a warning.
+#    Windows lacks (clock_gettime, dlopen, memmem...) an error, not a warning, and the GNU C that
+#    MSVC's C compiler refuses and GCC takes silently (variable-length arrays, void * arithmetic).
 # 2. The same files again with _MSC_VER defined: port.h's and simd.h's MSVC forms (the Interlocked
 #    and _BitScan intrinsics, __cpuid, the fp_contract pragma) against MinGW's intrin.h.
 # 3. No GCC builtin, GCC attribute or POSIX-only call left in cbusbar's sources outside port.h.
@@ -187,6 +188,7 @@ if ! for mode in mingw msvc; do for c in "${cfiles[@]}"; do printf '%s\n%s\n' "$
             if ! out=$("$CC" -fsyntax-only -I"$PYINC" -Wno-unknown-pragmas \
                     -Werror=implicit-function-declaration -Werror=implicit-int \
                     -Werror=incompatible-pointer-types -Werror=int-conversion \
+                    -Werror=vla -Werror=pointer-arith \
                     "${extra[@]}" "$2" 2>&1); then
                 printf "== %s (%s)\n%s\n" "$2" "$1" "$(printf "%s\n" "$out" | grep -E "error|note" | head -20)"
                 exit 1
