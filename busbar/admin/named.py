@@ -181,14 +181,17 @@ def mount(site, live):
         await _put_hook(req, name, cfg, glob, False)
         return with_etag(json_response(_hook(name)), live)
 
-    async def delete_hook(req):
-        check_if_match(req, live)
-        name = req.params["name"]
-        ov = overlay()
-        if name not in ov["hooks"]:
+    def api_hook(name):
+        """A hook the API made (in the overlay), or the 409 of a config.yaml hook, or 404."""
+        if name not in overlay()["hooks"]:
             if name in views.hooks_of(doc()):
                 raise AdminError(409, "hook `%s` is defined in config.yaml (edit it there)" % name)
             raise AdminError(404, "hook `%s` not found" % name)
+
+    async def delete_hook(req):
+        check_if_match(req, live)
+        name = req.params["name"]
+        api_hook(name)
 
         def mutate(o):
             o = dict(o)
@@ -207,11 +210,7 @@ def mount(site, live):
         bag = body.get("settings")
         if not isinstance(bag, dict):
             raise AdminError(400, "malformed body: `settings` must be an object")
-        ov = overlay()
-        if name not in ov["hooks"]:
-            if name in views.hooks_of(doc()):
-                raise AdminError(409, "hook `%s` is defined in config.yaml (edit it there)" % name)
-            raise AdminError(404, "hook `%s` not found" % name)
+        api_hook(name)
 
         def mutate(o):
             o = dict(o)

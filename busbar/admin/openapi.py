@@ -81,6 +81,11 @@ def O(props, req=None, extra=None):  # noqa: E743
     return s
 
 
+def page_of(name):
+    """A cursor page of `name` items (the Page_<name> schemas)."""
+    return O({"items": A(R(name)), "next_cursor": N(S)}, req=["items", "next_cursor"])
+
+
 SCHEMAS = {
     "AdminAuthPutView": O(
         {"applied": B, "config_version": U64, "configured": B, "modules": A(S), "note": S},
@@ -436,27 +441,13 @@ SCHEMAS = {
         {"changed": B, "config_version": U64, "reset": S},
         req=["reset", "config_version", "changed"],
     ),
-    "Page_GroupView": O(
-        {"items": A(R("GroupView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_HookView": O(
-        {"items": A(R("HookView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_ModelView": O(
-        {"items": A(R("ModelView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_NamedDefView": O(
-        {"items": A(R("NamedDefView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_PluginView": O(
-        {"items": A(R("PluginView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_PoolView": O(
-        {"items": A(R("PoolView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
-    "Page_ProviderView": O(
-        {"items": A(R("ProviderView")), "next_cursor": N(S)}, req=["items", "next_cursor"]
-    ),
+    "Page_GroupView": page_of("GroupView"),
+    "Page_HookView": page_of("HookView"),
+    "Page_ModelView": page_of("ModelView"),
+    "Page_NamedDefView": page_of("NamedDefView"),
+    "Page_PluginView": page_of("PluginView"),
+    "Page_PoolView": page_of("PoolView"),
+    "Page_ProviderView": page_of("ProviderView"),
     "PatchSettingsReq": O({"settings": O({}, extra=True)}, req=["settings"]),
     "PluginInstallView": O(
         {
