@@ -142,15 +142,13 @@ LAZY = ("_sqlite3", "libsqlite3", "unicodedata", "_decimal", "pyexpat", "_elemen
 
 
 def process_tree(pid: int) -> list[int]:
-    out = [pid]
+    """The pids of `pid`'s process tree (packaging/measure.py's, which the footprint uses)."""
+    sys.path.insert(0, os.path.join(ROOT, "packaging"))
     try:
-        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
-            kids = f.read().split()
-    except OSError:
-        return out
-    for k in kids:
-        out += process_tree(int(k))
-    return out
+        import measure
+    finally:
+        sys.path.pop(0)
+    return measure.tree(pid)
 
 
 def test_openai_and_anthropic_calls(gateway):
